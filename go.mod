@@ -1,6 +1,6 @@
 module github.com/tandem-llm/tandem
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/edsrzf/mmap-go v1.2.0 // indirect
