@@ -1,0 +1,270 @@
+// Package sample turns logits into the next token: greedy, or seeded
+// sampling after a repeat penalty, temperature, top-k, top-p and min-p.
+package sample
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Options selects the transforms. Zero values switch a transform off, so
+// the zero Options is greedy decoding.
+type Options struct {
+	// Temperature divides the logits; 0 (or less) is greedy decoding.
+	Temperature float32
+	// TopP keeps the smallest set of most likely tokens whose probability
+	// reaches TopP (off when <= 0 or >= 1).
+	TopP float32
+	// MinP drops tokens less likely than MinP × the most likely one (off
+	// when <= 0).
+	MinP float32
+	// RepeatPenalty divides positive logits and multiplies negative ones
+	// of tokens seen in the last RepeatLastN history tokens (off when 0
+	// or 1).
+	RepeatPenalty float32
+	// TopK keeps the K most likely tokens (off when <= 0).
+	TopK int
+	// RepeatLastN is the penalty window; 0 or less means all the history.
+	RepeatLastN int
+	// Seed makes a run reproducible: the same seed gives the same tokens.
+	Seed uint64
+}
+
+// Sampler draws tokens. It is not safe for concurrent use; give each
+// sequence its own.
+type Sampler struct {
+	opt  Options
+	rng  *rand.Rand
+	buf  []float32 // working logits / probabilities of Sample
+	idx  []int32   // token ids sorted by logit, for top-k and top-p
+	seen map[int32]struct{}
+}
+
+// New makes a sampler. Its random stream is PCG seeded from opt.Seed.
+func New(opt Options) *Sampler {
+	return &Sampler{
+		opt:  opt,
+		rng:  rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)),
+		seen: map[int32]struct{}{},
+	}
+}
+
+// Options returns the options the sampler was made with.
+func (s *Sampler) Options() Options { return s.opt }
+
+// Greedy reports whether the sampler always takes the most likely token.
+func (s *Sampler) Greedy() bool { return !(s.opt.Temperature > 0) }
+
+// Sample picks the next token from logits (one per vocabulary entry).
+// history is the sequence so far (prompt and generated ids), used by the
+// repeat penalty. logits is not modified. It returns -1 only for empty
+// logits.
+func (s *Sampler) Sample(logits []float32, history []int32) int32 {
+	if len(logits) == 0 {
+		return -1
+	}
+	s.buf = s.probs(s.buf[:0], logits, history)
+	if s.Greedy() {
+		return argmax(s.buf)
+	}
+	return s.Draw(s.buf)
+}
+
+// Probs returns the distribution Sample draws from, after every transform
+// (one-hot on the greedy token when Temperature is 0). Speculative
+// sampling compares these distributions between draft and target. The
+// slice is newly allocated.
+func (s *Sampler) Probs(logits []float32, history []int32) []float32 {
+	return s.probs(make([]float32, 0, len(logits)), logits, history)
+}
+
+// Draw samples an index from p, a non-negative weight per token that need
+// not sum to 1 (speculative sampling draws from residual distributions
+// this way). It returns the last positive index if rounding leaves the
+// draw past the end, and -1 when p has no positive weight.
+func (s *Sampler) Draw(p []float32) int32 {
+	var sum float64
+	last := int32(-1)
+	for i, x := range p {
+		if x > 0 {
+			sum += float64(x)
+			last = int32(i)
+		}
+	}
+	if last < 0 {
+		return -1
+	}
+	u := s.rng.Float64() * sum
+	var acc float64
+	for i, x := range p {
+		if x > 0 {
+			acc += float64(x)
+			if u < acc {
+				return int32(i)
+			}
+		}
+	}
+	return last
+}
+
+// Uniform returns a uniform draw in [0, 1) from the sampler's stream, for
+// the accept/reject test of speculative sampling.
+func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
+
+// probs appends the final distribution for logits to dst.
+func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
+	dst = append(dst[:0], logits...)
+	for i, x := range dst {
+		if x != x { // NaN never wins and is never drawn
+			dst[i] = float32(math.Inf(-1))
+		}
+	}
+	s.penalize(dst, history)
+	if s.Greedy() {
+		best := argmax(dst)
+		clear(dst)
+		dst[best] = 1
+		return dst
+	}
+	inv := 1 / s.opt.Temperature
+	for i := range dst {
+		dst[i] *= inv
+	}
+	n := len(dst)
+	k := s.opt.TopK
+	if k > n {
+		k = n
+	}
+	topP := s.opt.TopP > 0 && s.opt.TopP < 1
+	if k > 0 || topP {
+		s.sortIDs(dst)
+	}
+	if k > 0 {
+		for _, id := range s.idx[k:] {
+			dst[id] = float32(math.Inf(-1))
+		}
+	}
+	softmax(dst)
+	if topP {
+		// Walk the sorted tokens until the kept mass reaches TopP; the
+		// rest go. Ties in probability keep the lower id first.
+		var acc float64
+		cut := len(s.idx)
+		for i, id := range s.idx {
+			acc += float64(dst[id])
+			if acc >= float64(s.opt.TopP) {
+				cut = i + 1
+				break
+			}
+		}
+		for _, id := range s.idx[cut:] {
+			dst[id] = 0
+		}
+	}
+	if s.opt.MinP > 0 {
+		floor := s.opt.MinP * dst[argmax(dst)]
+		for i, p := range dst {
+			if p < floor {
+				dst[i] = 0
+			}
+		}
+	}
+	normalize(dst)
+	return dst
+}
+
+// penalize applies the repeat penalty to each distinct token of the window.
+func (s *Sampler) penalize(logits []float32, history []int32) {
+	pen := s.opt.RepeatPenalty
+	if pen <= 0 || pen == 1 || len(history) == 0 {
+		return
+	}
+	if n := s.opt.RepeatLastN; n > 0 && n < len(history) {
+		history = history[len(history)-n:]
+	}
+	clear(s.seen)
+	for _, id := range history {
+		if id < 0 || int(id) >= len(logits) {
+			continue
+		}
+		if _, done := s.seen[id]; done {
+			continue
+		}
+		s.seen[id] = struct{}{}
+		if logits[id] > 0 {
+			logits[id] /= pen
+		} else {
+			logits[id] *= pen
+		}
+	}
+}
+
+// sortIDs fills s.idx with token ids by decreasing logit, ties by id.
+func (s *Sampler) sortIDs(logits []float32) {
+	s.idx = s.idx[:0]
+	for i := range logits {
+		s.idx = append(s.idx, int32(i))
+	}
+	slices.SortStableFunc(s.idx, func(a, b int32) int {
+		switch {
+		case logits[a] > logits[b]:
+			return -1
+		case logits[a] < logits[b]:
+			return 1
+		}
+		return 0
+	})
+}
+
+// argmax returns the index of the largest value, the lowest index on ties.
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// softmax turns logits into probabilities in place, in float64 for the
+// sum so that a 32k vocabulary does not lose the tail.
+func softmax(x []float32) {
+	m := x[argmax(x)]
+	if math.IsInf(float64(m), 0) {
+		// All -Inf: nothing to prefer, so uniform. Some +Inf: they
+		// share all the mass.
+		for i, v := range x {
+			if v == m || m < 0 {
+				x[i] = 1
+			} else {
+				x[i] = 0
+			}
+		}
+		normalize(x)
+		return
+	}
+	var sum float64
+	for i, v := range x {
+		e := math.Exp(float64(v - m))
+		x[i] = float32(e)
+		sum += e
+	}
+	for i := range x {
+		x[i] = float32(float64(x[i]) / sum)
+	}
+}
+
+func normalize(p []float32) {
+	var sum float64
+	for _, v := range p {
+		sum += float64(v)
+	}
+	if sum <= 0 {
+		return
+	}
+	for i := range p {
+		p[i] = float32(float64(p[i]) / sum)
+	}
+}

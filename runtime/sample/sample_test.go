@@ -1,0 +1,224 @@
+package sample
+
+import (
+	"math"
+	"testing"
+)
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+// softmaxRef is the textbook softmax of logits/temp in float64.
+func softmaxRef(logits []float32, temp float64) []float64 {
+	m := math.Inf(-1)
+	for _, v := range logits {
+		m = math.Max(m, float64(v)/temp)
+	}
+	out := make([]float64, len(logits))
+	var sum float64
+	for i, v := range logits {
+		out[i] = math.Exp(float64(v)/temp - m)
+		sum += out[i]
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
+}
+
+func TestGreedy(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		logits  []float32
+		history []int32
+		opt     Options
+		want    int32
+	}{
+		{"max", []float32{0.1, 3, -2, 2.9}, nil, Options{}, 1},
+		{"tie goes to lowest id", []float32{1, 5, 5, 5}, nil, Options{}, 1},
+		{"negative temperature is greedy", []float32{1, 2, 0}, nil, Options{Temperature: -1}, 1},
+		{"NaN never wins", []float32{float32(math.NaN()), 1, 2}, nil, Options{}, 2},
+		{"repeat penalty moves the max", []float32{1, 4, 3}, []int32{1}, Options{RepeatPenalty: 2}, 2},
+		{"penalty window excludes old tokens", []float32{1, 4, 3}, []int32{1, 0, 0}, Options{RepeatPenalty: 2, RepeatLastN: 2}, 1},
+		{"out-of-vocab history ignored", []float32{1, 4, 3}, []int32{-5, 99}, Options{RepeatPenalty: 2}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(tc.opt)
+			in := append([]float32(nil), tc.logits...)
+			if got := s.Sample(in, tc.history); got != tc.want {
+				t.Fatalf("Sample = %d, want %d", got, tc.want)
+			}
+			for i := range in {
+				if math.Float32bits(in[i]) != math.Float32bits(tc.logits[i]) {
+					t.Fatalf("Sample modified the logits: %v", in)
+				}
+			}
+			p := s.Probs(tc.logits, tc.history)
+			for i, v := range p {
+				want := float32(0)
+				if int32(i) == tc.want {
+					want = 1
+				}
+				if v != want {
+					t.Fatalf("greedy Probs = %v, want one-hot at %d", p, tc.want)
+				}
+			}
+		})
+	}
+	if got := New(Options{}).Sample(nil, nil); got != -1 {
+		t.Fatalf("Sample(empty) = %d, want -1", got)
+	}
+}
+
+func TestRepeatPenaltySign(t *testing.T) {
+	// Positive logits are divided, negative ones multiplied, each distinct
+	// token once however often it repeats.
+	s := New(Options{Temperature: 1, RepeatPenalty: 2})
+	logits := []float32{2, -1, 0.5}
+	got := s.Probs(logits, []int32{0, 0, 1, 0})
+	want := softmaxRef([]float32{1, -2, 0.5}, 1)
+	for i := range want {
+		if !near(float64(got[i]), want[i], 1e-6) {
+			t.Fatalf("Probs = %v, want %v", got, want)
+		}
+	}
+}
+
+func TestTransforms(t *testing.T) {
+	logits := []float32{1, 3, 2, 0, 2.5, -1}
+	for _, tc := range []struct {
+		name string
+		opt  Options
+		keep []int // ids that keep probability, renormalized from softmax(logits/T)
+		temp float64
+	}{
+		{"temperature only", Options{Temperature: 0.5}, []int{0, 1, 2, 3, 4, 5}, 0.5},
+		{"top-k 2", Options{Temperature: 1, TopK: 2}, []int{1, 4}, 1},
+		{"top-k past vocab", Options{Temperature: 1, TopK: 100}, []int{0, 1, 2, 3, 4, 5}, 1},
+		// softmax(logits) sorted: 3→.463 2.5→.281 2→.170 ... cumulative .744 < .8 <= .914
+		{"top-p 0.8", Options{Temperature: 1, TopP: 0.8}, []int{1, 4, 2}, 1},
+		{"top-p 0.4 keeps the top token", Options{Temperature: 1, TopP: 0.4}, []int{1}, 1},
+		{"top-p 1 is off", Options{Temperature: 1, TopP: 1}, []int{0, 1, 2, 3, 4, 5}, 1},
+		// min-p 0.3: keep p >= 0.3*p(3), i.e. logit >= 3+ln 0.3 = 1.796
+		{"min-p 0.3", Options{Temperature: 1, MinP: 0.3}, []int{1, 2, 4}, 1},
+		{"top-k then min-p", Options{Temperature: 1, TopK: 3, MinP: 0.5}, []int{1, 4}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := New(tc.opt).Probs(logits, nil)
+			ref := softmaxRef(logits, tc.temp)
+			var mass float64
+			for _, id := range tc.keep {
+				mass += ref[id]
+			}
+			want := make([]float64, len(logits))
+			for _, id := range tc.keep {
+				want[id] = ref[id] / mass
+			}
+			for i := range want {
+				if !near(float64(got[i]), want[i], 1e-6) {
+					t.Fatalf("Probs = %v, want %v", got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestInfiniteLogits(t *testing.T) {
+	inf := float32(math.Inf(1))
+	for _, tc := range []struct {
+		name   string
+		logits []float32
+		want   []float32
+	}{
+		{"all -inf is uniform", []float32{-inf, -inf}, []float32{0.5, 0.5}},
+		{"+inf takes all", []float32{1, inf, 2}, []float32{0, 1, 0}},
+		{"all NaN is uniform", []float32{float32(math.NaN()), float32(math.NaN())}, []float32{0.5, 0.5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := New(Options{Temperature: 1}).Probs(tc.logits, nil)
+			for i := range got {
+				if !near(float64(got[i]), float64(tc.want[i]), 1e-7) {
+					t.Fatalf("Probs = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestSeedReproducible(t *testing.T) {
+	logits := []float32{0.3, 1.2, -0.4, 0.9, 0.0, 1.1, 0.5, -1}
+	run := func(seed uint64) []int32 {
+		s := New(Options{Temperature: 1, TopK: 6, TopP: 0.95, Seed: seed})
+		var out []int32
+		for range 200 {
+			out = append(out, s.Sample(logits, out))
+		}
+		return out
+	}
+	a, b, c := run(42), run(42), run(43)
+	same := true
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("seed 42 gave different tokens at step %d: %d vs %d", i, a[i], b[i])
+		}
+		same = same && a[i] == c[i]
+	}
+	if same {
+		t.Fatal("seeds 42 and 43 gave identical runs of 200 draws")
+	}
+}
+
+// TestTemperatureMatchesSoftmax checks the draw frequencies against
+// softmax(logits/T) with a chi-square test. The seed is fixed, so the
+// statistic is deterministic; the bound is the 0.999 quantile of
+// chi-square with 7 degrees of freedom, so a correct sampler passes it for
+// all but one seed in a thousand and a biased one fails.
+func TestTemperatureMatchesSoftmax(t *testing.T) {
+	logits := []float32{0.3, 1.2, -0.4, 0.9, 0.0, 1.1, 0.5, -1}
+	const (
+		temp  = 0.7
+		draws = 40000
+		bound = 24.32 // chi-square(7), p = 0.999
+	)
+	s := New(Options{Temperature: temp, Seed: 7})
+	counts := make([]float64, len(logits))
+	for range draws {
+		counts[s.Sample(logits, nil)]++
+	}
+	want := softmaxRef(logits, temp)
+	var chi2 float64
+	for i, p := range want {
+		e := p * draws
+		chi2 += (counts[i] - e) * (counts[i] - e) / e
+	}
+	if chi2 > bound {
+		t.Fatalf("chi-square %.2f > %.2f: counts %v, expected proportions %v", chi2, bound, counts, want)
+	}
+	// The same test must reject the untempered distribution, or it would
+	// not be able to fail.
+	wrong := softmaxRef(logits, 1)
+	var chiWrong float64
+	for i, p := range wrong {
+		e := p * draws
+		chiWrong += (counts[i] - e) * (counts[i] - e) / e
+	}
+	if chiWrong <= bound {
+		t.Fatalf("chi-square against T=1 is %.2f, the test cannot tell temperatures apart", chiWrong)
+	}
+}
+
+func TestDraw(t *testing.T) {
+	s := New(Options{Seed: 1})
+	if got := s.Draw([]float32{0, 0, -1}); got != -1 {
+		t.Fatalf("Draw with no positive weight = %d, want -1", got)
+	}
+	for range 100 {
+		if got := s.Draw([]float32{0, 3, 0, 1}); got != 1 && got != 3 {
+			t.Fatalf("Draw picked zero-weight index %d", got)
+		}
+	}
+	for range 100 {
+		if u := s.Uniform(); u < 0 || u >= 1 {
+			t.Fatalf("Uniform = %v", u)
+		}
+	}
+}
