@@ -9,23 +9,19 @@ import "math"
 
 // F16ToF32 widens a half-precision value. Every half value, subnormals,
 // infinities and NaN payloads included, is exactly representable in f32.
+//
+// The magnitude bits shifted into f32 position read as the value times
+// 2^-112 (the exponent bias difference), also for half subnormals, which
+// land on f32 subnormals; one exact multiply by 2^112 fixes the scale.
+// Only Inf/NaN, whose exponent must become all ones, take a branch.
 func F16ToF32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch exp {
-	case 0x1f: // inf or NaN: keep the payload in the top mantissa bits
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	case 0:
-		// Zero or subnormal: mant * 2^-24, exact in f32.
-		f := float32(mant) * (1.0 / (1 << 24))
-		if sign != 0 {
-			f = -f
-		}
-		return f
+	b := uint32(h&0x7fff) << 13
+	if h&0x7c00 == 0x7c00 {
+		b |= 0x7f800000 // keeps the NaN payload in the top mantissa bits
+	} else {
+		b = math.Float32bits(math.Float32frombits(b) * 0x1p112)
 	}
-	// Rebias the exponent from 15 to 127.
-	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+	return math.Float32frombits(b | uint32(h&0x8000)<<16)
 }
 
 // F32ToF16 narrows f to half precision, rounding to nearest even.

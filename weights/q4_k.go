@@ -71,16 +71,17 @@ func QuantizeQ4_K(x *[QKK]float32, b *[BlockBytesQ4_K]byte) error {
 	if err := checkFinite(x[:]); err != nil {
 		return err
 	}
-	var lo, hi [8]float32 // lo: offset needed (>= 0); hi: sub-block maximum
-	var maxLo float32
+	// Scale choices run in float64 so tiny weights cannot underflow them.
+	var lo, hi [8]float64 // lo: offset needed (>= 0); hi: sub-block maximum
+	var maxLo float64
 	for j := range 8 {
 		sub := x[32*j : 32*j+32]
 		mn, mx := float32(0), sub[0]
 		for _, v := range sub {
 			mn, mx = min(mn, v), max(mx, v)
 		}
-		lo[j], hi[j] = -mn, mx
-		maxLo = max(maxLo, -mn)
+		lo[j], hi[j] = -float64(mn), float64(mx)
+		maxLo = max(maxLo, lo[j])
 	}
 	dminH, err := f16Scale(maxLo / 63)
 	if err != nil {
@@ -88,14 +89,15 @@ func QuantizeQ4_K(x *[QKK]float32, b *[BlockBytesQ4_K]byte) error {
 	}
 	dmin := F16ToF32(dminH)
 	var ms, scs [8]uint8
-	var offs, steps [8]float32
-	var maxStep float32
+	var offs [8]float32
+	var steps [8]float64
+	var maxStep float64
 	for j := range 8 {
 		if dmin > 0 {
-			ms[j] = uint8(min(63, math.Ceil(float64(lo[j]/dmin))))
+			ms[j] = uint8(min(63, math.Ceil(lo[j]/float64(dmin))))
 		}
-		offs[j] = dmin * float32(ms[j])
-		steps[j] = max(0, (hi[j]+offs[j])/15)
+		offs[j] = dmin * float32(ms[j]) // exactly the dequantizer's dmin*m
+		steps[j] = max(0, (hi[j]+float64(offs[j]))/15)
 		maxStep = max(maxStep, steps[j])
 	}
 	dH, err := f16Scale(maxStep / 63)
@@ -105,7 +107,7 @@ func QuantizeQ4_K(x *[QKK]float32, b *[BlockBytesQ4_K]byte) error {
 	d := F16ToF32(dH)
 	for j := range 8 {
 		if d > 0 {
-			scs[j] = uint8(min(63, math.Ceil(float64(steps[j]/d))))
+			scs[j] = uint8(min(63, math.Ceil(steps[j]/float64(d))))
 		}
 	}
 	binary.LittleEndian.PutUint16(b[0:], dH)
@@ -114,11 +116,11 @@ func QuantizeQ4_K(x *[QKK]float32, b *[BlockBytesQ4_K]byte) error {
 	for c := 0; c < 4; c++ {
 		for half := 0; half < 2; half++ {
 			j := 2*c + half
-			ds, dm := d*float32(scs[j]), offs[j]
+			ds, dm := float64(d*float32(scs[j])), float64(offs[j]) // the dequantizer's d1, m1
 			for l := 0; l < 32; l++ {
 				var q uint8
 				if ds > 0 {
-					q = uint8(min(15, max(0, math.Round(float64((x[32*j+l]+dm)/ds)))))
+					q = uint8(min(15, max(0, math.Round((float64(x[32*j+l])+dm)/ds))))
 				}
 				if half == 0 {
 					b[16+32*c+l] = q

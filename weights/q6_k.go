@@ -54,12 +54,13 @@ func QuantizeQ6_K(x *[QKK]float32, b *[BlockBytesQ6_K]byte) error {
 	if err := checkFinite(x[:]); err != nil {
 		return err
 	}
-	var need [16]float32
-	var maxNeed float32
+	// Scale choices run in float64 so tiny weights cannot underflow them.
+	var need [16]float64
+	var maxNeed float64
 	for i := range 16 {
-		var amax float32
+		var amax float64
 		for _, v := range x[16*i : 16*i+16] {
-			amax = max(amax, float32(math.Abs(float64(v))))
+			amax = max(amax, math.Abs(float64(v)))
 		}
 		need[i] = amax / 31.5
 		maxNeed = max(maxNeed, need[i])
@@ -73,14 +74,14 @@ func QuantizeQ6_K(x *[QKK]float32, b *[BlockBytesQ6_K]byte) error {
 	for i := range 16 {
 		var sc int8
 		if d > 0 {
-			sc = int8(min(127, math.Ceil(float64(need[i]/d))))
+			sc = int8(min(127, math.Ceil(need[i]/float64(d))))
 		}
 		b[192+i] = byte(sc)
-		step := d * float32(sc)
+		step := float64(d * float32(sc)) // the dequantizer's d*sc
 		for k := 16 * i; k < 16*i+16; k++ {
 			q := 32.0
 			if step > 0 {
-				q = min(31, max(-32, math.Round(float64(x[k]/step)))) + 32
+				q = min(31, max(-32, math.Round(float64(x[k])/step))) + 32
 			}
 			levels[k] = uint8(q)
 		}

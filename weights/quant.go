@@ -29,7 +29,8 @@ var ErrNotFinite = errors.New("value cannot be quantized (NaN, Inf or beyond the
 // len(dst) must be a multiple of t.BlockSize() and src must hold at least
 // t.RowBytes(len(dst)) bytes (more is ignored). Supported types: F32 F16
 // BF16 Q8_0 Q4_0 Q4_K Q6_K. The results are bit-exact with ggml's
-// dequantize_row_* reference code.
+// dequantize_row_* reference code. Any bytes decode without error: an f16
+// scale that is NaN or Inf simply yields NaN/Inf weights, as in ggml.
 func Dequantize(t DType, src []byte, dst []float32) error {
 	need, err := convSize(t, len(dst), "Dequantize")
 	if err != nil {
@@ -150,12 +151,13 @@ func convSize(t DType, n int, op string) (uint64, error) {
 // f16Scale stores a non-negative block scale as f16, rounding up so that
 // the stored scale times the largest quantized level still covers x (the
 // K quantizers rely on this to never clip). It fails when x is beyond f16.
-func f16Scale(x float32) (uint16, error) {
+// x is float64 so that scales of f32-subnormal weights do not underflow.
+func f16Scale(x float64) (uint16, error) {
 	if !(x >= 0 && x <= 65504) { // also catches NaN
 		return 0, fmt.Errorf("block scale %g: %w", x, ErrNotFinite)
 	}
-	h := F32ToF16(x)
-	if F16ToF32(h) < x {
+	h := F32ToF16(float32(x))
+	if float64(F16ToF32(h)) < x {
 		h++
 		if h >= 0x7c00 {
 			return 0, fmt.Errorf("block scale %g: %w", x, ErrNotFinite)

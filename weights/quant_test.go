@@ -164,6 +164,19 @@ func TestQuantizeKnown(t *testing.T) {
 		}
 	}
 
+	// Q8_0 rounds halves away from zero like C's roundf: with max|x| = 127,
+	// d = 1 and 2.5 -> 3, -2.5 -> -3, 0.5 -> 1, -126.5 -> -127.
+	x = [QK]float32{127, 2.5, -2.5, 0.5, -126.5, 1.49}
+	var b8 [BlockBytesQ8_0]byte
+	if err := QuantizeQ8_0(&x, &b8); err != nil {
+		t.Fatal(err)
+	}
+	for j, want := range []int8{127, 3, -3, 1, -127, 1, 0} {
+		if got := int8(b8[2+j]); got != want {
+			t.Errorf("Q8_0 %g: q = %d, want %d", x[j], got, want)
+		}
+	}
+
 	// Q8_0: a block of all-equal values is 127 levels of d = x/127.
 	for _, v := range []float32{3, -0.25, 0} {
 		for j := range x {
@@ -272,7 +285,7 @@ func errorBound(typ DType, src []float32, b []byte) []float64 {
 		}
 		d := amax / 127
 		for i := range bound {
-			bound[i] = 0.5625*d + eps*amax // d/2 + 127*|d - f16(d)|
+			bound[i] = d/2 + 127*f16Err(d) + eps*amax
 		}
 	case Q4_0:
 		var amax, m float64
@@ -287,7 +300,7 @@ func errorBound(typ DType, src []float32, b []byte) []float64 {
 			if float64(v)/d >= 7.5 {
 				half = 1 // clipped to level 7
 			}
-			bound[i] = (half+8.0/2048)*math.Abs(d) + eps*amax
+			bound[i] = half*math.Abs(d) + 8*f16Err(d) + eps*amax
 		}
 	case Q4_K:
 		d := float64(F16ToF32(binary.LittleEndian.Uint16(b[0:])))
@@ -317,7 +330,13 @@ func errorBound(typ DType, src []float32, b []byte) []float64 {
 	return bound
 }
 
-// maxStep is the largest step each K quantizer documents for a sub-block.
+// f16Err bounds |d - f16(d)|: half an f16 ulp, relative 2^-11 in the
+// normal range and absolute 2^-25 among subnormals.
+func f16Err(d float64) float64 {
+	return max(math.Abs(d)/2048, 1.0/(1<<25))
+}
+
+// checkStepBound checks the largest step each K quantizer documents for a sub-block.
 func checkStepBound(t *testing.T, typ DType, src []float32, b []byte) {
 	t.Helper()
 	switch typ {
@@ -489,6 +508,48 @@ func TestConvertErrors(t *testing.T) {
 	if dst[34] != 0xee || dst[39] != 0xee {
 		t.Error("Quantize wrote past the encoded block")
 	}
+}
+
+// FuzzQuantize encodes arbitrary floats (scaled by 2^shift to reach tiny
+// and huge magnitudes) with every block type: it must either refuse them
+// with ErrNotFinite or decode every weight within the documented bound.
+func FuzzQuantize(f *testing.F) {
+	f.Add(uint8(0), int8(0), []byte{0, 0, 0x80, 0x3f, 0, 0, 0x80, 0xbf})
+	f.Add(uint8(2), int8(-100), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Fuzz(func(t *testing.T, sel uint8, shift int8, raw []byte) {
+		typ := blockTypes[int(sel)%len(blockTypes)]
+		bs := typ.BlockSize()
+		n := (len(raw)/4 + bs - 1) / bs * bs
+		if n == 0 {
+			n = bs
+		}
+		src := make([]float32, n)
+		for i := 0; i+4 <= len(raw); i += 4 {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+			src[i/4] = float32(math.Ldexp(float64(v), int(shift)%64))
+		}
+		q := make([]byte, n/bs*typ.TypeSize())
+		if err := Quantize(typ, src, q); err != nil {
+			if !errors.Is(err, ErrNotFinite) {
+				t.Fatal(err)
+			}
+			return
+		}
+		got := make([]float32, n)
+		if err := Dequantize(typ, q, got); err != nil {
+			t.Fatal(err)
+		}
+		ts := typ.TypeSize()
+		for blk := range n / bs {
+			bound := errorBound(typ, src[blk*bs:(blk+1)*bs], q[blk*ts:(blk+1)*ts])
+			for i, b := range bound {
+				k := blk*bs + i
+				if e := math.Abs(float64(got[k] - src[k])); !(e <= b) {
+					t.Fatalf("%s weight %d: %g decodes to %g, error %g > bound %g", typ, k, src[k], got[k], e, b)
+				}
+			}
+		}
+	})
 }
 
 // FuzzDequantize feeds arbitrary bytes to every supported type: decoding
