@@ -1,0 +1,56 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// impl is one kernel backend. Only the matmul differs between backends
+// today; it is where decode time goes.
+type impl struct {
+	name     string
+	matmul   func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
+	quantize func(x []float32, q []int8, d []float32, s []int32, block int)
+}
+
+var goImpl = &impl{name: "go", matmul: goMatMul, quantize: goQuantize}
+
+// cImpl is set by the cgo build when the C kernels are compiled in.
+var cImpl *impl
+
+// backend is the active implementation: C when compiled in, else Go.
+var backend = goImpl
+
+func init() {
+	if cImpl != nil {
+		backend = cImpl
+	}
+}
+
+// SetBackend selects "c" (cgo builds only) or "go". It is for tests and
+// the --kernels flag, and must not run concurrently with kernels.
+func SetBackend(name string) error {
+	switch {
+	case name == "go":
+		backend = goImpl
+	case name == "c" && cImpl != nil:
+		backend = cImpl
+	case name == "c":
+		return fmt.Errorf("kernels: the C backend is not compiled in (build with CGO_ENABLED=1 and a C compiler)")
+	default:
+		return fmt.Errorf("kernels: unknown backend %q (want c or go)", name)
+	}
+	return nil
+}
+
+// Backend names the active backend.
+func Backend() string { return backend.name }
+
+// Backends lists the compiled-in backends, fastest first.
+func Backends() []string {
+	if cImpl != nil {
+		return []string{"c", "go"}
+	}
+	return []string{"go"}
+}

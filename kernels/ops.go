@@ -1,0 +1,70 @@
+package kernels
+
+import "math"
+
+// RMSNorm sets out = x / sqrt(mean(x²) + eps) · weight. out may alias x.
+func RMSNorm(out, x, weight []float32, eps float32) {
+	var ss float32
+	for _, v := range x {
+		ss += v * v
+	}
+	scale := 1 / float32(math.Sqrt(float64(ss/float32(len(x))+eps)))
+	for i, v := range x {
+		out[i] = weight[i] * (scale * v)
+	}
+}
+
+// RoPE rotates, in place, nHeads heads of headDim values at position pos.
+// Pairs are adjacent, (x[2i], x[2i+1]), with angle pos·theta^(-2i/headDim):
+// the layout of llama2.c and of llama-architecture GGUF files.
+func RoPE(x []float32, nHeads, headDim, pos int, theta float32) {
+	for i := 0; i < headDim; i += 2 {
+		// float32 steps, as llama2.c computes them: positions far into
+		// the context then rotate exactly as in the reference.
+		freq := 1 / float32(math.Pow(float64(theta), float64(float32(i)/float32(headDim))))
+		sin, cos := math.Sincos(float64(float32(pos) * freq))
+		c, s := float32(cos), float32(sin)
+		for h := 0; h < nHeads; h++ {
+			v := x[h*headDim+i : h*headDim+i+2]
+			v0, v1 := v[0], v[1]
+			v[0] = v0*c - v1*s
+			v[1] = v0*s + v1*c
+		}
+	}
+}
+
+// Softmax normalises x in place, subtracting the maximum first so large
+// logits do not overflow.
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0]
+	for _, v := range x[1:] {
+		m = max(m, v)
+	}
+	var sum float32
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - m)))
+		x[i] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for i := range x {
+		x[i] *= inv
+	}
+}
+
+// SiLUMul sets gate[i] = silu(gate[i]) · up[i], the SwiGLU activation.
+func SiLUMul(gate, up []float32) {
+	for i, g := range gate {
+		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+	}
+}
+
+// Add adds x into dst (the residual connection).
+func Add(dst, x []float32) {
+	for i, v := range x {
+		dst[i] += v
+	}
+}

@@ -1,0 +1,329 @@
+// Package kv holds the attention key/value cache of every sequence a model
+// is decoding.
+//
+// Each sequence owns rows 0..Context-1 of K and V per layer. Rows
+// 0..Len-1 are committed: they belong to tokens the sequence has accepted.
+// Rows after them are tentative: model.Forward appends one per batch slot
+// and they stay until the caller keeps a path of them (Commit), drops them
+// (Drop) or rolls the sequence back (Truncate). This is what lets one
+// forward call serve prefill, decode, draft trees and tree verification:
+// the verifier writes a whole tree tentatively and commits only the
+// accepted path.
+//
+// A Cache is not safe for concurrent use; the engine drives it from the
+// goroutine that calls Forward.
+package kv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// ErrContextFull is returned (wrapped with the numbers) when a sequence has
+// no room for more rows. Callers test it with errors.Is and stop decoding.
+var ErrContextFull = errors.New("kv: context full")
+
+// ErrUnknownSeq is returned (wrapped) for a sequence id that was never
+// allocated or has been freed.
+var ErrUnknownSeq = errors.New("kv: unknown sequence")
+
+// Config sizes a cache.
+type Config struct {
+	Layers  int
+	KVDim   int // KV heads × head dimension
+	Context int // rows per sequence, committed and tentative together
+	// Type is weights.F32 or weights.F16. F16 halves the memory and
+	// costs a rounding of K and V to half precision.
+	Type weights.DType
+	// MaxSeqs bounds the live sequences (0: no bound), so that a server
+	// cannot allocate past its memory plan.
+	MaxSeqs int
+}
+
+// SeqBytes is the memory one sequence takes: Context × Layers × KVDim for
+// K and again for V.
+func (c Config) SeqBytes() int64 {
+	return int64(c.Context) * int64(c.Layers) * int64(c.KVDim) * 2 * int64(c.Type.TypeSize())
+}
+
+func (c Config) validate() error {
+	if c.Layers <= 0 || c.KVDim <= 0 || c.Context <= 0 {
+		return fmt.Errorf("kv: layers %d, kv dim %d and context %d must all be positive", c.Layers, c.KVDim, c.Context)
+	}
+	if c.Type != weights.F32 && c.Type != weights.F16 {
+		return fmt.Errorf("kv: cache type %v is not supported; use F32 or F16", c.Type)
+	}
+	if c.MaxSeqs < 0 {
+		return fmt.Errorf("kv: max sequences %d is negative", c.MaxSeqs)
+	}
+	// The row index of any element must fit an int on 32-bit targets too.
+	const maxElems = 1<<31 - 1
+	if int64(c.Context)*int64(c.Layers)*int64(c.KVDim)*2 > maxElems {
+		return fmt.Errorf("kv: context %d × layers %d × kv dim %d is too large for one sequence buffer; lower the context", c.Context, c.Layers, c.KVDim)
+	}
+	return nil
+}
+
+// seq is one sequence's rows. Exactly one of f32 and f16 is set.
+type seq struct {
+	f32       []float32
+	f16       []uint16
+	committed int
+	tentative int
+}
+
+// Cache holds the KV rows of several sequences of one model.
+type Cache struct {
+	cfg    Config
+	seqs   []*seq // index is the sequence id; nil once freed
+	spares []*seq // buffers of freed sequences, reused by NewSeq
+	live   int
+}
+
+// New makes an empty cache. Memory is allocated per sequence by NewSeq.
+func New(cfg Config) (*Cache, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Cache{cfg: cfg}, nil
+}
+
+// Config returns the configuration the cache was made with.
+func (c *Cache) Config() Config { return c.cfg }
+
+// ---- cache management (used by the decode loops and the scheduler) ----
+
+// NewSeq allocates a sequence with no rows and returns its id. Ids of freed
+// sequences are reused.
+func (c *Cache) NewSeq() (int, error) {
+	if c.cfg.MaxSeqs > 0 && c.live >= c.cfg.MaxSeqs {
+		return 0, fmt.Errorf("kv: all %d sequences are in use; free one or raise MaxSeqs", c.cfg.MaxSeqs)
+	}
+	var s *seq
+	if n := len(c.spares); n > 0 {
+		s, c.spares = c.spares[n-1], c.spares[:n-1]
+		s.committed, s.tentative = 0, 0
+	} else {
+		s = &seq{}
+		elems := c.cfg.Context * c.cfg.Layers * c.cfg.KVDim * 2
+		if c.cfg.Type == weights.F16 {
+			s.f16 = make([]uint16, elems)
+		} else {
+			s.f32 = make([]float32, elems)
+		}
+	}
+	c.live++
+	for id, old := range c.seqs {
+		if old == nil {
+			c.seqs[id] = s
+			return id, nil
+		}
+	}
+	c.seqs = append(c.seqs, s)
+	return len(c.seqs) - 1, nil
+}
+
+// Free releases a sequence. Its buffer is kept for the next NewSeq.
+func (c *Cache) Free(id int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	c.seqs[id] = nil
+	c.spares = append(c.spares, s)
+	c.live--
+	return nil
+}
+
+// Valid reports whether id names a live sequence.
+func (c *Cache) Valid(id int) bool {
+	_, err := c.get(id)
+	return err == nil
+}
+
+// Len is the number of committed rows of a sequence (0 for an unknown id):
+// the position the next accepted token will take.
+func (c *Cache) Len(id int) int {
+	if s, err := c.get(id); err == nil {
+		return s.committed
+	}
+	return 0
+}
+
+// Tentative is the number of tentative rows after the committed ones.
+func (c *Cache) Tentative(id int) int {
+	if s, err := c.get(id); err == nil {
+		return s.tentative
+	}
+	return 0
+}
+
+// Room is how many more rows (committed or tentative) the sequence can take.
+func (c *Cache) Room(id int) int {
+	if s, err := c.get(id); err == nil {
+		return c.cfg.Context - s.committed - s.tentative
+	}
+	return 0
+}
+
+// Commit keeps the listed tentative rows, in order, as the next committed
+// rows and drops every other tentative row. rows index the tentative rows
+// (0 is the first row after the committed ones); they must be strictly
+// increasing, as a root-to-leaf path of a batch always is, because the
+// rows are compacted into place front to back.
+func (c *Cache) Commit(id int, rows []int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	for i, r := range rows {
+		if r < 0 || r >= s.tentative {
+			return fmt.Errorf("kv: commit sequence %d: row %d (entry %d) is outside the %d tentative rows", id, r, i, s.tentative)
+		}
+		if i > 0 && r <= rows[i-1] {
+			return fmt.Errorf("kv: commit sequence %d: rows must be strictly increasing, got %d after %d (entry %d)", id, r, rows[i-1], i)
+		}
+	}
+	kvd, ctx := c.cfg.KVDim, c.cfg.Context
+	for i, r := range rows {
+		if r == i {
+			continue
+		}
+		dst, src := s.committed+i, s.committed+r
+		for plane := 0; plane < 2*c.cfg.Layers; plane++ {
+			base := plane * ctx * kvd
+			if s.f16 != nil {
+				copy(s.f16[base+dst*kvd:base+(dst+1)*kvd], s.f16[base+src*kvd:base+(src+1)*kvd])
+			} else {
+				copy(s.f32[base+dst*kvd:base+(dst+1)*kvd], s.f32[base+src*kvd:base+(src+1)*kvd])
+			}
+		}
+	}
+	s.committed += len(rows)
+	s.tentative = 0
+	return nil
+}
+
+// CommitAll keeps every tentative row, in order (prefill and plain decode,
+// where the batch of a sequence is a chain).
+func (c *Cache) CommitAll(id int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	s.committed += s.tentative
+	s.tentative = 0
+	return nil
+}
+
+// Drop discards the tentative rows of a sequence.
+func (c *Cache) Drop(id int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	s.tentative = 0
+	return nil
+}
+
+// Truncate rolls a sequence back to its first n committed rows and drops
+// its tentative rows.
+func (c *Cache) Truncate(id, n int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > s.committed {
+		return fmt.Errorf("kv: truncate sequence %d to %d rows: it has %d committed rows", id, n, s.committed)
+	}
+	s.committed, s.tentative = n, 0
+	return nil
+}
+
+// Bytes is the memory the cache holds, freed-but-kept buffers included.
+func (c *Cache) Bytes() int64 {
+	return int64(c.live+len(c.spares)) * c.cfg.SeqBytes()
+}
+
+// ---- used by model.Forward ----
+
+// Reserve appends n tentative rows to a sequence and returns the absolute
+// row index of the first. It fails with ErrContextFull, changing nothing,
+// when they do not fit.
+func (c *Cache) Reserve(id, n int) (int, error) {
+	s, err := c.get(id)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("kv: reserve %d rows in sequence %d: negative count", n, id)
+	}
+	if used := s.committed + s.tentative; used+n > c.cfg.Context {
+		return 0, fmt.Errorf("sequence %d holds %d rows (%d committed, %d tentative), %d more exceed the context of %d: %w",
+			id, used, s.committed, s.tentative, n, c.cfg.Context, ErrContextFull)
+	}
+	start := s.committed + s.tentative
+	s.tentative += n
+	return start, nil
+}
+
+// Put writes the key and value vectors (KVDim floats each) of one layer
+// into a row previously returned by Reserve (or a committed row). F16
+// caches round them to half precision here.
+func (c *Cache) Put(id, layer, row int, k, v []float32) {
+	s := c.seqs[id]
+	kvd := c.cfg.KVDim
+	kb := (2*layer*c.cfg.Context + row) * kvd
+	vb := ((2*layer+1)*c.cfg.Context + row) * kvd
+	if s.f16 != nil {
+		kd, vd := s.f16[kb:kb+kvd], s.f16[vb:vb+kvd]
+		for i := range kd {
+			kd[i] = weights.F32ToF16(k[i])
+			vd[i] = weights.F32ToF16(v[i])
+		}
+		return
+	}
+	copy(s.f32[kb:kb+kvd], k[:kvd])
+	copy(s.f32[vb:vb+kvd], v[:kvd])
+}
+
+// K returns the keys of one layer of an F32 cache: Context rows of KVDim
+// floats, row i at [i*KVDim:]. It is nil for F16 caches (use K16).
+func (c *Cache) K(id, layer int) []float32 { return c.plane32(id, 2*layer) }
+
+// V is K's twin for values.
+func (c *Cache) V(id, layer int) []float32 { return c.plane32(id, 2*layer+1) }
+
+// K16 returns the keys of one layer of an F16 cache as IEEE half bits,
+// laid out as K. It is nil for F32 caches.
+func (c *Cache) K16(id, layer int) []uint16 { return c.plane16(id, 2*layer) }
+
+// V16 is K16's twin for values.
+func (c *Cache) V16(id, layer int) []uint16 { return c.plane16(id, 2*layer+1) }
+
+func (c *Cache) plane32(id, plane int) []float32 {
+	s := c.seqs[id]
+	if s.f32 == nil {
+		return nil
+	}
+	n := c.cfg.Context * c.cfg.KVDim
+	return s.f32[plane*n : (plane+1)*n]
+}
+
+func (c *Cache) plane16(id, plane int) []uint16 {
+	s := c.seqs[id]
+	if s.f16 == nil {
+		return nil
+	}
+	n := c.cfg.Context * c.cfg.KVDim
+	return s.f16[plane*n : (plane+1)*n]
+}
+
+func (c *Cache) get(id int) (*seq, error) {
+	if id < 0 || id >= len(c.seqs) || c.seqs[id] == nil {
+		return nil, fmt.Errorf("sequence %d: %w", id, ErrUnknownSeq)
+	}
+	return c.seqs[id], nil
+}
