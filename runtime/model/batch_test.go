@@ -1,0 +1,279 @@
+package model
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+const batchTol = 1e-5
+
+func sameLogits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) || len(got) == 0 {
+		t.Fatalf("%s: %d logits, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if d := math.Abs(float64(got[i] - want[i])); !(d <= batchTol) {
+			t.Fatalf("%s: logit %d = %v, want %v (|diff| %.3g > %.0e)", what, i, got[i], want[i], d, batchTol)
+		}
+	}
+}
+
+func copyRow(out *Logits, slot int) []float32 { return append([]float32(nil), out.Row(slot)...) }
+
+func newCache(t *testing.T, m *Model, context int) *kv.Cache {
+	t.Helper()
+	c, err := m.NewCache(context, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newSeq(t *testing.T, c *kv.Cache) int {
+	t.Helper()
+	s, err := c.NewSeq()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// stepwise feeds tokens one Forward each and returns every step's logits
+// and the logits of decoding next after them.
+func stepwise(t *testing.T, m *Model, tokens []int32, next int32) ([][]float32, []float32) {
+	t.Helper()
+	cache := newCache(t, m, 64)
+	seq := newSeq(t, cache)
+	var b Batch
+	var out Logits
+	var rows [][]float32
+	for i, tok := range append(append([]int32(nil), tokens...), next) {
+		b.Reset()
+		b.Add(tok, int32(i), seq, -1, true)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		if err := cache.CommitAll(seq); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, copyRow(&out, 0))
+	}
+	return rows[:len(tokens)], rows[len(tokens)]
+}
+
+// TestBatchSemantics checks the one rule of Forward: a chain in one batch,
+// token-by-token decoding and a tree whose chosen path is committed all
+// give the same logits, and so do several sequences sharing a batch.
+func TestBatchSemantics(t *testing.T) {
+	m := load(t, "stories260K.bin")
+	prompt := []int32{1, 403, 407, 261, 378, 275, 266, 405, 29, 400, 395, 279}
+	var next int32 = 300
+
+	steps, after := stepwise(t, m, prompt, next)
+
+	t.Run("chain", func(t *testing.T) {
+		cache := newCache(t, m, 64)
+		seq := newSeq(t, cache)
+		var b Batch
+		var out Logits
+		for i, tok := range prompt {
+			b.Add(tok, int32(i), seq, i-1, true)
+		}
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		for i := range prompt {
+			sameLogits(t, "chain slot", out.Row(i), steps[i])
+		}
+	})
+
+	t.Run("tree", func(t *testing.T) {
+		cache := newCache(t, m, 64)
+		seq := newSeq(t, cache)
+		// Commit the first 4 tokens, then verify a tree over the rest:
+		// the chain prompt[4:], with distractor branches hanging off
+		// it and a second root, interleaved so that chain slots are not
+		// contiguous.
+		var b Batch
+		var out Logits
+		b.Chain(prompt[:4], 0, seq, -1, false)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		cache.CommitAll(seq)
+		b.Reset()
+		var chain []int // slots of the chosen path
+		parent := -1
+		for i, tok := range prompt[4:] {
+			pos := int32(4 + i)
+			if i%2 == 1 {
+				// A distractor sibling before the chain slot and a child
+				// of it, so the path skips slots.
+				d := b.Add((tok+7)%512, pos, seq, parent, true)
+				b.Add((tok+11)%512, pos+1, seq, d, true)
+			}
+			parent = b.Add(tok, pos, seq, parent, true)
+			chain = append(chain, parent)
+			if i == 2 {
+				b.Add(5, 4, seq, -1, true) // another root
+			}
+		}
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		for i, slot := range chain {
+			sameLogits(t, "tree path slot", out.Row(slot), steps[4+i])
+		}
+		if got := cache.Tentative(seq); got != b.Len() {
+			t.Fatalf("tentative rows %d, want one per slot (%d)", got, b.Len())
+		}
+		// Tentative rows of this sequence are numbered in slot order.
+		if err := cache.Commit(seq, chain); err != nil {
+			t.Fatal(err)
+		}
+		if cache.Len(seq) != len(prompt) || cache.Tentative(seq) != 0 {
+			t.Fatalf("after commit: %d committed, %d tentative; want %d, 0", cache.Len(seq), cache.Tentative(seq), len(prompt))
+		}
+		b.Reset()
+		b.Add(next, int32(len(prompt)), seq, -1, true)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		sameLogits(t, "decode after commit", out.Row(0), after)
+	})
+
+	t.Run("sequences", func(t *testing.T) {
+		// Three sequences prefilled in one interleaved batch, then one
+		// decode step each in one batch, against each alone.
+		prompts := [][]int32{prompt, prompt[:5], {1, 260, 300, 310}}
+		type alone struct{ last, step []float32 }
+		want := make([]alone, len(prompts))
+		for i, p := range prompts {
+			rows, nx := stepwise(t, m, p, next)
+			want[i] = alone{rows[len(p)-1], nx}
+		}
+		cache := newCache(t, m, 64)
+		seqs := make([]int, len(prompts))
+		for i := range seqs {
+			seqs[i] = newSeq(t, cache)
+		}
+		var b Batch
+		var out Logits
+		last := make([]int, len(prompts))
+		for i := range last {
+			last[i] = -1
+		}
+		for pos := 0; pos < len(prompt); pos++ {
+			for i, p := range prompts {
+				if pos < len(p) {
+					last[i] = b.Add(p[pos], int32(pos), seqs[i], last[i], false)
+				}
+			}
+		}
+		b.Logits = nil // default: only the last slot of each sequence
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Slots()) != len(prompts) {
+			t.Fatalf("default logits for slots %v, want the last slot of each of %d sequences", out.Slots(), len(prompts))
+		}
+		for i := range prompts {
+			sameLogits(t, "prefill together", out.Row(last[i]), want[i].last)
+			cache.CommitAll(seqs[i])
+		}
+		if out.Row(0) != nil {
+			t.Fatal("slot 0 did not ask for logits but has a row")
+		}
+		b.Reset()
+		for i, p := range prompts {
+			b.Add(next, int32(len(p)), seqs[i], -1, true)
+		}
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		for i := range prompts {
+			sameLogits(t, "decode together", out.Row(i), want[i].step)
+		}
+	})
+}
+
+// TestForwardBadInput feeds malformed batches: each must fail with an
+// error, without panicking and without touching the cache.
+func TestForwardBadInput(t *testing.T) {
+	m := load(t, "stories260K.bin")
+	cache := newCache(t, m, 8)
+	seq := newSeq(t, cache)
+	other := newSeq(t, cache)
+	// One committed row in seq, so roots sit at position 1.
+	var b0 Batch
+	var out Logits
+	b0.Add(1, 0, seq, -1, true)
+	if err := m.Forward(&b0, cache, &out); err != nil {
+		t.Fatal(err)
+	}
+	cache.CommitAll(seq)
+
+	small, err := kv.New(kv.Config{Layers: 2, KVDim: 32, Context: 8, Type: weights.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small.NewSeq()
+
+	for _, tc := range []struct {
+		name  string
+		b     Batch
+		cache *kv.Cache
+		out   *Logits
+		full  bool // the error wraps kv.ErrContextFull
+	}{
+		{name: "empty", b: Batch{}},
+		{name: "short positions", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1}, Seq: []int{seq, seq}, Parent: []int{-1, 0}}},
+		{name: "short seqs", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{}, Parent: []int{-1}}},
+		{name: "short parents", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}}},
+		{name: "short logits flags", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1, 2}, Seq: []int{seq, seq}, Parent: []int{-1, 0}, Logits: []bool{true}}},
+		{name: "negative token", b: Batch{Tokens: []int32{-1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}},
+		{name: "token past vocab", b: Batch{Tokens: []int32{512}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}},
+		{name: "negative position", b: Batch{Tokens: []int32{1}, Pos: []int32{-1}, Seq: []int{seq}, Parent: []int{-1}}, full: true},
+		{name: "position past model context", b: Batch{Tokens: []int32{1}, Pos: []int32{512}, Seq: []int{seq}, Parent: []int{-1}}, full: true},
+		{name: "root not at committed length", b: Batch{Tokens: []int32{1}, Pos: []int32{3}, Seq: []int{seq}, Parent: []int{-1}}},
+		{name: "unknown sequence", b: Batch{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int{7}, Parent: []int{-1}}},
+		{name: "negative sequence", b: Batch{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int{-1}, Parent: []int{-1}}},
+		{name: "parent is itself", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{0}}},
+		{name: "parent later", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{2, 1}, Seq: []int{seq, seq}, Parent: []int{1, -1}}},
+		{name: "parent below -1", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-2}}},
+		{name: "parent past batch", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{9}}},
+		{name: "parent in other sequence", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{0, 1}, Seq: []int{other, seq}, Parent: []int{-1, 0}}},
+		{name: "child position skips", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1, 3}, Seq: []int{seq, seq}, Parent: []int{-1, 0}}},
+		{name: "context full", b: Batch{Tokens: make([]int32, 8), Pos: []int32{1, 2, 3, 4, 5, 6, 7, 8}, Seq: []int{seq, seq, seq, seq, seq, seq, seq, seq}, Parent: []int{-1, 0, 1, 2, 3, 4, 5, 6}}, full: true},
+		{name: "nil cache", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}, cache: nil, out: &Logits{}},
+		{name: "cache of another shape", b: Batch{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int{0}, Parent: []int{-1}}, cache: small},
+		{name: "nil logits", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}, out: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, o := cache, &out
+			if tc.cache != nil || tc.name == "nil cache" {
+				c = tc.cache
+			}
+			if tc.name == "nil logits" {
+				o = tc.out
+			}
+			err := m.Forward(&tc.b, c, o)
+			if err == nil {
+				t.Fatal("Forward accepted the batch")
+			}
+			if tc.full != errors.Is(err, kv.ErrContextFull) {
+				t.Errorf("errors.Is(err, kv.ErrContextFull) = %v, want %v: %v", !tc.full, tc.full, err)
+			}
+			t.Log(err)
+			if cache.Len(seq) != 1 || cache.Tentative(seq) != 0 || cache.Len(other) != 0 || cache.Tentative(other) != 0 {
+				t.Fatalf("failed Forward changed the cache: seq %d+%d, other %d+%d rows",
+					cache.Len(seq), cache.Tentative(seq), cache.Len(other), cache.Tentative(other))
+			}
+		})
+	}
+}

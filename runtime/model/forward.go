@@ -1,0 +1,246 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// buffers are the activations of one Forward, grown to the largest batch
+// seen and reused, so decoding allocates nothing per token.
+type buffers struct {
+	x, xb, q, k, v, att, tmp, hb, hb2, xs []float32
+	scores                                []float32
+
+	rows   []int32 // cache row each slot writes
+	prefix []int   // committed rows each slot reads
+	anc    []int32 // ancestor rows (root first, the slot's own row last), flat
+	ancLo  []int   // slot i's ancestors are anc[ancLo[i]:ancHi[i]]
+	ancHi  []int
+	want   []bool
+}
+
+func (bf *buffers) grow(n int, c Config) {
+	kvd := c.KVDim()
+	bf.x = grow(bf.x, n*c.Dim)
+	bf.xb = grow(bf.xb, n*c.Dim)
+	bf.q = grow(bf.q, n*c.Dim)
+	bf.att = grow(bf.att, n*c.Dim)
+	bf.tmp = grow(bf.tmp, n*c.Dim)
+	bf.k = grow(bf.k, n*kvd)
+	bf.v = grow(bf.v, n*kvd)
+	bf.hb = grow(bf.hb, n*c.Hidden)
+	bf.hb2 = grow(bf.hb2, n*c.Hidden)
+}
+
+// Forward evaluates a batch. Used by every decode mode:
+//
+//   - Every slot's K and V go to a new tentative row of its sequence,
+//     appended in batch order after the rows already there: the k-th slot
+//     of sequence s in this batch is tentative row Tentative(s)+k as it
+//     was before the call. They stay until the caller keeps a path
+//     (kv.Cache.Commit, CommitAll), drops them or truncates.
+//   - A slot attends to its sequence's committed rows, then to its
+//     ancestors in this batch and itself. Tentative rows of earlier calls
+//     are not attended to.
+//   - out receives logits for the slots that asked (Batch.Logits).
+//
+// A batch that fails validation changes nothing. If a kernel fails after
+// rows were reserved, the tentative rows of the batch's sequences are
+// dropped.
+func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
+	if out == nil {
+		return fmt.Errorf("model: forward: nil Logits")
+	}
+	if err := m.validate(b, cache); err != nil {
+		return err
+	}
+	cfg := m.cfg
+	n := len(b.Tokens)
+	bf := &m.buf
+	bf.grow(n, cfg)
+
+	// Rows: validation checked the room, so Reserve cannot fail here.
+	count := map[int]int{}
+	for _, s := range b.Seq {
+		count[s]++
+	}
+	next := make(map[int]int32, len(count))
+	for s, c := range count {
+		first, err := cache.Reserve(s, c)
+		if err != nil {
+			for done := range next {
+				cache.Drop(done)
+			}
+			return fmt.Errorf("model: forward: %w", err)
+		}
+		next[s] = int32(first)
+	}
+	bf.rows = bf.rows[:0]
+	bf.prefix = bf.prefix[:0]
+	for _, s := range b.Seq {
+		bf.rows = append(bf.rows, next[s])
+		bf.prefix = append(bf.prefix, cache.Len(s))
+		next[s]++
+	}
+	m.ancestors(b)
+
+	if err := m.forward(b, cache, out); err != nil {
+		for s := range next {
+			cache.Drop(s)
+		}
+		return err
+	}
+	return nil
+}
+
+// ancestors lists, for each slot, the tentative rows it attends to: its
+// ancestors root first, then itself. A chain shares one run of anc (each
+// slot's list extends its parent's in place), so a long prefill costs
+// O(n) here, not O(n²).
+func (m *Model) ancestors(b *Batch) {
+	bf := &m.buf
+	bf.anc, bf.ancLo, bf.ancHi = bf.anc[:0], bf.ancLo[:0], bf.ancHi[:0]
+	for i, p := range b.Parent {
+		var lo int
+		switch {
+		case p < 0:
+			lo = len(bf.anc)
+		case bf.ancHi[p] == len(bf.anc):
+			lo = bf.ancLo[p]
+		default:
+			lo = len(bf.anc)
+			bf.anc = append(bf.anc, bf.anc[bf.ancLo[p]:bf.ancHi[p]]...)
+		}
+		bf.anc = append(bf.anc, bf.rows[i])
+		bf.ancLo = append(bf.ancLo, lo)
+		bf.ancHi = append(bf.ancHi, len(bf.anc))
+	}
+}
+
+func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
+	cfg := m.cfg
+	n := len(b.Tokens)
+	bf := &m.buf
+	dim, kvd, hid := cfg.Dim, cfg.KVDim(), cfg.Hidden
+
+	embRow, err := m.embd.typ.RowBytes(uint64(dim))
+	if err != nil {
+		return fmt.Errorf("model: %s: %w", m.embd.name, err)
+	}
+	for i, tok := range b.Tokens {
+		src := m.embd.data[uint64(tok)*embRow : uint64(tok+1)*embRow]
+		if err := weights.Dequantize(m.embd.typ, src, bf.x[i*dim:(i+1)*dim]); err != nil {
+			return fmt.Errorf("model: %s row %d: %w", m.embd.name, tok, err)
+		}
+	}
+
+	for li := range m.layers {
+		L := &m.layers[li]
+		for i := 0; i < n; i++ {
+			kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.attnNorm, cfg.Eps)
+		}
+		if err := m.matmul(bf.q, &L.wq, bf.xb, n); err != nil {
+			return err
+		}
+		if err := m.matmul(bf.k, &L.wk, bf.xb, n); err != nil {
+			return err
+		}
+		if err := m.matmul(bf.v, &L.wv, bf.xb, n); err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			pos := int(b.Pos[i])
+			kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, pos, cfg.RopeTheta)
+			kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, pos, cfg.RopeTheta)
+			cache.Put(b.Seq[i], li, int(bf.rows[i]), bf.k[i*kvd:(i+1)*kvd], bf.v[i*kvd:(i+1)*kvd])
+		}
+		m.attention(b, cache, li)
+		if err := m.matmul(bf.tmp, &L.wo, bf.att, n); err != nil {
+			return err
+		}
+		kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+
+		for i := 0; i < n; i++ {
+			kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.ffnNorm, cfg.Eps)
+		}
+		if err := m.matmul(bf.hb, &L.gate, bf.xb, n); err != nil {
+			return err
+		}
+		if err := m.matmul(bf.hb2, &L.up, bf.xb, n); err != nil {
+			return err
+		}
+		kernels.SiLUMul(bf.hb[:n*hid], bf.hb2[:n*hid])
+		if err := m.matmul(bf.tmp, &L.down, bf.hb, n); err != nil {
+			return err
+		}
+		kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+	}
+
+	want := b.Logits
+	if want == nil {
+		bf.want = b.defaultLogits(bf.want)
+		want = bf.want
+	}
+	rows := out.reset(cfg.Vocab, want)
+	if rows == 0 {
+		return nil
+	}
+	bf.xs = grow(bf.xs, rows*dim)
+	for j, i := range out.slots {
+		kernels.RMSNorm(bf.xs[j*dim:(j+1)*dim], bf.x[i*dim:(i+1)*dim], m.outNorm, cfg.Eps)
+	}
+	return m.matmul(out.data, &m.output, bf.xs, rows)
+}
+
+// matmul computes out = W·x for n input columns, reading W once.
+func (m *Model) matmul(out []float32, w *matrix, x []float32, n int) error {
+	if err := m.pool.MatMul(out[:n*w.rows], w.data, w.typ, w.rows, w.cols, x[:n*w.cols], n); err != nil {
+		return fmt.Errorf("model: %s: %w", w.name, err)
+	}
+	return nil
+}
+
+// attention runs every (slot, head) pair of one layer on the pool. Query
+// head h reads KV head h/(Heads/KVHeads) (grouped-query attention).
+func (m *Model) attention(b *Batch, cache *kv.Cache, layer int) {
+	cfg := m.cfg
+	bf := &m.buf
+	n := len(b.Tokens)
+	dim, kvd, hd := cfg.Dim, cfg.KVDim(), cfg.HeadDim
+	group := cfg.Heads / cfg.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+
+	maxLen := 0
+	for i := 0; i < n; i++ {
+		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
+	}
+	tasks := n * cfg.Heads
+	// Each chunk owns one scores buffer; a few chunks per thread balance
+	// slots whose attention spans differ.
+	chunks := min(tasks, 4*max(1, m.pool.Threads()))
+	bf.scores = grow(bf.scores, chunks*maxLen)
+	f16 := cache.Config().Type == weights.F16
+
+	m.pool.Run(chunks, func(lo, hi int) {
+		for c := lo; c < hi; c++ {
+			sc := bf.scores[c*maxLen : (c+1)*maxLen]
+			for t := c * tasks / chunks; t < (c+1)*tasks/chunks; t++ {
+				i, h := t/cfg.Heads, t%cfg.Heads
+				seq := b.Seq[i]
+				off := (h / group) * hd
+				q := bf.q[i*dim+h*hd : i*dim+(h+1)*hd]
+				o := bf.att[i*dim+h*hd : i*dim+(h+1)*hd]
+				extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
+				if f16 {
+					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+				} else {
+					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,195 @@
+// Package model runs the LLaMA forward pass. Everything the engine
+// computes (prefill, decode of several sequences, draft tree growth, tree
+// verification) is one call, Forward, over a Batch of token slots.
+package model
+
+import (
+	"fmt"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// Options configures Load.
+type Options struct {
+	// Threads sizes the kernel pool Load makes when Pool is nil (0 lets
+	// the kernels choose).
+	Threads int
+	// Pool, when set, is shared with other models (the draft and the
+	// target of a pair run on one pool); the Model does not close it.
+	Pool *kernels.Pool
+}
+
+// matrix is a weight matrix of rows × cols as stored in the file: row r is
+// the r-th contiguous run of cols elements.
+type matrix struct {
+	name       string
+	data       []byte
+	typ        weights.DType
+	rows, cols int
+}
+
+type layer struct {
+	attnNorm, ffnNorm []float32
+	wq, wk, wv, wo    matrix
+	gate, down, up    matrix
+}
+
+// Model is a loaded LLaMA model. Its weights are views into the file,
+// which must stay open while the model is used. A Model is not safe for
+// concurrent Forward calls: its activation buffers are reused.
+type Model struct {
+	cfg     Config
+	file    *weights.File
+	pool    *kernels.Pool
+	ownPool bool
+
+	embd    matrix // token_embd: Vocab rows of Dim
+	layers  []layer
+	outNorm []float32
+	output  matrix // output head: Vocab rows of Dim (token_embd when tied)
+
+	buf buffers
+}
+
+// Load checks f's hyperparameters against its tensors and prepares the
+// model. Norm weights are converted to float32; matrices stay in the file.
+func Load(f *weights.File, opt Options) (*Model, error) {
+	cfg, err := ConfigFrom(f)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{cfg: cfg, file: f}
+	if m.embd, err = loadMatrix(f, "token_embd.weight", cfg.Dim, cfg.Vocab); err != nil {
+		return nil, err
+	}
+	kvd := cfg.KVDim()
+	m.layers = make([]layer, cfg.Layers)
+	for i := range m.layers {
+		l := &m.layers[i]
+		p := fmt.Sprintf("blk.%d.", i)
+		if l.attnNorm, err = loadVector(f, p+"attn_norm.weight", cfg.Dim); err != nil {
+			return nil, err
+		}
+		if l.ffnNorm, err = loadVector(f, p+"ffn_norm.weight", cfg.Dim); err != nil {
+			return nil, err
+		}
+		for _, w := range []struct {
+			dst        *matrix
+			name       string
+			cols, rows int
+		}{
+			{&l.wq, "attn_q", cfg.Dim, cfg.Dim},
+			{&l.wk, "attn_k", cfg.Dim, kvd},
+			{&l.wv, "attn_v", cfg.Dim, kvd},
+			{&l.wo, "attn_output", cfg.Dim, cfg.Dim},
+			{&l.gate, "ffn_gate", cfg.Dim, cfg.Hidden},
+			{&l.down, "ffn_down", cfg.Hidden, cfg.Dim},
+			{&l.up, "ffn_up", cfg.Dim, cfg.Hidden},
+		} {
+			if *w.dst, err = loadMatrix(f, p+w.name+".weight", w.cols, w.rows); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if m.outNorm, err = loadVector(f, "output_norm.weight", cfg.Dim); err != nil {
+		return nil, err
+	}
+	if cfg.Tied {
+		m.output = m.embd
+	} else if m.output, err = loadMatrix(f, "output.weight", cfg.Dim, cfg.Vocab); err != nil {
+		return nil, err
+	}
+	if opt.Pool != nil {
+		m.pool = opt.Pool
+	} else {
+		m.pool = kernels.NewPool(opt.Threads)
+		m.ownPool = true
+	}
+	return m, nil
+}
+
+// Config returns the model's hyperparameters.
+func (m *Model) Config() Config { return m.cfg }
+
+// File returns the weights file the model views.
+func (m *Model) File() *weights.File { return m.file }
+
+// Pool returns the kernel pool the model computes on.
+func (m *Model) Pool() *kernels.Pool { return m.pool }
+
+// Close releases the kernel pool if Load made it. It does not close the
+// file, which the caller opened.
+func (m *Model) Close() error {
+	if m.ownPool && m.pool != nil {
+		m.pool.Close()
+		m.pool = nil
+	}
+	return nil
+}
+
+// NewCache makes a KV cache shaped for this model. context 0 means the
+// model's own context length; a larger one is refused because positions
+// past the trained context are refused anyway.
+func (m *Model) NewCache(context int, typ weights.DType) (*kv.Cache, error) {
+	if context == 0 {
+		context = m.cfg.Context
+	}
+	if context < 0 || context > m.cfg.Context {
+		return nil, fmt.Errorf("model: cache context %d is outside 1..%d (the model's context length)", context, m.cfg.Context)
+	}
+	return kv.New(kv.Config{Layers: m.cfg.Layers, KVDim: m.cfg.KVDim(), Context: context, Type: typ})
+}
+
+// loadMatrix checks a tensor's shape (GGML order [cols, rows]), type and
+// byte size and returns its view.
+func loadMatrix(f *weights.File, name string, cols, rows int) (matrix, error) {
+	t, err := f.TensorShaped(name, uint64(cols), uint64(rows))
+	if err != nil {
+		return matrix{}, fmt.Errorf("model: %w", err)
+	}
+	if !t.Type.Computable() {
+		return matrix{}, fmt.Errorf("%s: tensor %s has type %v, which tandem has no kernel for; requantize it (tandem quantize)", f.Path, name, t.Type)
+	}
+	rowBytes, err := t.Type.RowBytes(uint64(cols))
+	if err != nil {
+		return matrix{}, fmt.Errorf("%s: tensor %s: %w", f.Path, name, err)
+	}
+	want := rowBytes * uint64(rows)
+	if t.Data == nil {
+		return matrix{}, fmt.Errorf("%s: tensor %s has no mapped data; open the file with weights.Open (mapped) to run it", f.Path, name)
+	}
+	if uint64(len(t.Data)) != want {
+		return matrix{}, fmt.Errorf("%s: tensor %s holds %d bytes, want %d for %d rows of %d %v", f.Path, name, len(t.Data), want, rows, cols, t.Type)
+	}
+	return matrix{name: name, data: t.Data, typ: t.Type, rows: rows, cols: cols}, nil
+}
+
+// loadVector reads a 1-D tensor of n elements as float32.
+func loadVector(f *weights.File, name string, n int) ([]float32, error) {
+	mat, err := loadVectorMatrix(f, name, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	if err := weights.Dequantize(mat.typ, mat.data, out); err != nil {
+		return nil, fmt.Errorf("%s: tensor %s: %w", f.Path, name, err)
+	}
+	return out, nil
+}
+
+func loadVectorMatrix(f *weights.File, name string, n int) (matrix, error) {
+	t, err := f.TensorShaped(name, uint64(n))
+	if err != nil {
+		return matrix{}, fmt.Errorf("model: %w", err)
+	}
+	rowBytes, err := t.Type.RowBytes(uint64(n))
+	if err != nil {
+		return matrix{}, fmt.Errorf("%s: tensor %s: %w", f.Path, name, err)
+	}
+	if t.Data == nil || uint64(len(t.Data)) != rowBytes {
+		return matrix{}, fmt.Errorf("%s: tensor %s holds %d bytes, want %d for %d %v", f.Path, name, len(t.Data), rowBytes, n, t.Type)
+	}
+	return matrix{name: name, data: t.Data, typ: t.Type, rows: 1, cols: n}, nil
+}
