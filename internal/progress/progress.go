@@ -1,0 +1,89 @@
+// Package progress draws a one-line progress bar on a terminal and stays
+// silent when its output is not one (pipes, CI logs, tests).
+package progress
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Bar reports progress of a job of known total size in bytes.
+type Bar struct {
+	mu      sync.Mutex
+	w       io.Writer
+	label   string
+	total   uint64
+	start   time.Time
+	last    time.Time
+	enabled bool
+}
+
+// New returns a bar writing to w, drawn only when w is a terminal.
+func New(w io.Writer, label string, total uint64) *Bar {
+	return &Bar{w: w, label: label, total: total, start: time.Now(), enabled: IsTerminal(w)}
+}
+
+// IsTerminal reports whether w is a character device such as a tty.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// Set records done bytes, redrawing at most ten times a second.
+func (b *Bar) Set(done uint64) {
+	if b == nil || !b.enabled {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	if now.Sub(b.last) < 100*time.Millisecond && done < b.total {
+		return
+	}
+	b.last = now
+	frac := 1.0
+	if b.total > 0 {
+		frac = min(1, float64(done)/float64(b.total))
+	}
+	const width = 30
+	fill := int(frac * width)
+	elapsed := now.Sub(b.start).Seconds()
+	rate := float64(done) / max(elapsed, 1e-9)
+	eta := "--"
+	if rate > 0 && done < b.total {
+		eta = time.Duration(float64(b.total-done) / rate * float64(time.Second)).Round(time.Second).String()
+	}
+	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% %s/s eta %s   ", b.label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill),
+		100*frac, Bytes(uint64(rate)), eta)
+}
+
+// Done finishes the line.
+func (b *Bar) Done() {
+	if b == nil || !b.enabled {
+		return
+	}
+	b.Set(b.total)
+	fmt.Fprintln(b.w)
+}
+
+// Bytes formats n with a binary unit (KiB, MiB, GiB).
+func Bytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
