@@ -1,8 +1,10 @@
 package weights
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 )
@@ -102,25 +104,28 @@ func parseLlama2CTokenizer(data []byte, name string, want int) (*Llama2CVocab, e
 			return nil, d.fail(fmt.Sprintf("token %d", i),
 				"file ends after %d tokens but the model's vocab_size is %d: the tokenizer does not belong to this model", i, want)
 		}
-		score, err := d.f32(fmt.Sprintf("token %d score", i))
-		if err != nil {
-			return nil, err
+		// Field names are built only on failure: a vocabulary has many
+		// thousands of entries.
+		if d.remaining() < 8 {
+			field := "score"
+			if d.remaining() >= 4 {
+				field = "length"
+			}
+			return nil, d.fail(fmt.Sprintf("token %d %s", i, field), "file truncated: need 8 bytes, %d left (file size %d)", d.remaining(), len(d.b))
 		}
-		field := fmt.Sprintf("token %d length", i)
-		n, err := d.u32(field)
-		if err != nil {
-			return nil, err
-		}
-		if int32(n) < 0 || int32(n) > maxLen {
+		score := math.Float32frombits(binary.LittleEndian.Uint32(d.b[d.off:]))
+		n := int32(binary.LittleEndian.Uint32(d.b[d.off+4:]))
+		d.off += 8
+		if n < 0 || n > maxLen {
 			d.off -= 4
-			return nil, d.fail(field, "length %d is out of range (want 0 to max_token_length %d)", int32(n), maxLen)
+			return nil, d.fail(fmt.Sprintf("token %d length", i), "length %d is out of range (want 0 to max_token_length %d)", n, maxLen)
 		}
-		b, err := d.bytes(int(n), fmt.Sprintf("token %d bytes", i))
-		if err != nil {
-			return nil, err
+		if d.remaining() < int(n) {
+			return nil, d.fail(fmt.Sprintf("token %d bytes", i), "file truncated: need %d bytes, %d left (file size %d)", n, d.remaining(), len(d.b))
 		}
-		v.Tokens = append(v.Tokens, string(b))
+		v.Tokens = append(v.Tokens, string(d.b[d.off:d.off+int(n)]))
 		v.Scores = append(v.Scores, score)
+		d.off += int(n)
 	}
 	if len(v.Tokens) == 0 {
 		return nil, d.fail("tokens", "the file holds no tokens")
