@@ -1,12 +1,50 @@
 GO ?= go
+SHARED ?= $(abspath ../shared)
+FUZZTIME ?= 20s
+# Packages with cgo kernels or model code, tested again without cgo (the
+# Android build uses the pure-Go kernels).
+PURE_GO_PKGS = ./kernels/... ./runtime/... ./tools/...
 
-.PHONY: build test
+.PHONY: build test bench fuzz cross test-arm64 default-model
 
 build:
-	$(GO) build ./...
+	$(GO) build -o bin/tandem ./tools/tandem
 
 # test is exactly what CI runs.
 test:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) vet ./...
 	$(GO) test -race ./...
+	CGO_ENABLED=0 $(GO) test $(PURE_GO_PKGS)
+	GOOS=android GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./kernels/ ./bench/
+	$(GO) run ./tools/tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2
+
+# fuzz runs every fuzz target for FUZZTIME.
+fuzz:
+	@for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for f in $$(grep -h '^func Fuzz' $$pkg/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+cross:
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o bin/tandem-linux-arm64 ./tools/tandem
+	GOOS=android GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o bin/tandem-android-arm64 ./tools/tandem
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=aarch64-linux-gnu-gcc $(GO) build -o bin/tandem-linux-arm64-cgo ./tools/tandem
+
+# test-arm64 runs the kernel, weights and model tests as arm64 binaries
+# (cgo NEON kernels) under qemu. Needs gcc-aarch64-linux-gnu and
+# qemu-user-static.
+test-arm64:
+	@mkdir -p bin/arm64
+	@for pkg in kernels weights runtime/model; do \
+		CGO_ENABLED=1 GOARCH=arm64 CC=aarch64-linux-gnu-gcc $(GO) test -c -o bin/arm64/$$(basename $$pkg).test ./$$pkg || exit 1; \
+		(cd $$pkg && TANDEM_SHARED=$(SHARED) qemu-aarch64 -L /usr/aarch64-linux-gnu $(CURDIR)/bin/arm64/$$(basename $$pkg).test -test.short) || exit 1; \
+	done
+
+# default-model regenerates the embedded random-weight model.
+default-model:
+	$(GO) run ./tools/tandem synth --dims 64,172,4,8,4,512,256 --type q8_0 --seed 1 tools/tandem/defaultmodel/default.gguf

@@ -223,6 +223,9 @@ func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int,
 	if err := g.Close(); err != nil {
 		return err
 	}
+	if err := tmp.Chmod(0o644); err != nil { // CreateTemp makes it 0600
+		return fmt.Errorf("write gguf: %w", err)
+	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write gguf: %w", err)
 	}

@@ -87,3 +87,13 @@ func Bytes(n uint64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// SetTotal changes the total, for jobs that learn it late.
+func (b *Bar) SetTotal(total uint64) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.total = total
+	b.mu.Unlock()
+}

@@ -1,0 +1,156 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// DecodeConfig describes one decode/prefill measurement.
+type DecodeConfig struct {
+	Threads      int // kernel threads (0: physical cores)
+	PromptTokens int // prefill length (default 512)
+	DecodeTokens int // tokens decoded per run (default 32)
+	Runs         int // measured runs; medians are reported (default 5)
+}
+
+// DecodeResult is what one model measured at one thread count.
+type DecodeResult struct {
+	Model   string
+	Type    string // the type of most weight bytes
+	Threads int
+	// WeightBytesPerToken is what one decode step must read: every matrix
+	// except the embedding table (one row of it is looked up).
+	WeightBytesPerToken uint64
+	PrefillTokPerS      float64 // median over runs
+	DecodeTokPerS       float64 // median over runs
+}
+
+// Bound is the decode speed the memory system allows at bw bytes/s:
+// bandwidth ÷ weight bytes per token.
+func (r DecodeResult) Bound(bw float64) float64 { return bw / float64(r.WeightBytesPerToken) }
+
+// PrefillSpeedup is how much cheaper a token is in a prefill batch.
+func (r DecodeResult) PrefillSpeedup() float64 { return r.PrefillTokPerS / r.DecodeTokPerS }
+
+// WeightBytesPerToken sums the matrices a decode step reads.
+func WeightBytesPerToken(f *weights.File) (bytes uint64, typ string) {
+	byType := map[weights.DType]uint64{}
+	for _, t := range f.Tensors {
+		if t.Name == "token_embd.weight" {
+			rows, _ := t.Rows()
+			bytes += t.Size / uint64(rows)
+			continue
+		}
+		bytes += t.Size
+		byType[t.Type] += t.Size
+	}
+	var best uint64
+	for t, n := range byType {
+		if n > best {
+			best, typ = n, t.String()
+		}
+	}
+	return bytes, typ
+}
+
+// Decode loads the model in f and measures prefill of a random prompt and
+// greedy single-sequence decode, cfg.Runs times each, reporting medians.
+func Decode(f *weights.File, cfg DecodeConfig) (DecodeResult, error) {
+	cfg.PromptTokens = cmp(cfg.PromptTokens, 512)
+	cfg.DecodeTokens = cmp(cfg.DecodeTokens, 32)
+	cfg.Runs = cmp(cfg.Runs, 5)
+	m, err := model.Load(f, model.Options{Threads: cfg.Threads})
+	if err != nil {
+		return DecodeResult{}, err
+	}
+	defer m.Close()
+	mc := m.Config()
+	need := cfg.PromptTokens + cfg.DecodeTokens
+	if need > mc.Context {
+		return DecodeResult{}, fmt.Errorf("bench: %d prompt + %d decode tokens exceed the model's context of %d", cfg.PromptTokens, cfg.DecodeTokens, mc.Context)
+	}
+	cache, err := m.NewCache(need, weights.F32)
+	if err != nil {
+		return DecodeResult{}, err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]int32, cfg.PromptTokens)
+	for i := range prompt {
+		prompt[i] = int32(rng.IntN(mc.Vocab))
+	}
+	res := DecodeResult{Model: f.Path, Threads: m.Pool().Threads()}
+	res.WeightBytesPerToken, res.Type = WeightBytesPerToken(f)
+	var prefill, decode []float64
+	var b model.Batch
+	var out model.Logits
+	for run := 0; run < cfg.Runs; run++ {
+		seq, err := cache.NewSeq()
+		if err != nil {
+			return res, err
+		}
+		b.Reset()
+		b.Chain(prompt, 0, seq, -1, true)
+		start := time.Now()
+		if err := m.Forward(&b, cache, &out); err != nil {
+			return res, err
+		}
+		prefill = append(prefill, float64(len(prompt))/time.Since(start).Seconds())
+		if err := cache.CommitAll(seq); err != nil {
+			return res, err
+		}
+		id := argmax(out.Row(b.Len() - 1))
+		start = time.Now()
+		for i := 0; i < cfg.DecodeTokens; i++ {
+			b.Reset()
+			b.Add(id, int32(cache.Len(seq)), seq, -1, true)
+			if err := m.Forward(&b, cache, &out); err != nil {
+				return res, err
+			}
+			if err := cache.CommitAll(seq); err != nil {
+				return res, err
+			}
+			id = argmax(out.Row(0))
+		}
+		decode = append(decode, float64(cfg.DecodeTokens)/time.Since(start).Seconds())
+		if err := cache.Free(seq); err != nil {
+			return res, err
+		}
+	}
+	res.PrefillTokPerS, res.DecodeTokPerS = Median(prefill), Median(decode)
+	return res, nil
+}
+
+func cmp(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// DecodeTable formats results with the memory bound at bandwidth bw
+// (bytes/s, per thread count).
+func DecodeTable(rs []DecodeResult, bw map[int]float64) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%-8s %3s %10s %11s %11s %11s %8s %9s\n", "type", "thr", "MiB/token", "decode t/s", "bound t/s", "of bound", "prefill", "speedup")
+	for _, r := range rs {
+		bound := r.Bound(bw[r.Threads])
+		fmt.Fprintf(&sb, "%-8s %3d %10.1f %11.2f %11.2f %10.0f%% %8.1f %8.1fx\n", r.Type, r.Threads,
+			float64(r.WeightBytesPerToken)/(1<<20), r.DecodeTokPerS, bound, 100*r.DecodeTokPerS/bound, r.PrefillTokPerS, r.PrefillSpeedup())
+	}
+	return sb.String()
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+func runBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "decode" {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintln(stdout, "Usage: tandem bench decode [flags]\n\nBenchmarks:\n  decode   single-sequence decode and prefill speed against the memory bound")
+			return nil
+		}
+		return fmt.Errorf("%w: want a benchmark name: tandem bench decode [flags]", errUsage)
+	}
+	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
+		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+
+			"decode, --runs times (medians), and prints each next to the memory-traffic\n"+
+			"bound: measured copy bandwidth ÷ weight bytes read per token. Without --model\n"+
+			"it synthesizes a model of --shape for each of --types in a temporary\n"+
+			"directory (removed afterwards).", stdout, stderr,
+		"tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2",
+		"tandem bench decode --model model.gguf --threads 2 --runs 3")
+	modelPath := fs.String("model", "", "benchmark this model instead of synthetic ones")
+	shape := fs.String("shape", "tinyllama-1.1b", "shape of the synthetic models")
+	types := fs.String("types", "q4_0,q8_0,f16", "weight types of the synthetic models")
+	threads := fs.String("threads", "1,2", "thread counts to measure")
+	prompt := fs.Int("prompt", 512, "prefill prompt tokens")
+	gen := fs.Int("gen", 32, "decoded tokens per run")
+	runs := fs.Int("runs", 5, "runs per measurement (medians are reported)")
+	dir := fs.String("dir", "", "where synthetic models go (default: a new temporary directory)")
+	backend := fs.String("kernels", "", "kernel backend: c or go")
+	if _, err := parse(fs, args[1:], 0, 0); err != nil {
+		return err
+	}
+	if *backend != "" {
+		if err := kernels.SetBackend(*backend); err != nil {
+			return fmt.Errorf("%w: --kernels: %v", errUsage, err)
+		}
+	}
+	var thr []int
+	for _, s := range strings.Split(*threads, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("%w: --threads %q: want positive integers separated by commas", errUsage, *threads)
+		}
+		thr = append(thr, n)
+	}
+	bw := map[int]float64{}
+	for _, t := range thr {
+		b := bench.MemoryBandwidth(t, 512<<20, 5)
+		bw[t] = b.BytesPerSec
+		fmt.Fprintf(stdout, "memory copy bandwidth, %d thread(s): %.1f GB/s\n", t, b.BytesPerSec/1e9)
+	}
+
+	var models []string
+	if *modelPath != "" {
+		models = []string{*modelPath}
+	} else {
+		sh, err := weights.LookupShape(*shape)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		tmp := *dir
+		if tmp == "" {
+			if tmp, err = os.MkdirTemp("", "tandem-bench-"); err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+		}
+		for _, ts := range strings.Split(*types, ",") {
+			dt, err := weights.ParseDType(strings.TrimSpace(ts))
+			if err != nil {
+				return fmt.Errorf("%w: --types: %v", errUsage, err)
+			}
+			path := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", sh.Name, strings.ToLower(dt.String())))
+			if _, err := os.Stat(path); err != nil {
+				bar := progress.New(stderr, "synth "+filepath.Base(path), 0)
+				err := weights.Synth(path, weights.SynthOptions{Shape: sh, Type: dt, Seed: 1,
+					Progress: func(done, total uint64) { bar.SetTotal(total); bar.Set(done) }})
+				bar.Done()
+				if err != nil {
+					return err
+				}
+			}
+			models = append(models, path)
+		}
+	}
+
+	var results []bench.DecodeResult
+	for _, path := range models {
+		f, err := weights.Open(path)
+		if err != nil {
+			return err
+		}
+		for _, t := range thr {
+			r, err := bench.Decode(f, bench.DecodeConfig{Threads: t, PromptTokens: *prompt, DecodeTokens: *gen, Runs: *runs})
+			if err != nil {
+				f.Close()
+				return err
+			}
+			results = append(results, r)
+			fmt.Fprintf(stderr, "%s, %d thread(s): decode %.2f tok/s, prefill %.1f tok/s\n", filepath.Base(path), t, r.DecodeTokPerS, r.PrefillTokPerS)
+		}
+		f.Close()
+	}
+	fmt.Fprintf(stdout, "\nkernels: %s; %d-token prefill, %d decoded tokens, median of %d runs\n", kernels.Backend(), *prompt, *gen, *runs)
+	fmt.Fprint(stdout, bench.DecodeTable(results, bw))
+	return nil
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// defaultModel is a small random-weight model (see README): it lets
+// `tandem generate` run with nothing downloaded. Regenerate it with
+// `make default-model`.
+//
+//go:embed defaultmodel/default.gguf
+var defaultModel []byte
+
+const defaultModelName = "embedded default model (random weights)"
+
+func runGenerate(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("generate", "[--model FILE] [--tokenizer FILE] [--prompt TEXT] [flags]",
+		"Generates text, streaming it to stdout as tokens arrive; statistics go to\n"+
+			"stderr. The model is a GGUF or a llama2.c .bin (which needs --tokenizer); with\n"+
+			"no --model the embedded default runs (random weights: it proves the pipeline,\n"+
+			"its text is noise). Generation stops at EOS, at BOS (llama2.c models end a\n"+
+			"story with it), at --max-tokens or when the context is full.", stdout, stderr,
+		`tandem generate --prompt "Once upon a time"`,
+		`tandem generate --model stories260K.bin --tokenizer tok512.bin --prompt "Once upon a time" --max-tokens 100`,
+		`tandem generate --model model.gguf --temperature 0.8 --top-p 0.95 --seed 42 --json`)
+	modelPath := fs.String("model", "", "model file (default: the embedded model)")
+	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
+	prompt := fs.String("prompt", "Once upon a time", "prompt text")
+	maxTokens := fs.Int("max-tokens", 128, "most tokens to generate (0: until EOS or the context is full)")
+	temp := fs.Float64("temperature", 0, "sampling temperature; 0 is greedy (deterministic)")
+	topP := fs.Float64("top-p", 0, "nucleus sampling mass (0: off)")
+	topK := fs.Int("top-k", 0, "keep only the K most likely tokens (0: off)")
+	minP := fs.Float64("min-p", 0, "drop tokens below this fraction of the top probability (0: off)")
+	repeat := fs.Float64("repeat-penalty", 1, "penalty for tokens already in the context (1: off)")
+	seed := fs.Uint64("seed", 0, "sampling seed (same seed, same text)")
+	threads := fs.Int("threads", 0, "compute threads (0: physical cores)")
+	ctxLen := fs.Int("ctx", 0, "context length (0: the model's)")
+	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
+	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
+	asJSON := fs.Bool("json", false, `print one JSON object {"prompt_ids","ids","text","stats"} instead of streaming`)
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *backend != "" {
+		if err := kernels.SetBackend(*backend); err != nil {
+			return fmt.Errorf("%w: --kernels: %v", errUsage, err)
+		}
+	}
+	kvt, err := weights.ParseDType(*kvType)
+	if err != nil || (kvt != weights.F32 && kvt != weights.F16) {
+		return fmt.Errorf("%w: --kv-type %q: want f32 or f16", errUsage, *kvType)
+	}
+
+	f, err := openModel(*modelPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tok, err := loadTokenizer(f, *tokPath)
+	if err != nil {
+		return err
+	}
+	m, err := model.Load(f, model.Options{Threads: *threads})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if tok.VocabSize() != m.Config().Vocab {
+		return fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together", tok.VocabSize(), m.Config().Vocab)
+	}
+	cache, err := m.NewCache(*ctxLen, kvt)
+	if err != nil {
+		return err
+	}
+	ids, err := tok.Encode(*prompt, tokenizer.EncodeOptions{AddBOS: true})
+	if err != nil {
+		return fmt.Errorf("prompt: %w", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	dec := tok.NewDecoder()
+	for _, id := range ids {
+		dec.Next(id) // prime the decoder so the first generated piece renders right
+	}
+	opt := spec.GenOptions{
+		MaxTokens: *maxTokens,
+		Sampler: sample.New(sample.Options{Temperature: float32(*temp), TopP: float32(*topP), TopK: *topK,
+			MinP: float32(*minP), RepeatPenalty: float32(*repeat), Seed: *seed}),
+		Stop: func(id int32) bool { return id == tok.EOS() || id == tok.BOS() },
+	}
+	if !*asJSON {
+		fmt.Fprint(stdout, *prompt)
+		opt.OnToken = func(id int32) error {
+			_, err := io.WriteString(stdout, dec.Next(id))
+			return err
+		}
+	}
+	start := time.Now()
+	res, err := spec.Generate(ctx, m, cache, ids, opt)
+	if err != nil {
+		return err
+	}
+	wall := time.Since(start)
+	gen := res.Ids
+	if res.Reason == spec.StopToken {
+		gen = gen[:len(gen)-1] // the stop id is not text
+	}
+	text, _ := tok.Decode(gen)
+	st := stats{
+		Model:          f.Path,
+		PromptTokens:   len(ids),
+		Generated:      len(gen),
+		StopReason:     res.Reason.String(),
+		PrefillSeconds: res.PromptEval.Seconds(),
+		DecodeSeconds:  res.Decode.Seconds(),
+		PrefillTokPerS: perSecond(len(ids), res.PromptEval),
+		DecodeTokPerS:  perSecond(len(res.Ids)-1, res.Decode),
+		WallSeconds:    wall.Seconds(),
+		Threads:        m.Pool().Threads(),
+		Kernels:        kernels.Backend(),
+		PeakRSSBytes:   peakRSS(),
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(map[string]any{"prompt_ids": nonNil(ids), "ids": nonNil(gen), "text": text, "stats": st})
+	}
+	fmt.Fprintln(stdout, dec.Flush())
+	fmt.Fprintf(stderr, "\nprompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s (%s) | %d threads, %s kernels | peak RSS %.1f MiB\n",
+		st.PromptTokens, st.PrefillTokPerS, st.Generated, st.DecodeTokPerS, st.StopReason, st.Threads, st.Kernels, float64(st.PeakRSSBytes)/(1<<20))
+	return nil
+}
+
+type stats struct {
+	Model          string  `json:"model"`
+	PromptTokens   int     `json:"prompt_tokens"`
+	Generated      int     `json:"generated_tokens"`
+	StopReason     string  `json:"stop_reason"`
+	PrefillSeconds float64 `json:"prefill_seconds"`
+	DecodeSeconds  float64 `json:"decode_seconds"`
+	PrefillTokPerS float64 `json:"prefill_tok_per_s"`
+	DecodeTokPerS  float64 `json:"decode_tok_per_s"`
+	WallSeconds    float64 `json:"wall_seconds"`
+	Threads        int     `json:"threads"`
+	Kernels        string  `json:"kernels"`
+	PeakRSSBytes   int64   `json:"peak_rss_bytes"`
+}
+
+func perSecond(n int, d time.Duration) float64 {
+	if n <= 0 || d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+func nonNil(ids []int32) []int32 {
+	if ids == nil {
+		return []int32{}
+	}
+	return ids
+}
+
+// openModel opens path, or the embedded default model when path is "".
+func openModel(path string) (*weights.File, error) {
+	if path == "" {
+		return weights.Parse(defaultModel, defaultModelName)
+	}
+	return weights.Open(path)
+}
+
+// loadTokenizer uses --tokenizer when given, else the model's own keys.
+func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
+	if path != "" {
+		return tokenizer.Load(path)
+	}
+	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+		return nil, fmt.Errorf("%w: %s has no vocabulary (llama2.c models keep it in a separate tokenizer.bin): pass --tokenizer", errUsage, f.Path)
+	}
+	return tokenizer.FromMetadata(&f.Metadata)
+}

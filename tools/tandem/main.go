@@ -1,0 +1,136 @@
+// Command tandem runs LLaMA-family models on device: generate text,
+// inspect and convert model files, tokenize, synthesize benchmark models
+// and measure speed.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+// verb is one subcommand.
+type verb struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+var verbs map[string]verb
+
+func init() {
+	verbs = map[string]verb{
+		"generate": {"generate text from a prompt", runGenerate},
+		"inspect":  {"show a model file's metadata and tensors", runInspect},
+		"convert":  {"convert a llama2.c .bin or GGUF model to GGUF (optionally quantized)", runConvert},
+		"tokenize": {"encode text to token ids", runTokenize},
+		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
+		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
+		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
+	}
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// errUsage marks errors caused by how the command was called (exit 2).
+var errUsage = errors.New("usage")
+
+// run executes one command line and returns the exit code: 0 success,
+// 1 failure, 2 bad usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			return run([]string{args[1], "--help"}, stdout, stderr)
+		}
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	v, ok := verbs[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "tandem: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	err := v.run(args[1:], stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "tandem runs LLaMA-family models on device (Jetson, Android, Linux).")
+	fmt.Fprintln(w, "\nUsage: tandem COMMAND [flags] [args]\n\nCommands:")
+	names := make([]string, 0, len(verbs))
+	for n := range verbs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, verbs[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun 'tandem COMMAND --help' for a command's flags and examples.")
+}
+
+// newFlags makes a FlagSet whose --help prints about, the flags and
+// examples to stdout.
+func newFlags(name, args, about string, stdout, stderr io.Writer, examples ...string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		w := stdout
+		fmt.Fprintf(w, "Usage: tandem %s %s\n\n%s\n\nFlags:\n", name, args, about)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(stderr)
+		if len(examples) > 0 {
+			fmt.Fprintf(w, "\nExamples:\n  %s\n", strings.Join(examples, "\n  "))
+		}
+	}
+	return fs
+}
+
+// parse parses flags placed anywhere among the positional arguments and
+// checks the positional count is within [minArgs, maxArgs] (-1: any).
+func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v (see tandem %s --help)", errUsage, err, fs.Name())
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			pos = append(pos, args[1:]...)
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
+		return nil, fmt.Errorf("%w: got %d arguments (see tandem %s --help)", errUsage, len(pos), fs.Name())
+	}
+	return pos, nil
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// tandem runs the CLI in-process and returns exit code, stdout, stderr.
+func tandem(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpAndUsage(t *testing.T) {
+	for name := range verbs {
+		if name == "version" {
+			continue
+		}
+		args := []string{name, "--help"}
+		if name == "bench" {
+			args = []string{"bench", "decode", "--help"}
+		}
+		code, out, _ := tandem(t, args...)
+		if code != 0 || !strings.Contains(out, "Usage: tandem "+name) {
+			t.Errorf("%s --help: exit %d, output %q", name, code, out)
+		}
+	}
+	if code, _, errOut := tandem(t, "frobnicate"); code != 2 || !strings.Contains(errOut, "unknown command") {
+		t.Errorf("unknown verb: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := tandem(t, "inspect", "--bogus", "x"); code != 2 || !strings.Contains(errOut, "bogus") {
+		t.Errorf("bad flag: exit %d, %q", code, errOut)
+	}
+	if code, _, _ := tandem(t, "inspect"); code != 2 {
+		t.Errorf("missing argument: exit %d", code)
+	}
+	if code, out, _ := tandem(t, "version"); code != 0 || !strings.HasPrefix(out, "tandem ") {
+		t.Errorf("version: %d %q", code, out)
+	}
+}
+
+func TestInspectJSON(t *testing.T) {
+	code, out, errOut := tandem(t, "inspect", "--json", testutil.Model(t, "stories260K.gguf"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Architecture string         `json:"architecture"`
+		TensorCount  int            `json:"tensor_count"`
+		Tensors      []tensorJSON   `json:"tensors"`
+		Metadata     map[string]any `json:"metadata"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Architecture != "llama" || got.TensorCount != 48 || len(got.Tensors) != 48 {
+		t.Errorf("architecture %q, %d tensors", got.Architecture, got.TensorCount)
+	}
+	for k, want := range map[string]float64{"llama.embedding_length": 64, "llama.block_count": 5, "llama.attention.head_count_kv": 4} {
+		if got.Metadata[k] != want {
+			t.Errorf("%s = %v, want %v", k, got.Metadata[k], want)
+		}
+	}
+	if toks, ok := got.Metadata["tokenizer.ggml.tokens"].(map[string]any); !ok || toks["len"] != float64(512) {
+		t.Errorf("token array summary: %v", got.Metadata["tokenizer.ggml.tokens"])
+	}
+	code, out, _ = tandem(t, "inspect", testutil.Model(t, "stories260K.bin"))
+	if code != 0 || !strings.Contains(out, "blk.4.ffn_down.weight") || !strings.Contains(out, "llama2c") {
+		t.Errorf("text inspect of a llama2.c file: %d\n%s", code, out)
+	}
+}
+
+func TestConvertThenInspectAndGenerate(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "s.gguf")
+	bin, tok := testutil.Model(t, "stories260K.bin"), testutil.Model(t, "tok512.bin")
+	if code, _, errOut := tandem(t, "convert", bin, out); code != 2 || !strings.Contains(errOut, "--tokenizer") {
+		t.Errorf("convert without tokenizer: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, out); code != 0 {
+		t.Fatalf("convert: %s", errOut)
+	}
+	ref, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	conv, err := weights.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conv.Close()
+	for _, ct := range conv.Tensors {
+		rt, ok := ref.Tensor(ct.Name)
+		if !ok || !bytes.Equal(ct.Data, rt.Data) {
+			t.Errorf("%s differs from stories260K.gguf", ct.Name)
+		}
+	}
+	// The converted file carries its vocabulary: generate needs no --tokenizer,
+	// and greedy decoding gives the reference story.
+	code, js, errOut := tandem(t, "generate", "--model", out, "--prompt", "Once upon a time", "--max-tokens", "12", "--json")
+	if code != 0 {
+		t.Fatalf("generate: %s", errOut)
+	}
+	var res struct {
+		PromptIDs []int32        `json:"prompt_ids"`
+		IDs       []int32        `json:"ids"`
+		Text      string         `json:"text"`
+		Stats     map[string]any `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(js), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IDs) != 12 || !strings.HasPrefix(res.Text, ", there was a little girl named Lily") {
+		t.Errorf("generated %d ids: %q", len(res.IDs), res.Text)
+	}
+	if res.PromptIDs[0] != 1 || res.Stats["generated_tokens"] != float64(12) {
+		t.Errorf("prompt ids %v, stats %v", res.PromptIDs, res.Stats)
+	}
+	for _, q := range []string{"q8_0", "q4_0", "f16"} {
+		qo := filepath.Join(dir, q+".gguf")
+		code, _, errOut := tandem(t, "convert", "--type", q, out, qo)
+		if code != 0 || (q != "f16") != strings.Contains(errOut, "ffn_down") {
+			t.Errorf("convert to %s: exit %d, %q (block types note the ffn_down fallback)", q, code, errOut)
+		}
+		code, js, errOut = tandem(t, "generate", "--model", qo, "--max-tokens", "4", "--json")
+		if code != 0 || !strings.Contains(js, `"generated_tokens":4`) {
+			t.Errorf("generate with %s: %d %s", q, code, errOut)
+		}
+	}
+}
+
+func TestGenerateStreamsAndStops(t *testing.T) {
+	bin, tok := testutil.Model(t, "stories260K.bin"), testutil.Model(t, "tok512.bin")
+	code, out, errOut := tandem(t, "generate", "--model", bin, "--prompt", "Once upon a time", "--max-tokens", "0")
+	if code != 2 || !strings.Contains(errOut, "--tokenizer") {
+		t.Errorf("llama2.c model without tokenizer: exit %d, %q", code, errOut)
+	}
+	code, out, errOut = tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", "Once upon a time", "--max-tokens", "0")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	// With no limit the story runs until the model emits BOS.
+	if !strings.HasPrefix(out, "Once upon a time, there was a little girl named Lily.") || !strings.Contains(errOut, "stop token") {
+		t.Errorf("output %q, stats %q", out, errOut)
+	}
+	code, _, errOut = tandem(t, "generate", "--model", bin, "--tokenizer", testutil.Model(t, "tokenizer.bin"))
+	if code != 1 || !strings.Contains(errOut, "32000") {
+		t.Errorf("mismatched tokenizer: exit %d, %q", code, errOut)
+	}
+}
+
+func TestTokenize(t *testing.T) {
+	for _, args := range [][]string{
+		{"--tokenizer", testutil.Model(t, "tok512.bin")},
+		{"--model", testutil.Model(t, "stories260K.gguf")},
+	} {
+		code, out, errOut := tandem(t, append([]string{"tokenize", "--json", "--bos"}, append(args, "Once upon a time")...)...)
+		if code != 0 {
+			t.Fatal(errOut)
+		}
+		var got struct {
+			IDs    []int32  `json:"ids"`
+			Pieces []string `json:"pieces"`
+		}
+		json.Unmarshal([]byte(out), &got)
+		// prompt_ids of the first stories260K reference record.
+		if !equalIDs(got.IDs, []int32{1, 403, 407, 261, 378}) || got.Pieces[1] != "▁Once" {
+			t.Errorf("%v: ids %v pieces %q", args, got.IDs, got.Pieces)
+		}
+	}
+	code, out, _ := tandem(t, "tokenize", "--model", testutil.Model(t, "ggml-vocab-llama-spm.gguf"), "Hello world")
+	if code != 0 || strings.TrimSpace(out) != "15043 3186" {
+		t.Errorf("llama vocab: %q", out)
+	}
+}
+
+func equalIDs(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSynthThenGenerate(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "m.gguf")
+	code, _, errOut := tandem(t, "synth", "--dims", "64,128,2,4,2,300", "--type", "q4_0", p)
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	code, out, _ := tandem(t, "inspect", "--json", p)
+	if code != 0 || !strings.Contains(out, `"Q4_0"`) {
+		t.Errorf("inspect of a synthetic model: %d", code)
+	}
+	code, out, errOut = tandem(t, "generate", "--model", p, "--prompt", "héllo", "--max-tokens", "5", "--json")
+	if code != 0 || !strings.Contains(out, `"generated_tokens":5`) {
+		t.Errorf("generate on a synthetic model: %d %s %s", code, out, errOut)
+	}
+	if code, _, errOut := tandem(t, "synth", "--shape", "stories15m", "--vocab", testutil.Model(t, "tok512.bin"), filepath.Join(dir, "x.gguf")); code != 1 || !strings.Contains(errOut, "32000") {
+		t.Errorf("vocab mismatch: %d %q", code, errOut)
+	}
+}
+
+func TestDefaultModelRuns(t *testing.T) {
+	code, out, errOut := tandem(t, "generate", "--max-tokens", "8", "--json")
+	if code != 0 || !strings.Contains(out, `"generated_tokens":8`) {
+		t.Errorf("default model: %d %s %s", code, out, errOut)
+	}
+	if _, err := os.Stat("defaultmodel/default.gguf"); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+)
+
+func runTokenize(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("tokenize", "(--model FILE | --tokenizer FILE) [--json] [--bos] [--special] TEXT",
+		"Encodes TEXT with a model's vocabulary and prints the token ids. --model takes\n"+
+			"any GGUF with tokenizer.ggml.* keys (vocabulary-only files too); --tokenizer\n"+
+			"takes a llama2.c tokenizer.bin or a GGUF.", stdout, stderr,
+		`tandem tokenize --tokenizer tok512.bin "Once upon a time"`,
+		`tandem tokenize --model ggml-vocab-llama-spm.gguf --json --bos "Hello world"`)
+	model := fs.String("model", "", "GGUF file whose vocabulary to use")
+	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary")
+	asJSON := fs.Bool("json", false, `print {"ids":[...],"pieces":[...]}`)
+	bos := fs.Bool("bos", false, "put the BOS token first")
+	special := fs.Bool("special", false, "match special-token text such as <s> as those tokens")
+	pos, err := parse(fs, args, 1, -1)
+	if err != nil {
+		return err
+	}
+	path := *tokPath
+	switch {
+	case *model != "" && *tokPath != "":
+		return fmt.Errorf("%w: give --model or --tokenizer, not both", errUsage)
+	case *model != "":
+		path = *model
+	case path == "":
+		return fmt.Errorf("%w: --model or --tokenizer is required", errUsage)
+	}
+	tok, err := tokenizer.Load(path)
+	if err != nil {
+		return err
+	}
+	ids, err := tok.Encode(strings.Join(pos, " "), tokenizer.EncodeOptions{AddBOS: *bos, ParseSpecial: *special})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		pieces := make([]string, len(ids))
+		for i, id := range ids {
+			pieces[i] = tok.Piece(id)
+		}
+		if ids == nil {
+			ids = []int32{}
+		}
+		return json.NewEncoder(stdout).Encode(map[string]any{"ids": ids, "pieces": pieces})
+	}
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
+	}
+	fmt.Fprintln(stdout, strings.Join(s, " "))
+	return nil
+}
