@@ -6,8 +6,8 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// impl is one kernel backend. Only the matmul differs between backends
-// today; it is where decode time goes.
+// impl is one kernel backend. Only the matmul and its activation
+// quantizer differ between backends: they are where decode time goes.
 type impl struct {
 	name     string
 	matmul   func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
@@ -19,14 +19,9 @@ var goImpl = &impl{name: "go", matmul: goMatMul, quantize: goQuantize}
 // cImpl is set by the cgo build when the C kernels are compiled in.
 var cImpl *impl
 
-// backend is the active implementation: C when compiled in, else Go.
+// backend is the active implementation: C when compiled in (cgo.go's
+// init switches to it), else Go.
 var backend = goImpl
-
-func init() {
-	if cImpl != nil {
-		backend = cImpl
-	}
-}
 
 // SetBackend selects "c" (cgo builds only) or "go". It is for tests and
 // the --kernels flag, and must not run concurrently with kernels.

@@ -1,0 +1,73 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// BenchmarkMatMul reports weight bytes per second (b.SetBytes) for
+// TinyLlama-sized matrices; compare with BenchmarkMemcpy, the memory
+// bandwidth bound of decode (n=1). For n>1 the per-token cost is the
+// time divided by n.
+func BenchmarkMatMul(b *testing.B) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, wt := range []weights.DType{weights.Q4_0, weights.Q8_0, weights.Q4_K, weights.Q6_K, weights.F16} {
+		for _, shape := range [][2]int{{2048, 5632}, {5632, 2048}} {
+			rows, cols := shape[0], shape[1]
+			w0, _ := randomMatrix(b, rng, wt, rows, cols)
+			// Enough copies to exceed the last-level cache, as a model's
+			// weights do: each call streams its matrix from memory.
+			copies := make([][]byte, (streamBytes+len(w0)-1)/len(w0))
+			for i := range copies {
+				copies[i] = append([]byte(nil), w0...)
+			}
+			for _, threads := range []int{1, 2} {
+				pool := NewPool(threads)
+				for _, n := range []int{1, 8} {
+					x := randomVector(rng, n*cols)
+					out := make([]float32, n*rows)
+					b.Run(fmt.Sprintf("%s/%dx%d/n=%d/threads=%d/%s", wt, rows, cols, n, threads, Backend()), func(b *testing.B) {
+						b.SetBytes(int64(len(w0)))
+						i := 0
+						for b.Loop() {
+							if err := pool.MatMul(out, copies[i%len(copies)], wt, rows, cols, x, n); err != nil {
+								b.Fatal(err)
+							}
+							i++
+						}
+					})
+				}
+				pool.Close()
+			}
+		}
+	}
+}
+
+// streamBytes exceeds the last-level cache of the machines we run on.
+const streamBytes = 256 << 20
+
+// BenchmarkMemcpy copies 256 MiB (beyond the caches) with 1 and 2
+// goroutines; the bytes reported are those read (written as many), the
+// bound for a matvec that streams its weights.
+func BenchmarkMemcpy(b *testing.B) {
+	const size = streamBytes
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	for _, threads := range []int{1, 2} {
+		pool := NewPool(threads)
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				pool.Run(size>>16, func(lo, hi int) {
+					copy(dst[lo<<16:hi<<16], src[lo<<16:hi<<16])
+				})
+			}
+		})
+		pool.Close()
+	}
+}

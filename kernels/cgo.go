@@ -1,0 +1,77 @@
+//go:build cgo
+
+package kernels
+
+/*
+#cgo CFLAGS: -O3 -std=c11
+#include "kernels.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// cLevel is the instruction-set level handed to the C kernels, detected
+// once; tests lower it to exercise the portable paths.
+var cLevel = detectLevel()
+
+func detectLevel() C.int {
+	switch runtime.GOARCH {
+	case "amd64":
+		if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C {
+			return C.TK_AVX2
+		}
+	case "arm64":
+		if cpu.ARM64.HasASIMDDP {
+			return C.TK_NEON_DOT
+		}
+		return C.TK_NEON
+	}
+	return C.TK_SCALAR
+}
+
+// cLevels lists the levels this machine can run, best first (for tests).
+func cLevels() []C.int {
+	switch cLevel {
+	case C.TK_NEON_DOT:
+		return []C.int{C.TK_NEON_DOT, C.TK_NEON, C.TK_SCALAR}
+	case C.TK_SCALAR:
+		return []C.int{C.TK_SCALAR}
+	}
+	return []C.int{cLevel, C.TK_SCALAR}
+}
+
+func init() {
+	cImpl = &impl{name: "c", matmul: cMatMul, quantize: cQuantize}
+	backend = cImpl
+}
+
+// cQuantize: lengths were checked by quantizeActivations.
+func cQuantize(x []float32, q []int8, d []float32, s []int32, block int) {
+	if len(x) == 0 {
+		return
+	}
+	C.tk_quantize(cLevel, (*C.float)(unsafe.Pointer(&x[0])), (*C.int8_t)(unsafe.Pointer(&q[0])),
+		(*C.float)(unsafe.Pointer(&d[0])), (*C.int32_t)(unsafe.Pointer(&s[0])), C.int64_t(len(x)), C.int64_t(block))
+}
+
+// cMatMul: Pool.MatMul checked every length (checkMatMul), so the C side
+// stays within w[:rows*rowBytes], x[:n*cols] and out[:n*rows].
+func cMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int) {
+	var q *C.int8_t
+	var d *C.float
+	var s *C.int32_t
+	if xq != nil {
+		q = (*C.int8_t)(unsafe.Pointer(&xq.q[0]))
+		d = (*C.float)(unsafe.Pointer(&xq.d[0]))
+		s = (*C.int32_t)(unsafe.Pointer(&xq.s[0]))
+	}
+	C.tk_matmul(cLevel, C.int(wt), (*C.float)(unsafe.Pointer(&out[0])), (*C.uint8_t)(unsafe.Pointer(&w[0])), C.int64_t(rowBytes),
+		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, C.int64_t(n))
+}

@@ -1,0 +1,183 @@
+//go:build cgo
+
+// Dispatch and the portable scalar kernels. The scalar kernels compute
+// exactly what the Go twins in matmul.go compute.
+#include "kernels.h"
+
+void tk_quantize(int level, const float *x, int8_t *q, float *d, int32_t *s, int64_t n, int64_t block) {
+#if defined(__x86_64__)
+	if (level == TK_AVX2) {
+		tk_quantize_avx2(x, q, d, n, block);
+		goto sums;
+	}
+#endif
+	(void)level;
+	for (int64_t b = 0; b < n / block; b++) {
+		const float *xb = x + b * block;
+		float amax = 0;
+		for (int64_t i = 0; i < block; i++) {
+			float a = xb[i] < 0 ? -xb[i] : xb[i];
+			amax = a > amax ? a : amax;
+		}
+		float scale = amax / 127.0f;
+		float inv = scale != 0 ? 1.0f / scale : 0.0f;
+		for (int64_t i = 0; i < block; i++) {
+			q[b * block + i] = (int8_t)tk_round_even(xb[i] * inv);
+		}
+		d[b] = scale;
+	}
+#if defined(__x86_64__)
+sums:
+#endif
+	for (int64_t g = 0; g < n / 16; g++) {
+		int32_t sum = 0;
+		for (int i = 0; i < 16; i++) {
+			sum += q[16 * g + i];
+		}
+		s[g] = sum;
+	}
+}
+
+void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
+	switch (level) {
+#if defined(__x86_64__)
+	case TK_AVX2:
+		tk_matmul_avx2(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
+		return;
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
+		tk_matmul_neon(level == TK_NEON_DOT, wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
+		return;
+#endif
+	default:
+		tk_matmul_scalar(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
+	}
+}
+
+static float weight_at(int wt, const uint8_t *row, int64_t c) {
+	switch (wt) {
+	case TK_F32: {
+		union { uint32_t u; float f; } v;
+		const uint8_t *p = row + 4 * c;
+		v.u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+		return v.f;
+	}
+	case TK_F16:
+		return tk_f16(tk_le16(row + 2 * c));
+	default:
+		return tk_bf16(tk_le16(row + 2 * c));
+	}
+}
+
+void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
+	for (int64_t r = lo; r < hi; r++) {
+		const uint8_t *row = w + r * row_bytes;
+		for (int64_t j = 0; j < n; j++) {
+			float acc = 0;
+			switch (wt) {
+			case TK_Q8_0: {
+				int64_t nb = cols / 32;
+				for (int64_t b = 0; b < nb; b++) {
+					const uint8_t *blk = row + b * 34;
+					const int8_t *y = xq + (j * nb + b) * 32;
+					int32_t sum = 0;
+					for (int i = 0; i < 32; i++) {
+						sum += (int8_t)blk[2 + i] * y[i];
+					}
+					acc += (float)sum * (tk_f16(tk_le16(blk)) * xd[j * nb + b]);
+				}
+				break;
+			}
+			case TK_Q4_0: {
+				int64_t nb = cols / 32;
+				for (int64_t b = 0; b < nb; b++) {
+					const uint8_t *blk = row + b * 18;
+					const int8_t *y = xq + (j * nb + b) * 32;
+					int32_t sum = 0;
+					for (int i = 0; i < 16; i++) {
+						sum += (blk[2 + i] & 15) * y[i] + (blk[2 + i] >> 4) * y[i + 16];
+					}
+					int64_t g = 2 * (j * nb + b);
+					sum -= 8 * (xs[g] + xs[g + 1]);
+					acc += (float)sum * (tk_f16(tk_le16(blk)) * xd[j * nb + b]);
+				}
+				break;
+			}
+			case TK_Q4_K: {
+				int64_t nb = cols / 256;
+				for (int64_t b = 0; b < nb; b++) {
+					const uint8_t *blk = row + b * 144;
+					const int8_t *y = xq + (j * nb + b) * 256;
+					const int32_t *bs = xs + (j * nb + b) * 16;
+					int32_t sumi = 0, summ = 0;
+					for (int sb = 0; sb < 8; sb++) {
+						uint8_t sc, m;
+						tk_scale_min_k4(blk + 4, sb, &sc, &m);
+						const uint8_t *qs = blk + 16 + 32 * (sb / 2);
+						int shift = 4 * (sb & 1);
+						int32_t isum = 0;
+						for (int l = 0; l < 32; l++) {
+							isum += ((qs[l] >> shift) & 15) * y[32 * sb + l];
+						}
+						sumi += sc * isum;
+						summ += m * (bs[2 * sb] + bs[2 * sb + 1]);
+					}
+					float dx = xd[j * nb + b];
+					acc += (tk_f16(tk_le16(blk)) * dx) * (float)sumi - (tk_f16(tk_le16(blk + 2)) * dx) * (float)summ;
+				}
+				break;
+			}
+			case TK_Q6_K: {
+				int64_t nb = cols / 256;
+				for (int64_t b = 0; b < nb; b++) {
+					const uint8_t *blk = row + b * 210;
+					const int8_t *y = xq + (j * nb + b) * 256;
+					const int32_t *bs = xs + (j * nb + b) * 16;
+					int32_t isum[16] = {0};
+					for (int h = 0; h < 2; h++) {
+						const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+						const int8_t *yh = y + 128 * h;
+						int32_t *g = isum + 8 * h;
+						for (int l = 0; l < 32; l++) {
+							int is = l / 16;
+							g[is] += ((ql[l] & 15) | ((qh[l] >> 0 & 3) << 4)) * yh[l];
+							g[is + 2] += ((ql[l + 32] & 15) | ((qh[l] >> 2 & 3) << 4)) * yh[l + 32];
+							g[is + 4] += ((ql[l] >> 4) | ((qh[l] >> 4 & 3) << 4)) * yh[l + 64];
+							g[is + 6] += ((ql[l + 32] >> 4) | ((qh[l] >> 6 & 3) << 4)) * yh[l + 96];
+						}
+					}
+					int32_t sumi = 0;
+					for (int i = 0; i < 16; i++) {
+						sumi += (int8_t)blk[192 + i] * (isum[i] - 32 * bs[i]);
+					}
+					acc += (tk_f16(tk_le16(blk + 208)) * xd[j * nb + b]) * (float)sumi;
+				}
+				break;
+			}
+			default: {
+				// Four lanes then pairwise, as the Go twin's dot.
+				const float *xj = x + j * cols;
+				float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+				int64_t i = 0;
+				for (; i + 4 <= cols; i += 4) {
+					s0 += weight_at(wt, row, i) * xj[i];
+					s1 += weight_at(wt, row, i + 1) * xj[i + 1];
+					s2 += weight_at(wt, row, i + 2) * xj[i + 2];
+					s3 += weight_at(wt, row, i + 3) * xj[i + 3];
+				}
+				for (; i < cols; i++) {
+					s0 += weight_at(wt, row, i) * xj[i];
+				}
+				acc = (s0 + s1) + (s2 + s3);
+			}
+			}
+			out[j * rows + r] = acc;
+		}
+	}
+}

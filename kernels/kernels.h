@@ -1,0 +1,103 @@
+//go:build cgo
+
+// C kernels behind package kernels. The Go wrappers check every length
+// before calling in, so these functions trust their arguments.
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+
+#include <stdint.h>
+
+// The kernels round like the Go twins only without fused multiply-add
+// contraction: GCC leaves it off in ISO C mode (-std=c11), clang obeys
+// this pragma.
+#pragma STDC FP_CONTRACT OFF
+
+// Instruction-set levels, chosen once in Go from golang.org/x/sys/cpu.
+enum {
+	TK_SCALAR = 0,
+	TK_AVX2 = 1,        // x86-64 with AVX2, FMA and F16C
+	TK_NEON = 2,        // arm64 baseline
+	TK_NEON_DOT = 3,    // arm64 with the SDOT instruction
+};
+
+// Weight types, by their GGUF ids.
+enum {
+	TK_F32 = 0,
+	TK_F16 = 1,
+	TK_Q4_0 = 2,
+	TK_Q8_0 = 8,
+	TK_Q4_K = 12,
+	TK_Q6_K = 14,
+	TK_BF16 = 30,
+};
+
+// tk_quantize quantizes n floats in blocks of `block` values: d[b] =
+// max|x|/127, q = round-half-even(x/d), and s[g] is the sum of q over
+// each 16 values. Bit-identical to the Go twin goQuantize.
+void tk_quantize(int level, const float *x, int8_t *q, float *d, int32_t *s, int64_t n, int64_t block);
+
+// tk_matmul computes rows [lo, hi) of out[j*rows + r] for j < n. Float
+// weight types read x; quantized ones read the quantized activations
+// (xq, xd, xs as produced by tk_quantize with the matching block).
+void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
+
+// Per-level kernels (defined only on their architecture).
+void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
+void tk_matmul_avx2(int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
+void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64_t block);
+void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
+
+// Shared scalar helpers.
+static inline float tk_f16(uint16_t h) {
+	union { uint32_t u; float f; } v;
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+	if (exp == 0) {
+		// zero or subnormal: man * 2^-24 is exact in float
+		v.f = (float)man * 5.9604644775390625e-8f;
+		v.u |= sign;
+		return v.f;
+	}
+	if (exp == 31) {
+		v.u = sign | 0x7f800000u | (man << 13);
+	} else {
+		v.u = sign | ((exp + 112) << 23) | (man << 13);
+	}
+	return v.f;
+}
+
+static inline float tk_bf16(uint16_t h) {
+	union { uint32_t u; float f; } v;
+	v.u = (uint32_t)h << 16;
+	return v.f;
+}
+
+static inline uint16_t tk_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+// Q4_K: the 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+static inline void tk_scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (uint8_t)((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+		*m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+	}
+}
+
+// Round half to even for |v| < 2^22, as math.RoundToEven (needs the
+// default rounding mode, which Go never changes).
+static inline float tk_round_even(float v) {
+	const float magic = 12582912.0f; // 1.5 * 2^23
+	return v >= 0 ? (v + magic) - magic : (v - magic) + magic;
+}
+
+#endif

@@ -1,0 +1,309 @@
+//go:build cgo
+
+// x86-64 kernels for AVX2 + FMA + F16C, compiled with target attributes
+// so the package builds with default CFLAGS; Go only selects them after
+// checking the CPU. Up to four activation columns share each weight
+// load, so batched calls read the weights once per four vectors.
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+AVX2 INLINE float hsum_ps(__m256 v) {
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+AVX2 INLINE int32_t hsum_epi32(__m256i v) {
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(s);
+}
+
+AVX2 INLINE float f16_avx2(const uint8_t *p) { return _cvtsh_ss(tk_le16(p)); }
+
+AVX2 INLINE __m256i pair128(__m128i lo, __m128i hi) {
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+// Q8_0 and Q4_0: signed weights w and activations y meet in maddubs as
+// |w| · (y with w's sign), then pairs widen to int32 lanes.
+AVX2 INLINE __m256i dot_signed(__m256i w, __m256i y) {
+	__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+	return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// Q8_0/Q4_0 weights of block b as 32 signed bytes.
+AVX2 INLINE __m256i q8_0_weights(const uint8_t *blk) {
+	return _mm256_loadu_si256((const __m256i *)(blk + 2));
+}
+
+AVX2 INLINE __m256i q4_0_weights(const uint8_t *blk) {
+	const __m128i m4 = _mm_set1_epi8(15);
+	__m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+	__m256i wq = pair128(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+	return _mm256_sub_epi8(wq, _mm256_set1_epi8(8));
+}
+
+// q32_row: Q8_0 (bb = 34) or Q4_0 (bb = 18). Two blocks per step with
+// separate accumulators, so consecutive FMAs do not wait on each other.
+AVX2 INLINE void q32_row(const int bb, float *out, const uint8_t *row, int64_t nb, const int8_t *xq, const float *xd,
+	int64_t j0, const int nc, int64_t rows) {
+	__m256 acc0[4], acc1[4];
+	for (int c = 0; c < 4; c++) {
+		acc0[c] = acc1[c] = _mm256_setzero_ps();
+	}
+	int64_t b = 0;
+	for (; b + 2 <= nb; b += 2) {
+		const uint8_t *b0 = row + b * bb, *b1 = b0 + bb;
+		float d0 = f16_avx2(b0), d1 = f16_avx2(b1);
+		__m256i w0 = bb == 34 ? q8_0_weights(b0) : q4_0_weights(b0);
+		__m256i w1 = bb == 34 ? q8_0_weights(b1) : q4_0_weights(b1);
+		for (int c = 0; c < nc; c++) {
+			int64_t jb = (j0 + c) * nb + b;
+			__m256i p0 = dot_signed(w0, _mm256_loadu_si256((const __m256i *)(xq + jb * 32)));
+			__m256i p1 = dot_signed(w1, _mm256_loadu_si256((const __m256i *)(xq + jb * 32 + 32)));
+			acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[jb]), acc0[c]);
+			acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * xd[jb + 1]), acc1[c]);
+		}
+	}
+	if (b < nb) {
+		const uint8_t *b0 = row + b * bb;
+		float d0 = f16_avx2(b0);
+		__m256i w0 = bb == 34 ? q8_0_weights(b0) : q4_0_weights(b0);
+		for (int c = 0; c < nc; c++) {
+			int64_t jb = (j0 + c) * nb + b;
+			__m256i p0 = dot_signed(w0, _mm256_loadu_si256((const __m256i *)(xq + jb * 32)));
+			acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[jb]), acc0[c]);
+		}
+	}
+	for (int c = 0; c < nc; c++) {
+		out[(j0 + c) * rows] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));
+	}
+}
+
+// Q4_K and Q6_K sum each super-block exactly in integers and then take
+// the same float steps as the Go twins, so the results match bit for bit.
+AVX2 INLINE void q4_k_row(float *out, const uint8_t *row, int64_t nb, const int8_t *xq, const float *xd,
+	const int32_t *xs, int64_t j0, const int nc, int64_t rows) {
+	const __m256i m4 = _mm256_set1_epi8(15);
+	float acc[4] = {0, 0, 0, 0};
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *blk = row + b * 144;
+		float d = f16_avx2(blk), dmin = f16_avx2(blk + 2);
+		uint8_t sc[8], m[8];
+		for (int j = 0; j < 8; j++) {
+			tk_scale_min_k4(blk + 4, j, &sc[j], &m[j]);
+		}
+		__m256i lo[4], hi[4];
+		for (int k = 0; k < 4; k++) {
+			__m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
+			lo[k] = _mm256_and_si256(q, m4);
+			hi[k] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+		}
+		for (int c = 0; c < nc; c++) {
+			int64_t jb = (j0 + c) * nb + b;
+			const int8_t *y = xq + jb * 256;
+			const int32_t *bs = xs + jb * 16;
+			__m256i sumi = _mm256_setzero_si256();
+			for (int k = 0; k < 4; k++) {
+				__m256i p0 = _mm256_maddubs_epi16(lo[k], _mm256_loadu_si256((const __m256i *)(y + 64 * k)));
+				__m256i p1 = _mm256_maddubs_epi16(hi[k], _mm256_loadu_si256((const __m256i *)(y + 64 * k + 32)));
+				p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * k]));
+				p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * k + 1]));
+				sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+			}
+			int32_t summ = 0;
+			for (int j = 0; j < 8; j++) {
+				summ += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+			}
+			float dx = xd[jb];
+			acc[c] += (d * dx) * (float)hsum_epi32(sumi) - (dmin * dx) * (float)summ;
+		}
+	}
+	for (int c = 0; c < nc; c++) {
+		out[(j0 + c) * rows] = acc[c];
+	}
+}
+
+AVX2 INLINE void q6_k_row(float *out, const uint8_t *row, int64_t nb, const int8_t *xq, const float *xd,
+	const int32_t *xs, int64_t j0, const int nc, int64_t rows) {
+	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+	float acc[4] = {0, 0, 0, 0};
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *blk = row + b * 210;
+		const int8_t *sc = (const int8_t *)(blk + 192);
+		float d = f16_avx2(blk + 208);
+		__m256i lv[8], sv[8];
+		for (int h = 0; h < 2; h++) {
+			__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+			__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+			__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+			// levels 0..63 of the four 32-weight runs of this half
+			lv[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+			lv[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+			lv[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+			lv[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+			for (int k = 0; k < 4; k++) {
+				int a = 8 * h + 2 * k; // run k's two 16-weight scales
+				sv[4 * h + k] = pair128(_mm_set1_epi16(sc[a]), _mm_set1_epi16(sc[a + 1]));
+			}
+		}
+		for (int c = 0; c < nc; c++) {
+			int64_t jb = (j0 + c) * nb + b;
+			const int8_t *y = xq + jb * 256;
+			const int32_t *bs = xs + jb * 16;
+			__m256i sumi = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k++) {
+				__m256i p = _mm256_maddubs_epi16(lv[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv[k]));
+			}
+			int32_t off = 0;
+			for (int i = 0; i < 16; i++) {
+				off += sc[i] * bs[i];
+			}
+			acc[c] += (d * xd[jb]) * (float)(hsum_epi32(sumi) - 32 * off);
+		}
+	}
+	for (int c = 0; c < nc; c++) {
+		out[(j0 + c) * rows] = acc[c];
+	}
+}
+
+AVX2 INLINE __m256 load8(int wt, const uint8_t *p) {
+	switch (wt) {
+	case TK_F32:
+		return _mm256_loadu_ps((const float *)p);
+	case TK_F16:
+		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+	default: // BF16
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+	}
+}
+
+AVX2 INLINE float load1(int wt, const uint8_t *p) {
+	switch (wt) {
+	case TK_F32: {
+		float f;
+		__builtin_memcpy(&f, p, 4);
+		return f;
+	}
+	case TK_F16:
+		return _cvtsh_ss(tk_le16(p));
+	default:
+		return tk_bf16(tk_le16(p));
+	}
+}
+
+AVX2 INLINE void float_row(int wt, float *out, const uint8_t *row, int64_t cols, const float *x,
+	int64_t j0, const int nc, int64_t rows) {
+	const int64_t es = wt == TK_F32 ? 4 : 2;
+	__m256 a0[4], a1[4];
+	for (int c = 0; c < 4; c++) {
+		a0[c] = a1[c] = _mm256_setzero_ps();
+	}
+	int64_t i = 0;
+	for (; i + 16 <= cols; i += 16) {
+		__m256 w0 = load8(wt, row + i * es), w1 = load8(wt, row + (i + 8) * es);
+		for (int c = 0; c < nc; c++) {
+			const float *xc = x + (j0 + c) * cols + i;
+			a0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xc), a0[c]);
+			a1[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), a1[c]);
+		}
+	}
+	for (; i + 8 <= cols; i += 8) {
+		__m256 w0 = load8(wt, row + i * es);
+		for (int c = 0; c < nc; c++) {
+			a0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (j0 + c) * cols + i), a0[c]);
+		}
+	}
+	for (int c = 0; c < nc; c++) {
+		float s = hsum_ps(_mm256_add_ps(a0[c], a1[c]));
+		const float *xc = x + (j0 + c) * cols;
+		for (int64_t t = i; t < cols; t++) {
+			s += load1(wt, row + t * es) * xc[t];
+		}
+		out[(j0 + c) * rows] = s;
+	}
+}
+
+// rows_nc runs one row for nc columns starting at j0; nc is a constant at
+// each call site below so the column loops unroll.
+AVX2 INLINE void row_nc(int wt, float *out, const uint8_t *row, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t j0, const int nc, int64_t rows) {
+	switch (wt) {
+	case TK_Q8_0:
+		q32_row(34, out, row, cols / 32, xq, xd, j0, nc, rows);
+		break;
+	case TK_Q4_0:
+		q32_row(18, out, row, cols / 32, xq, xd, j0, nc, rows);
+		break;
+	case TK_Q4_K:
+		q4_k_row(out, row, cols / 256, xq, xd, xs, j0, nc, rows);
+		break;
+	case TK_Q6_K:
+		q6_k_row(out, row, cols / 256, xq, xd, xs, j0, nc, rows);
+		break;
+	default:
+		float_row(wt, out, row, cols, x, j0, nc, rows);
+	}
+}
+
+AVX2 void tk_matmul_avx2(int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
+	for (int64_t r = lo; r < hi; r++) {
+		const uint8_t *row = w + r * row_bytes;
+		int64_t j = 0;
+		for (; j + 4 <= n; j += 4) {
+			row_nc(wt, out + r, row, cols, x, xq, xd, xs, j, 4, rows);
+		}
+		switch (n - j) {
+		case 3:
+			row_nc(wt, out + r, row, cols, x, xq, xd, xs, j, 3, rows);
+			break;
+		case 2:
+			row_nc(wt, out + r, row, cols, x, xq, xd, xs, j, 2, rows);
+			break;
+		case 1:
+			row_nc(wt, out + r, row, cols, x, xq, xd, xs, j, 1, rows);
+			break;
+		}
+	}
+}
+
+AVX2 void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64_t block) {
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	for (int64_t b = 0; b < n / block; b++) {
+		const float *xb = x + b * block;
+		__m256 mx = _mm256_setzero_ps();
+		for (int64_t i = 0; i < block; i += 8) {
+			mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + i), absmask));
+		}
+		__m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+		m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+		m = _mm_max_ss(m, _mm_movehdup_ps(m));
+		float scale = _mm_cvtss_f32(m) / 127.0f;
+		__m256 inv = _mm256_set1_ps(scale != 0 ? 1.0f / scale : 0.0f);
+		for (int64_t i = 0; i < block; i += 32) {
+			__m256i v[4];
+			for (int k = 0; k < 4; k++) {
+				__m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+				v[k] = _mm256_cvtps_epi32(r);
+			}
+			// packs interleave 128-bit lanes; the permute restores order
+			__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+			p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+			_mm256_storeu_si256((__m256i *)(q + b * block + i), p);
+		}
+		d[b] = scale;
+	}
+}
+
+#endif
