@@ -6,15 +6,18 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// impl is one kernel backend. Only the matmul and its activation
-// quantizer differ between backends: they are where decode time goes.
+// impl is one kernel backend: the matmul, its activation quantizer and
+// attention, where inference time goes. The small vector ops are Go in
+// both (a cgo call costs more than they do).
 type impl struct {
-	name     string
-	matmul   func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
-	quantize func(x []float32, q []int8, d []float32, s []int32, block int)
+	attention    func(out, q, k, v []float32, stride, off, prefix int, extra []int32, scale float32, scores []float32)
+	attentionF16 func(out, q []float32, k, v []uint16, stride, off, prefix int, extra []int32, scale float32, scores []float32)
+	name         string
+	matmul       func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
+	quantize     func(x []float32, q []int8, d []float32, s []int32, block int)
 }
 
-var goImpl = &impl{name: "go", matmul: goMatMul, quantize: goQuantize}
+var goImpl = &impl{name: "go", matmul: goMatMul, quantize: goQuantize, attention: goAttention, attentionF16: goAttentionF16}
 
 // cImpl is set by the cgo build when the C kernels are compiled in.
 var cImpl *impl

@@ -58,6 +58,7 @@ func BenchmarkMemcpy(b *testing.B) {
 	for i := range src {
 		src[i] = byte(i)
 	}
+	copy(dst, src) // fault the pages in before timing
 	for _, threads := range []int{1, 2} {
 		pool := NewPool(threads)
 		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
@@ -66,6 +67,52 @@ func BenchmarkMemcpy(b *testing.B) {
 				pool.Run(size>>16, func(lo, hi int) {
 					copy(dst[lo<<16:hi<<16], src[lo<<16:hi<<16])
 				})
+			}
+		})
+		pool.Close()
+	}
+}
+
+// BenchmarkMemRead sums 256 MiB of uint64s with 1 and 2 goroutines: the
+// read-only bandwidth, closer to what a matvec does than a copy.
+func BenchmarkMemRead(b *testing.B) {
+	const words = streamBytes / 8
+	src := make([]uint64, words)
+	for i := range src {
+		src[i] = uint64(i)
+	}
+	for _, threads := range []int{1, 2} {
+		pool := NewPool(threads)
+		sums := make([]uint64, words>>16)
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			b.SetBytes(streamBytes)
+			for b.Loop() {
+				pool.Run(words>>16, func(lo, hi int) {
+					for c := lo; c < hi; c++ {
+						blk := src[c<<16 : (c+1)<<16]
+						var s0, s1, s2, s3 uint64
+						for i := 0; i < len(blk); i += 4 {
+							s0 += blk[i]
+							s1 += blk[i+1]
+							s2 += blk[i+2]
+							s3 += blk[i+3]
+						}
+						sums[c] = s0 + s1 + s2 + s3
+					}
+				})
+			}
+		})
+		pool.Close()
+	}
+}
+
+// BenchmarkPoolRun is the fixed cost of one parallel kernel call.
+func BenchmarkPoolRun(b *testing.B) {
+	for _, threads := range []int{1, 2, 4} {
+		pool := NewPool(threads)
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				pool.Run(64, func(lo, hi int) {})
 			}
 		})
 		pool.Close()

@@ -4,6 +4,9 @@
 // exactly what the Go twins in matmul.go compute.
 #include "kernels.h"
 
+#include <math.h>
+#include <string.h>
+
 void tk_quantize(int level, const float *x, int8_t *q, float *d, int32_t *s, int64_t n, int64_t block) {
 #if defined(__x86_64__)
 	if (level == TK_AVX2) {
@@ -179,5 +182,71 @@ void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 			}
 			out[j * rows + r] = acc;
 		}
+	}
+}
+
+static float dot_row(int level, int f16, const float *q, const void *k, int64_t hd) {
+	switch (level) {
+#if defined(__x86_64__)
+	case TK_AVX2:
+		return tk_dot_avx2(f16, q, k, hd);
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
+		return tk_dot_neon(f16, q, k, hd);
+#endif
+	default: {
+		float s = 0;
+		for (int64_t d = 0; d < hd; d++) {
+			s += q[d] * (f16 ? tk_f16(((const uint16_t *)k)[d]) : ((const float *)k)[d]);
+		}
+		return s;
+	}
+	}
+}
+
+static void axpy_row(int level, int f16, float *out, float p, const void *v, int64_t hd) {
+	switch (level) {
+#if defined(__x86_64__)
+	case TK_AVX2:
+		tk_axpy_avx2(f16, out, p, v, hd);
+		return;
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
+		tk_axpy_neon(f16, out, p, v, hd);
+		return;
+#endif
+	default:
+		for (int64_t d = 0; d < hd; d++) {
+			out[d] += p * (f16 ? tk_f16(((const uint16_t *)v)[d]) : ((const float *)v)[d]);
+		}
+	}
+}
+
+void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
+	int64_t hd, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
+	float scale, float *scores) {
+	const int64_t es = f16 ? 2 : 4;
+	const int64_t n = prefix + nextra;
+	float mx = -INFINITY;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t row = i < prefix ? i : extra[i - prefix];
+		float s = dot_row(level, f16, q, (const char *)k + (row * stride + off) * es, hd) * scale;
+		scores[i] = s;
+		mx = s > mx ? s : mx;
+	}
+	float sum = 0;
+	for (int64_t i = 0; i < n; i++) {
+		scores[i] = expf(scores[i] - mx);
+		sum += scores[i];
+	}
+	float inv = 1.0f / sum;
+	memset(out, 0, (size_t)hd * sizeof(float));
+	for (int64_t i = 0; i < n; i++) {
+		int64_t row = i < prefix ? i : extra[i - prefix];
+		axpy_row(level, f16, out, scores[i] * inv, (const char *)v + (row * stride + off) * es, hd);
 	}
 }

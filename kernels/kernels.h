@@ -43,6 +43,13 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 
+// tk_attention is one query head's attention over KV rows 0..prefix-1
+// and extra[0..nextra-1]; k and v are float (f16 == 0) or IEEE half
+// (f16 == 1) with row i at i*stride + off. scores holds prefix+nextra.
+void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
+	int64_t hd, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
+	float scale, float *scores);
+
 // Per-level kernels (defined only on their architecture).
 void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
@@ -54,6 +61,13 @@ void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64_t bl
 void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
+
+// Per-level vector helpers for attention: dot products of q with a K row
+// and out += p·(V row), for float and half rows.
+float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n);
+void tk_axpy_avx2(int f16, float *y, float p, const void *x, int64_t n);
+float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);
+void tk_axpy_neon(int f16, float *y, float p, const void *x, int64_t n);
 
 // Shared scalar helpers.
 static inline float tk_f16(uint16_t h) {

@@ -46,6 +46,8 @@ func rowSize(wt weights.DType, cols int) int {
 	return int(rb)
 }
 
+const maxDim = 1 << 30
+
 func checkMatMul(out []float32, w []byte, wt weights.DType, rows, cols int, x []float32, n int) error {
 	switch wt {
 	case weights.F32, weights.F16, weights.BF16, weights.Q8_0, weights.Q4_0, weights.Q4_K, weights.Q6_K:
@@ -54,6 +56,10 @@ func checkMatMul(out []float32, w []byte, wt weights.DType, rows, cols int, x []
 	}
 	if rows <= 0 || cols <= 0 || n <= 0 {
 		return fmt.Errorf("kernels: matmul: rows %d, cols %d, n %d must be positive", rows, cols, n)
+	}
+	// Bounded so that no size product below can overflow.
+	if rows > maxDim || cols > maxDim || n > maxDim {
+		return fmt.Errorf("kernels: matmul: rows %d, cols %d, n %d: each must be at most %d", rows, cols, n, maxDim)
 	}
 	if cols%wt.BlockSize() != 0 {
 		return fmt.Errorf("kernels: matmul: %d columns is not a multiple of the %s block size %d", cols, wt, wt.BlockSize())
@@ -151,6 +157,10 @@ func growSlice[T any](s []T, n int) []T {
 }
 
 // goMatMul is the pure-Go matmul over rows [lo, hi).
+//
+// The explicit float32 conversions around products forbid fused
+// multiply-adds (which Go emits on arm64), keeping the float steps those
+// of the C kernels.
 func goMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int) {
 	switch wt {
 	case weights.Q8_0:
@@ -167,20 +177,27 @@ func goMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows,
 }
 
 func goMatMulQ8_0(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq *quantized, n int) {
+	tab := f16Table()
 	nb := cols / weights.QK
 	for r := lo; r < hi; r++ {
 		row := w[r*rowBytes : (r+1)*rowBytes]
 		for j := 0; j < n; j++ {
 			var acc float32
 			for b := 0; b < nb; b++ {
-				blk := row[b*weights.BlockBytesQ8_0 : (b+1)*weights.BlockBytesQ8_0]
-				dw := f16(binary.LittleEndian.Uint16(blk))
-				xb := xq.q[(j*nb+b)*weights.QK:]
-				var sum int32
-				for i := 0; i < weights.QK; i++ {
-					sum += int32(int8(blk[2+i])) * int32(xb[i])
+				// Array pointers let the compiler drop bounds checks.
+				blk := (*[weights.BlockBytesQ8_0]byte)(row[b*weights.BlockBytesQ8_0:])
+				dw := tab[binary.LittleEndian.Uint16(blk[:])]
+				xb := (*[weights.QK]int8)(xq.q[(j*nb+b)*weights.QK:])
+				qs := (*[weights.QK]byte)(blk[2:])
+				var s0, s1, s2, s3 int32
+				for i := 0; i < weights.QK; i += 4 {
+					s0 += int32(int8(qs[i])) * int32(xb[i])
+					s1 += int32(int8(qs[i+1])) * int32(xb[i+1])
+					s2 += int32(int8(qs[i+2])) * int32(xb[i+2])
+					s3 += int32(int8(qs[i+3])) * int32(xb[i+3])
 				}
-				acc += float32(sum) * float32(dw*xq.d[j*nb+b])
+				sum := s0 + s1 + s2 + s3
+				acc += float32(float32(sum) * float32(dw*xq.d[j*nb+b]))
 			}
 			out[j*rows+r] = acc
 		}
@@ -188,24 +205,28 @@ func goMatMulQ8_0(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 }
 
 func goMatMulQ4_0(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq *quantized, n int) {
+	tab := f16Table()
 	nb := cols / weights.QK
 	for r := lo; r < hi; r++ {
 		row := w[r*rowBytes : (r+1)*rowBytes]
 		for j := 0; j < n; j++ {
 			var acc float32
 			for b := 0; b < nb; b++ {
-				blk := row[b*weights.BlockBytesQ4_0 : (b+1)*weights.BlockBytesQ4_0]
-				dw := f16(binary.LittleEndian.Uint16(blk))
-				xb := xq.q[(j*nb+b)*weights.QK:]
+				blk := (*[weights.BlockBytesQ4_0]byte)(row[b*weights.BlockBytesQ4_0:])
+				dw := tab[binary.LittleEndian.Uint16(blk[:])]
+				xb := (*[weights.QK]int8)(xq.q[(j*nb+b)*weights.QK:])
+				qs := (*[weights.QK / 2]byte)(blk[2:])
 				// Σ (q-8)·x = Σ q·x - 8·Σ x
-				var sum int32
-				for i := 0; i < 16; i++ {
-					v := blk[2+i]
-					sum += int32(v&15)*int32(xb[i]) + int32(v>>4)*int32(xb[i+16])
+				var s0, s1 int32
+				for i := 0; i < weights.QK/2; i += 2 {
+					v0, v1 := qs[i], qs[i+1]
+					s0 += int32(v0&15)*int32(xb[i]) + int32(v0>>4)*int32(xb[i+16])
+					s1 += int32(v1&15)*int32(xb[i+1]) + int32(v1>>4)*int32(xb[i+17])
 				}
+				sum := s0 + s1
 				g := 2 * (j*nb + b)
 				sum -= 8 * (xq.s[g] + xq.s[g+1])
-				acc += float32(sum) * float32(dw*xq.d[j*nb+b])
+				acc += float32(float32(sum) * float32(dw*xq.d[j*nb+b]))
 			}
 			out[j*rows+r] = acc
 		}
@@ -215,6 +236,7 @@ func goMatMulQ4_0(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 // goMatMulQ4_K: per super-block, Σ_j sc_j·Σ q·x in integers, minus the
 // offsets Σ_j m_j·(sum of x over sub-block j), then one float step.
 func goMatMulQ4_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq *quantized, n int) {
+	tab := f16Table()
 	nb := cols / weights.QKK
 	for r := lo; r < hi; r++ {
 		row := w[r*rowBytes : (r+1)*rowBytes]
@@ -222,8 +244,8 @@ func goMatMulQ4_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 			var acc float32
 			for b := 0; b < nb; b++ {
 				blk := row[b*weights.BlockBytesQ4_K : (b+1)*weights.BlockBytesQ4_K]
-				d := f16(binary.LittleEndian.Uint16(blk[0:]))
-				dmin := f16(binary.LittleEndian.Uint16(blk[2:]))
+				d := tab[binary.LittleEndian.Uint16(blk[0:])]
+				dmin := tab[binary.LittleEndian.Uint16(blk[2:])]
 				scales := (*[12]byte)(blk[4:16])
 				xb := xq.q[(j*nb+b)*weights.QKK:]
 				bs := xq.s[(j*nb+b)*16:]
@@ -251,6 +273,7 @@ func goMatMulQ4_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 // goMatMulQ6_K: levels 0..63 times x in integers per 16 values, less
 // 32·(sum of x) for the level offset, scaled by the int8 sub-block scale.
 func goMatMulQ6_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq *quantized, n int) {
+	tab := f16Table()
 	nb := cols / weights.QKK
 	for r := lo; r < hi; r++ {
 		row := w[r*rowBytes : (r+1)*rowBytes]
@@ -258,7 +281,7 @@ func goMatMulQ6_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 			var acc float32
 			for b := 0; b < nb; b++ {
 				blk := row[b*weights.BlockBytesQ6_K : (b+1)*weights.BlockBytesQ6_K]
-				d := f16(binary.LittleEndian.Uint16(blk[208:]))
+				d := tab[binary.LittleEndian.Uint16(blk[208:])]
 				xb := xq.q[(j*nb+b)*weights.QKK:]
 				bs := xq.s[(j*nb+b)*16:]
 				var isum [16]int32
@@ -283,7 +306,7 @@ func goMatMulQ6_K(out []float32, w []byte, rowBytes, lo, hi, rows, cols int, xq 
 				for i := 0; i < 16; i++ {
 					sumi += int32(int8(blk[192+i])) * (isum[i] - 32*bs[i])
 				}
-				acc += float32(d*xq.d[j*nb+b]) * float32(sumi)
+				acc += float32(float32(d*xq.d[j*nb+b]) * float32(sumi))
 			}
 			out[j*rows+r] = acc
 		}
@@ -316,8 +339,9 @@ func decodeRow(wt weights.DType, row []byte, dst []float32) {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(row[4*i:]))
 		}
 	case weights.F16:
+		tab := f16Table()
 		for i := range dst {
-			dst[i] = f16(binary.LittleEndian.Uint16(row[2*i:]))
+			dst[i] = tab[binary.LittleEndian.Uint16(row[2*i:])]
 		}
 	default:
 		// BF16 and the K-quants: the reference decoders are exact.

@@ -279,3 +279,67 @@ func TestQuantizeActivations(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulArbitraryBlocks feeds blocks no quantizer would write (random
+// levels and scales, Q8_0 -128, Q6_K negative scales, Q4_K 6-bit extremes):
+// the integer paths must not saturate or overflow on any of them.
+func TestMatMulArbitraryBlocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	// f16 fields: byte offset in the block, for each type's scales.
+	scaleAt := map[weights.DType][]int{
+		weights.Q8_0: {0}, weights.Q4_0: {0}, weights.Q4_K: {0, 2}, weights.Q6_K: {208},
+	}
+	pool := NewPool(3)
+	defer pool.Close()
+	for wt, offs := range scaleAt {
+		rows, cols, n := 9, 2*weights.QKK, 5
+		rb, _ := wt.RowBytes(uint64(cols))
+		w := make([]byte, int(rb)*rows)
+		for i := range w {
+			w[i] = byte(rng.Uint32())
+		}
+		bb := wt.TypeSize()
+		for b := 0; b < len(w)/bb; b++ {
+			for _, o := range offs {
+				h := weights.F32ToF16(float32(rng.NormFloat64() * 0.01))
+				w[b*bb+o], w[b*bb+o+1] = byte(h), byte(h>>8)
+			}
+			if wt == weights.Q8_0 && b%3 == 0 {
+				w[b*bb+2] = 0x80 // -128
+			}
+		}
+		deq := make([]float32, rows*cols)
+		if err := weights.Dequantize(wt, w, deq); err != nil {
+			t.Fatal(err)
+		}
+		x := randomVector(rng, n*cols)
+		x[0] = 1e3 // one activation dominates its block
+		ref, tol, mag := matmulBound(wt, deq, rows, cols, x, n)
+		var goOut []float32
+		for _, be := range testBackends() {
+			withBackend(t, be, func() {
+				out := make([]float32, n*rows)
+				if err := pool.MatMul(out, w, wt, rows, cols, x, n); err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range out {
+					if d := math.Abs(float64(v) - ref[i]); !(d <= tol[i]) {
+						t.Fatalf("%s/%s: out[%d] = %g, reference %g: error %g > %g", wt, be, i, v, ref[i], d, tol[i])
+					}
+					if goOut != nil {
+						g := goOut[i]
+						if exactTypes[wt] && math.Float32bits(v) != math.Float32bits(g) {
+							t.Fatalf("%s/%s: out[%d] = %g, go %g: not bit-identical", wt, be, i, v, g)
+						}
+						if d := math.Abs(float64(v) - float64(g)); d > 1e-6*mag[i] {
+							t.Fatalf("%s/%s: out[%d] = %g, go %g", wt, be, i, v, g)
+						}
+					}
+				}
+				if goOut == nil {
+					goOut = out
+				}
+			})
+		}
+	}
+}

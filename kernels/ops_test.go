@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -67,20 +68,11 @@ func TestRMSNormRoPESoftmax(t *testing.T) {
 	}
 }
 
-// Attention over a prefix plus tree ancestors equals attention over the
-// same rows gathered into a dense block, in F32 and F16.
-func TestAttentionTreeRows(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	const hd, stride, off, rows = 12, 40, 16, 9
-	k, v := randVec(rng, rows*stride, 1), randVec(rng, rows*stride, 1)
-	q := randVec(rng, hd, 1)
-	prefix, extra := 4, []int32{6, 8}
-	use := []int{0, 1, 2, 3, 6, 8}
-	scale := float32(1 / math.Sqrt(hd))
-
-	var want [hd]float64
+// refAttention is the float64 reference over the given KV rows.
+func refAttention(q, k, v []float32, stride, off int, use []int, scale float32) []float64 {
+	hd := len(q)
 	sc := make([]float64, len(use))
-	var mx float64 = -math.MaxFloat64
+	mx := math.Inf(-1)
 	for i, r := range use {
 		for d := 0; d < hd; d++ {
 			sc[i] += float64(q[d]) * float64(k[r*stride+off+d])
@@ -93,26 +85,95 @@ func TestAttentionTreeRows(t *testing.T) {
 		sc[i] = math.Exp(sc[i] - mx)
 		sum += sc[i]
 	}
+	want := make([]float64, hd)
 	for i, r := range use {
 		for d := 0; d < hd; d++ {
 			want[d] += sc[i] / sum * float64(v[r*stride+off+d])
 		}
 	}
-	out := make([]float32, hd)
-	Attention(out, q, k, v, stride, off, prefix, extra, scale, make([]float32, 6))
-	k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
-	for i := range k {
-		k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+	return want
+}
+
+// Attention over a prefix plus tree ancestors equals attention over the
+// same rows gathered densely, in F32 and F16, on every backend.
+func TestAttentionTreeRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	cases := []struct {
+		hd, prefix int
+		extra      []int32
+	}{
+		{12, 4, []int32{6, 8}},
+		{7, 1, nil},
+		{64, 37, []int32{40, 45, 46}},
+		{67, 0, []int32{3, 1, 9}},
+		{128, 300, []int32{301}},
 	}
-	out16 := make([]float32, hd)
-	AttentionF16(out16, q, k16, v16, stride, off, prefix, extra, scale, make([]float32, 6))
-	for d := 0; d < hd; d++ {
-		if math.Abs(float64(out[d])-want[d]) > 1e-5 {
-			t.Fatalf("f32 attention[%d] = %v, want %v", d, out[d], want[d])
+	for _, c := range cases {
+		const kvHeads = 3
+		stride, off := kvHeads*c.hd, c.hd // the middle KV head
+		rows := c.prefix
+		use := make([]int, 0, c.prefix+len(c.extra))
+		for i := 0; i < c.prefix; i++ {
+			use = append(use, i)
 		}
-		if math.Abs(float64(out16[d])-want[d]) > 5e-3 {
-			t.Fatalf("f16 attention[%d] = %v, want %v", d, out16[d], want[d])
+		for _, e := range c.extra {
+			rows = max(rows, int(e)+1)
+			use = append(use, int(e))
 		}
+		k, v := randVec(rng, rows*stride, 1), randVec(rng, rows*stride, 1)
+		q := randVec(rng, c.hd, 2)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		want := refAttention(q, k, v, stride, off, use, scale)
+		k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
+		kr, vr := make([]float32, len(k)), make([]float32, len(v)) // the F16 values
+		for i := range k {
+			k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+			kr[i], vr[i] = weights.F16ToF32(k16[i]), weights.F16ToF32(v16[i])
+		}
+		want16 := refAttention(q, kr, vr, stride, off, use, scale)
+		for _, be := range testBackends() {
+			t.Run(fmt.Sprintf("%s/hd=%d/prefix=%d/extra=%d", be, c.hd, c.prefix, len(c.extra)), func(t *testing.T) {
+				defer useBackend(t, be)()
+				out := make([]float32, c.hd)
+				Attention(out, q, k, v, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
+				out16 := make([]float32, c.hd)
+				AttentionF16(out16, q, k16, v16, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
+				for d := 0; d < c.hd; d++ {
+					if math.Abs(float64(out[d])-want[d]) > 2e-6 {
+						t.Fatalf("f32 attention[%d] = %v, want %v", d, out[d], want[d])
+					}
+					if math.Abs(float64(out16[d])-want16[d]) > 2e-6 {
+						t.Fatalf("f16 attention[%d] = %v, want %v (on the f16-rounded cache)", d, out16[d], want16[d])
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestAttentionPanicsOnBadRows(t *testing.T) {
+	k, v := make([]float32, 40), make([]float32, 40)
+	cases := []struct {
+		name   string
+		prefix int
+		extra  []int32
+		scores int
+	}{
+		{"row past K", 6, nil, 6},
+		{"extra past K", 1, []int32{5}, 2},
+		{"negative extra", 1, []int32{-1}, 2},
+		{"short scores", 3, nil, 2},
+		{"no rows", 0, nil, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			Attention(make([]float32, 8), make([]float32, 8), k, v, 8, 0, c.prefix, c.extra, 1, make([]float32, c.scores))
+		})
 	}
 }
 
@@ -123,5 +184,34 @@ func TestBackendSelection(t *testing.T) {
 	}
 	if err := SetBackend("cuda"); err == nil {
 		t.Error("unknown backend accepted")
+	}
+}
+
+func TestAddAndRMSNormInPlace(t *testing.T) {
+	dst, x := []float32{1, 2, 3}, []float32{0.5, -2, 1e-3}
+	Add(dst, x)
+	for i, want := range []float32{1.5, 0, 3.001} {
+		if dst[i] != want {
+			t.Fatalf("Add: dst[%d] = %v, want %v", i, dst[i], want)
+		}
+	}
+	// out aliasing x gives the same result as a separate output.
+	rng := rand.New(rand.NewPCG(13, 14))
+	v, w := randVec(rng, 33, 3), randVec(rng, 33, 1)
+	sep := make([]float32, len(v))
+	RMSNorm(sep, v, w, 1e-6)
+	RMSNorm(v, v, w, 1e-6)
+	for i := range v {
+		if v[i] != sep[i] {
+			t.Fatalf("in-place RMSNorm[%d] = %v, separate %v", i, v[i], sep[i])
+		}
+	}
+	// eps keeps an all-zero vector finite.
+	z := make([]float32, 4)
+	RMSNorm(z, z, []float32{1, 1, 1, 1}, 1e-5)
+	for _, e := range z {
+		if e != 0 {
+			t.Fatalf("RMSNorm of zeros = %v", z)
+		}
 	}
 }

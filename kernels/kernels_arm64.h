@@ -1,6 +1,6 @@
 //go:build cgo
 
-// NEON matmul kernels, included twice by matmul_neon.c: once for baseline
+// NEON matmul kernels, included twice by kernels_arm64.c: once for baseline
 // arm64 (TK_DOT 0, widening multiplies) and once for CPUs with SDOT
 // (TK_DOT 1, compiled for armv8.2-a+dotprod). TK_FN names the variant's
 // functions and TK_TARGET holds its target attribute.

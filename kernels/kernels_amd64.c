@@ -1,6 +1,7 @@
 //go:build cgo
 
-// x86-64 kernels for AVX2 + FMA + F16C, compiled with target attributes
+// x86-64 kernels for AVX2 + FMA + F16C (the _amd64 suffix limits the
+// file to amd64 builds), compiled with target attributes
 // so the package builds with default CFLAGS; Go only selects them after
 // checking the CPU. Up to four activation columns share each weight
 // load, so batched calls read the weights once per four vectors.
@@ -101,6 +102,8 @@ AVX2 INLINE void q4_k_row(float *out, const uint8_t *row, int64_t nb, const int8
 		for (int j = 0; j < 8; j++) {
 			tk_scale_min_k4(blk + 4, j, &sc[j], &m[j]);
 		}
+		// sub-block mins in the order _mm256_hadd_epi32 leaves pair sums
+		const __m256i mv = _mm256_setr_epi32(m[0], m[1], m[4], m[5], m[2], m[3], m[6], m[7]);
 		__m256i lo[4], hi[4];
 		for (int k = 0; k < 4; k++) {
 			__m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
@@ -119,10 +122,10 @@ AVX2 INLINE void q4_k_row(float *out, const uint8_t *row, int64_t nb, const int8
 				p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * k + 1]));
 				sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
 			}
-			int32_t summ = 0;
-			for (int j = 0; j < 8; j++) {
-				summ += m[j] * (bs[2 * j] + bs[2 * j + 1]);
-			}
+			// Σ_j m_j·(sum of x over sub-block j); hadd leaves the pair
+			// sums in the order of mv.
+			__m256i pairs = _mm256_hadd_epi32(_mm256_loadu_si256((const __m256i *)bs), _mm256_loadu_si256((const __m256i *)(bs + 8)));
+			int32_t summ = hsum_epi32(_mm256_mullo_epi32(pairs, mv));
 			float dx = xd[jb];
 			acc[c] += (d * dx) * (float)hsum_epi32(sumi) - (dmin * dx) * (float)summ;
 		}
@@ -141,6 +144,8 @@ AVX2 INLINE void q6_k_row(float *out, const uint8_t *row, int64_t nb, const int8
 		const int8_t *sc = (const int8_t *)(blk + 192);
 		float d = f16_avx2(blk + 208);
 		__m256i lv[8], sv[8];
+		const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+		const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)));
 		for (int h = 0; h < 2; h++) {
 			__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
 			__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
@@ -164,11 +169,11 @@ AVX2 INLINE void q6_k_row(float *out, const uint8_t *row, int64_t nb, const int8
 				__m256i p = _mm256_maddubs_epi16(lv[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
 				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv[k]));
 			}
-			int32_t off = 0;
-			for (int i = 0; i < 16; i++) {
-				off += sc[i] * bs[i];
-			}
-			acc[c] += (d * xd[jb]) * (float)(hsum_epi32(sumi) - 32 * off);
+			// less 32·Σ sc_i·(sum of x over 16-group i), the level offset
+			__m256i off = _mm256_add_epi32(_mm256_mullo_epi32(sc0, _mm256_loadu_si256((const __m256i *)bs)),
+				_mm256_mullo_epi32(sc1, _mm256_loadu_si256((const __m256i *)(bs + 8))));
+			sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+			acc[c] += (d * xd[jb]) * (float)hsum_epi32(sumi);
 		}
 	}
 	for (int c = 0; c < nc; c++) {
@@ -303,6 +308,40 @@ AVX2 void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64
 			_mm256_storeu_si256((__m256i *)(q + b * block + i), p);
 		}
 		d[b] = scale;
+	}
+}
+
+AVX2 float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n) {
+	const int wt = f16 ? TK_F16 : TK_F32;
+	const int64_t es = f16 ? 2 : 4;
+	const uint8_t *p = b;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		acc0 = _mm256_fmadd_ps(load8(wt, p + i * es), _mm256_loadu_ps(a + i), acc0);
+		acc1 = _mm256_fmadd_ps(load8(wt, p + (i + 8) * es), _mm256_loadu_ps(a + i + 8), acc1);
+	}
+	for (; i + 8 <= n; i += 8) {
+		acc0 = _mm256_fmadd_ps(load8(wt, p + i * es), _mm256_loadu_ps(a + i), acc0);
+	}
+	float s = hsum_ps(_mm256_add_ps(acc0, acc1));
+	for (; i < n; i++) {
+		s += a[i] * load1(wt, p + i * es);
+	}
+	return s;
+}
+
+AVX2 void tk_axpy_avx2(int f16, float *y, float a, const void *x, int64_t n) {
+	const int wt = f16 ? TK_F16 : TK_F32;
+	const int64_t es = f16 ? 2 : 4;
+	const uint8_t *p = x;
+	const __m256 av = _mm256_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8(wt, p + i * es), _mm256_loadu_ps(y + i)));
+	}
+	for (; i < n; i++) {
+		y[i] += a * load1(wt, p + i * es);
 	}
 }
 

@@ -1,0 +1,82 @@
+package kernels
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// Run covers [0,n) exactly once, in contiguous chunks, for any n and
+// thread count, and RunAligned cuts only at multiples of align.
+func TestPoolRun(t *testing.T) {
+	for _, threads := range []int{1, 2, 3, 8} {
+		pool := NewPool(threads)
+		if pool.Threads() != threads {
+			t.Fatalf("Threads() = %d, want %d", pool.Threads(), threads)
+		}
+		for _, n := range []int{0, 1, 2, 5, 100, 1001} {
+			for _, align := range []int{1, 4} {
+				t.Run(fmt.Sprintf("threads=%d/n=%d/align=%d", threads, n, align), func(t *testing.T) {
+					hits := make([]atomic.Int32, n)
+					var calls atomic.Int32
+					pool.RunAligned(n, align, func(lo, hi int) {
+						calls.Add(1)
+						if lo%align != 0 || lo >= hi {
+							t.Errorf("chunk [%d,%d) with align %d", lo, hi, align)
+						}
+						for i := lo; i < hi; i++ {
+							hits[i].Add(1)
+						}
+					})
+					for i := range hits {
+						if h := hits[i].Load(); h != 1 {
+							t.Fatalf("index %d visited %d times", i, h)
+						}
+					}
+					if int(calls.Load()) > threads {
+						t.Fatalf("%d chunks for %d threads", calls.Load(), threads)
+					}
+				})
+			}
+		}
+		pool.Close()
+		pool.Close() // idempotent
+	}
+	if p := NewPool(0); p.Threads() < 1 {
+		t.Fatalf("default pool has %d threads", p.Threads())
+	} else {
+		p.Close()
+	}
+}
+
+// FuzzMatMulArgs: any argument combination returns an error or runs
+// inside the slices; it never panics or reads out of bounds.
+func FuzzMatMulArgs(f *testing.F) {
+	f.Add(uint32(2), 3, 64, 1, 3*36, 64, 3)
+	f.Add(uint32(12), 1, 256, 2, 144, 512, 2)
+	f.Add(uint32(0), 2, 5, 3, 40, 15, 6)
+	f.Add(uint32(14), 1, 256, 1, 209, 256, 1)
+	f.Add(uint32(30), 0, 5, 1, 10, 5, 0)
+	f.Add(uint32(0), 1<<31, 1<<33, 1<<31, 8, 8, 8) // products overflow int64
+	pool := NewPool(2)
+	f.Fuzz(func(t *testing.T, wt uint32, rows, cols, n, wLen, xLen, outLen int) {
+		if wLen < 0 || xLen < 0 || outLen < 0 || wLen > 1<<20 || xLen > 1<<18 || outLen > 1<<18 {
+			return
+		}
+		w := make([]byte, wLen)
+		for i := range w {
+			w[i] = byte(i * 7)
+		}
+		x := make([]float32, xLen)
+		for i := range x {
+			x[i] = float32(i%13) - 6
+		}
+		out := make([]float32, outLen)
+		err := pool.MatMul(out, w, weights.DType(wt), rows, cols, x, n)
+		if err == nil && (rows <= 0 || cols <= 0 || n <= 0 || n*rows > outLen || n*cols > xLen) {
+			t.Fatalf("accepted rows %d cols %d n %d with out %d x %d", rows, cols, n, outLen, xLen)
+		}
+	})
+}
