@@ -64,7 +64,9 @@ func Synth(path string, opt SynthOptions) error {
 				ones[j] = 1
 			}
 			buf := make([]byte, 4*len(ones))
-			Quantize(F32, ones, buf)
+			if err := Quantize(F32, ones, buf); err != nil {
+				return fmt.Errorf("synth: %s: %w", t.Name, err)
+			}
 			_, err := w.Write(buf)
 			done += uint64(len(buf))
 			return err
@@ -93,7 +95,7 @@ func Synth(path string, opt SynthOptions) error {
 			wg.Wait()
 			for k := 0; k < workers && c0+k < chunks; k++ {
 				if errs[k] != nil {
-					return errs[k]
+					return fmt.Errorf("synth: %s: %w", t.Name, errs[k])
 				}
 				if _, err := w.Write(outs[k]); err != nil {
 					return err

@@ -2,6 +2,7 @@ package progress
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -20,5 +21,24 @@ func TestSilentOffTerminal(t *testing.T) {
 	b.Done()
 	if buf.Len() != 0 {
 		t.Errorf("bar drew %q on a non-terminal", buf.String())
+	}
+}
+
+func TestDrawsWhenEnabled(t *testing.T) {
+	var buf bytes.Buffer
+	b := New(&buf, "synth", 4<<20)
+	b.enabled = true // a terminal, as far as the bar is concerned
+	b.Set(1 << 20)
+	first := buf.String()
+	if !strings.HasPrefix(first, "\rsynth [") || !strings.Contains(first, " 25.0%") {
+		t.Errorf("first draw %q", first)
+	}
+	if !strings.Contains(first, "["+strings.Repeat("=", 7)+strings.Repeat(" ", 23)+"]") {
+		t.Errorf("bar width for 25%%: %q", first)
+	}
+	b.Done()
+	rest := strings.TrimPrefix(buf.String(), first)
+	if !strings.Contains(rest, "100.0%") || !strings.HasSuffix(rest, "\n") || !strings.Contains(rest, "eta --") {
+		t.Errorf("final draw %q", rest)
 	}
 }
