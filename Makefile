@@ -19,7 +19,7 @@ test:
 	GOOS=android GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2x ./kernels/ ./bench/
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./kernels/... ./weights/... ./bench/...
 	$(GO) run ./tools/tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2
 
 # fuzz runs every fuzz target for FUZZTIME.
@@ -35,14 +35,20 @@ cross:
 	GOOS=android GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o bin/tandem-android-arm64 ./tools/tandem
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=aarch64-linux-gnu-gcc $(GO) build -o bin/tandem-linux-arm64-cgo ./tools/tandem
 
-# test-arm64 runs the kernel, weights and model tests as arm64 binaries
+# test-arm64 runs the kernel, weights and runtime tests as arm64 binaries
 # (cgo NEON kernels) under qemu. Needs gcc-aarch64-linux-gnu and
 # qemu-user-static.
+QEMU ?= $(shell command -v qemu-aarch64 || command -v qemu-aarch64-static)
+ARM64_PKGS = kernels weights $(sort $(dir $(wildcard runtime/*/*_test.go)))
+
 test-arm64:
+	@test -n "$(QEMU)" || (echo "qemu-aarch64 not found: apt-get install qemu-user-static"; exit 1)
 	@mkdir -p bin/arm64
-	@for pkg in kernels weights runtime/model; do \
-		CGO_ENABLED=1 GOARCH=arm64 CC=aarch64-linux-gnu-gcc $(GO) test -c -o bin/arm64/$$(basename $$pkg).test ./$$pkg || exit 1; \
-		(cd $$pkg && TANDEM_SHARED=$(SHARED) qemu-aarch64 -L /usr/aarch64-linux-gnu $(CURDIR)/bin/arm64/$$(basename $$pkg).test -test.short) || exit 1; \
+	@for pkg in $(ARM64_PKGS); do \
+		pkg=$${pkg%/}; bin=$(CURDIR)/bin/arm64/$$(echo $$pkg | tr / _).test; \
+		echo "== $$pkg (arm64)"; \
+		CGO_ENABLED=1 GOARCH=arm64 CC=aarch64-linux-gnu-gcc $(GO) test -c -o $$bin ./$$pkg || exit 1; \
+		(cd $$pkg && TANDEM_SHARED=$(SHARED) $(QEMU) -L /usr/aarch64-linux-gnu $$bin -test.short) || exit 1; \
 	done
 
 # default-model regenerates the embedded random-weight model.

@@ -132,7 +132,11 @@ func greedy(t testing.TB, m *Model, cache *kv.Cache, prompt []int32) ([]int32, [
 }
 
 // TestParity reproduces the reference greedy runs token for token, and
-// their first-step logits within 1e-4, on both kernel backends.
+// their first-step logits within 1e-4 + 1e-5·|reference| (numpy's
+// allclose rule), on both kernel backends. The relative term covers
+// summation order: NEON's four-lane FMA accumulates a 512-term dot product
+// in a different order than the reference did, and on arm64 llama2xs lands
+// 1.0e-4 from a logit of -12.76 (8e-6 relative); amd64 stays within 5.5e-5.
 //
 // With an F16 cache, K and V are rounded to half precision (relative
 // error 2^-11) before attention. The first-step logits are then held to
@@ -175,8 +179,8 @@ func TestParity(t *testing.T) {
 							for i := range first {
 								d := math.Abs(float64(first[i] - r.FirstLogits[i]))
 								worst = max(worst, d)
-								if !(d <= ct.logitTo) {
-									t.Fatalf("record %d (%q): first logit %d = %v, reference %v (|diff| %.3g > %.0e)", ri, r.Prompt, i, first[i], r.FirstLogits[i], d, ct.logitTo)
+								if tol := ct.logitTo + 1e-5*math.Abs(float64(r.FirstLogits[i])); !(d <= tol) {
+									t.Fatalf("record %d (%q): first logit %d = %v, reference %v (|diff| %.3g > %.3g)", ri, r.Prompt, i, first[i], r.FirstLogits[i], d, tol)
 								}
 							}
 							want := r.GeneratedIDs
