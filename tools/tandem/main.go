@@ -28,6 +28,7 @@ func init() {
 	verbs = map[string]verb{
 		"generate": {"generate text from a prompt", runGenerate},
 		"inspect":  {"show a model file's metadata and tensors", runInspect},
+		"info":     {"show the platform: Jetson board, memory, power mode, thermals", runInfo},
 		"convert":  {"convert a llama2.c .bin or GGUF model to GGUF (optionally quantized)", runConvert},
 		"tokenize": {"encode text to token ids", runTokenize},
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},

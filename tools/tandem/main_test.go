@@ -225,3 +225,52 @@ func TestDefaultModelRuns(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestInfo(t *testing.T) {
+	orin := filepath.Join("..", "..", "jetson", "testdata", "orin-agx-jp5")
+	code, out, errOut := tandem(t, "info", "--root", orin)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"NVIDIA Jetson (Orin, tegra234, chip 0x23, CUDA 8.7)", "R35.4.1 (JetPack 5.1.2)",
+		"MAXN (id 0, from /var/lib/nvpmodel/status)", "ga10b at /sys/devices/platform/17000000.ga10b: load 12.1%",
+		"12 online (0-11)", "throttling:  no", "thermal_zone10", "CV0-therm     offline"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, errOut = tandem(t, "info", "--json", "--root", filepath.Join("..", "..", "jetson", "testdata", "xavier-nx-jp5"))
+	if code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Jetson bool `json:"jetson"`
+		Board  struct {
+			Family  string `json:"family"`
+			JetPack string `json:"jetpack"`
+		} `json:"board"`
+		Power struct {
+			Name string `json:"name"`
+		} `json:"power_mode"`
+		Thermal struct {
+			Throttling *bool `json:"throttling"`
+		} `json:"thermal"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.Jetson || got.Board.Family != "Xavier" || got.Board.JetPack != "5.1.3" || got.Power.Name != "MODE_10W_4CORE" ||
+		got.Thermal.Throttling == nil || !*got.Thermal.Throttling {
+		t.Errorf("--json: %+v", got)
+	}
+	// This machine: whatever it is, the probe must succeed.
+	if code, out, errOut := tandem(t, "info"); code != 0 || !strings.Contains(out, "platform:") {
+		t.Errorf("info on this machine: exit %d, %s%s", code, out, errOut)
+	}
+	if code, _, _ := tandem(t, "info", "extra"); code != 2 {
+		t.Errorf("extra argument: exit %d, want 2", code)
+	}
+	if code, _, errOut := tandem(t, "info", "--root", filepath.Join(t.TempDir(), "absent")); code != 1 || !strings.Contains(errOut, "probe root") {
+		t.Errorf("missing root: exit %d, %q", code, errOut)
+	}
+}
