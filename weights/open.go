@@ -33,11 +33,13 @@ func Open(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open model: map %s: %w", path, err)
 	}
+	adviseRandom(m)
 	f, err := Parse(m, path)
 	if err != nil {
 		m.Unmap()
 		return nil, err
 	}
+	adviseNormal(m)
 	f.closer = unmapper{m}
 	return f, nil
 }

@@ -15,6 +15,7 @@ type buffers struct {
 	x, xb, q, k, v, att, tmp, hb, hb2, xs []float32
 	scores                                []float32
 
+	row    []byte  // one embedding row read from a streamed file
 	rows   []int32 // cache row each slot writes
 	prefix []int   // committed rows each slot reads
 	anc    []int32 // ancestor rows (root first, the slot's own row last), flat
@@ -123,63 +124,96 @@ func (m *Model) ancestors(b *Batch) {
 
 func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	cfg := m.cfg
-	n := len(b.Tokens)
 	bf := &m.buf
-	dim, kvd, hid := cfg.Dim, cfg.KVDim(), cfg.Hidden
+	dim := cfg.Dim
 
 	embRow, err := m.embd.typ.RowBytes(uint64(dim))
 	if err != nil {
 		return fmt.Errorf("model: %s: %w", m.embd.name, err)
 	}
 	for i, tok := range b.Tokens {
-		src := m.embd.data[uint64(tok)*embRow : uint64(tok+1)*embRow]
+		src, err := m.embedRow(tok, embRow)
+		if err != nil {
+			return err
+		}
 		if err := weights.Dequantize(m.embd.typ, src, bf.x[i*dim:(i+1)*dim]); err != nil {
 			return fmt.Errorf("model: %s row %d: %w", m.embd.name, tok, err)
 		}
 	}
 
 	for li := range m.layers {
-		L := &m.layers[li]
-		for i := 0; i < n; i++ {
-			kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.attnNorm, cfg.Eps)
-		}
-		if err := m.matmul(bf.q, &L.wq, bf.xb, n); err != nil {
+		L, release, err := m.acquireLayer(li)
+		if err != nil {
 			return err
 		}
-		if err := m.matmul(bf.k, &L.wk, bf.xb, n); err != nil {
+		err = m.block(b, cache, li, L)
+		release()
+		if err != nil {
 			return err
 		}
-		if err := m.matmul(bf.v, &L.wv, bf.xb, n); err != nil {
-			return err
-		}
-		for i := 0; i < n; i++ {
-			pos := int(b.Pos[i])
-			kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, pos, cfg.RopeTheta)
-			kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, pos, cfg.RopeTheta)
-			cache.Put(b.Seq[i], li, int(bf.rows[i]), bf.k[i*kvd:(i+1)*kvd], bf.v[i*kvd:(i+1)*kvd])
-		}
-		m.attention(b, cache, li)
-		if err := m.matmul(bf.tmp, &L.wo, bf.att, n); err != nil {
-			return err
-		}
-		kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
-
-		for i := 0; i < n; i++ {
-			kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.ffnNorm, cfg.Eps)
-		}
-		if err := m.matmul(bf.hb, &L.gate, bf.xb, n); err != nil {
-			return err
-		}
-		if err := m.matmul(bf.hb2, &L.up, bf.xb, n); err != nil {
-			return err
-		}
-		kernels.SiLUMul(bf.hb[:n*hid], bf.hb2[:n*hid])
-		if err := m.matmul(bf.tmp, &L.down, bf.hb, n); err != nil {
-			return err
-		}
-		kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
 	}
+	return m.head(b, out)
+}
 
+// block runs one transformer layer over the batch's activations.
+func (m *Model) block(b *Batch, cache *kv.Cache, li int, L *layer) error {
+	cfg := m.cfg
+	n := len(b.Tokens)
+	bf := &m.buf
+	dim, kvd, hid := cfg.Dim, cfg.KVDim(), cfg.Hidden
+	for i := 0; i < n; i++ {
+		kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.attnNorm, cfg.Eps)
+	}
+	if err := m.matmul(bf.q, &L.wq, bf.xb, n); err != nil {
+		return err
+	}
+	if err := m.matmul(bf.k, &L.wk, bf.xb, n); err != nil {
+		return err
+	}
+	if err := m.matmul(bf.v, &L.wv, bf.xb, n); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		pos := int(b.Pos[i])
+		kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, pos, cfg.RopeTheta)
+		kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, pos, cfg.RopeTheta)
+		cache.Put(b.Seq[i], li, int(bf.rows[i]), bf.k[i*kvd:(i+1)*kvd], bf.v[i*kvd:(i+1)*kvd])
+	}
+	m.attention(b, cache, li)
+	if err := m.matmul(bf.tmp, &L.wo, bf.att, n); err != nil {
+		return err
+	}
+	kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+
+	for i := 0; i < n; i++ {
+		kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.ffnNorm, cfg.Eps)
+	}
+	if err := m.matmul(bf.hb, &L.gate, bf.xb, n); err != nil {
+		return err
+	}
+	if err := m.matmul(bf.hb2, &L.up, bf.xb, n); err != nil {
+		return err
+	}
+	kernels.SiLUMul(bf.hb[:n*hid], bf.hb2[:n*hid])
+	if err := m.matmul(bf.tmp, &L.down, bf.hb, n); err != nil {
+		return err
+	}
+	kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+	return nil
+}
+
+// head computes logits for the slots that want them. A streamed head is
+// acquired even when no slot does, so every pass reads the groups in the
+// one order the streamer prefetches.
+func (m *Model) head(b *Batch, out *Logits) error {
+	cfg := m.cfg
+	bf := &m.buf
+	dim := cfg.Dim
+	output, release, err := m.acquireHead()
+	if err != nil {
+		return err
+	}
+	defer release()
 	want := b.Logits
 	if want == nil {
 		bf.want = b.defaultLogits(bf.want)
@@ -193,7 +227,60 @@ func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	for j, i := range out.slots {
 		kernels.RMSNorm(bf.xs[j*dim:(j+1)*dim], bf.x[i*dim:(i+1)*dim], m.outNorm, cfg.Eps)
 	}
-	return m.matmul(out.data, &m.output, bf.xs, rows)
+	return m.matmul(out.data, output, bf.xs, rows)
+}
+
+// embedRow returns token tok's embedding row: a view of the file, of a
+// pinned group, or read from the file into a scratch row when streaming.
+func (m *Model) embedRow(tok int32, rowBytes uint64) ([]byte, error) {
+	off := uint64(tok) * rowBytes
+	if m.stream == nil {
+		return m.embd.data[off : off+rowBytes], nil
+	}
+	if views, ok := m.stream.Pinned(m.embGroup); ok {
+		return views[m.embIndex][off : off+rowBytes], nil
+	}
+	m.buf.row = growBytes(m.buf.row, int(rowBytes))
+	if err := m.stream.ReadTensorAt(m.embd.name, m.buf.row, off); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	return m.buf.row, nil
+}
+
+// acquireLayer returns layer li with its matrices readable until release.
+func (m *Model) acquireLayer(li int) (*layer, func(), error) {
+	L := &m.layers[li]
+	if m.stream == nil {
+		return L, func() {}, nil
+	}
+	views, err := m.stream.Acquire(li)
+	if err != nil {
+		return nil, nil, fmt.Errorf("model: layer %d: %w", li, err)
+	}
+	for i, w := range []*matrix{&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.down, &L.up} {
+		w.data = views[i]
+	}
+	return L, func() {
+		for _, w := range []*matrix{&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.down, &L.up} {
+			w.data = nil // the bytes belong to the streamer now
+		}
+		m.stream.Release(li)
+	}, nil
+}
+
+// acquireHead returns the output matrix, readable until release.
+func (m *Model) acquireHead() (*matrix, func(), error) {
+	if m.stream == nil {
+		return &m.output, func() {}, nil
+	}
+	g := m.cfg.Layers
+	views, err := m.stream.Acquire(g)
+	if err != nil {
+		return nil, nil, fmt.Errorf("model: output head: %w", err)
+	}
+	w := m.output
+	w.data = views[0]
+	return &w, func() { m.stream.Release(g) }, nil
 }
 
 // matmul computes out = W·x for n input columns, reading W once.

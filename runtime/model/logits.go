@@ -51,3 +51,10 @@ func grow(buf []float32, n int) []float32 {
 	}
 	return buf[:n]
 }
+
+func growBytes(buf []byte, n int) []byte {
+	if cap(buf) < n {
+		return make([]byte, n)
+	}
+	return buf[:n]
+}

@@ -19,6 +19,10 @@ type Options struct {
 	// Pool, when set, is shared with other models (the draft and the
 	// target of a pair run on one pool); the Model does not close it.
 	Pool *kernels.Pool
+	// Stream, when set, keeps only Stream.Budget bytes of weights
+	// resident and streams the rest from the file layer by layer (see
+	// weights.Streamer). Nil computes on the whole mapped file.
+	Stream *weights.StreamOptions
 }
 
 // matrix is a weight matrix of rows × cols as stored in the file: row r is
@@ -51,6 +55,12 @@ type Model struct {
 	output  matrix // output head: Vocab rows of Dim (token_embd when tied)
 
 	buf buffers
+
+	// stream is set when weights stream under a budget: group i < Layers
+	// is layer i, then the output head, then (untied) the embedding.
+	stream   *weights.Streamer
+	embGroup int // group holding token_embd
+	embIndex int // its index in the group
 }
 
 // Load checks f's hyperparameters against its tensors and prepares the
@@ -101,6 +111,13 @@ func Load(f *weights.File, opt Options) (*Model, error) {
 	} else if m.output, err = loadMatrix(f, "output.weight", cfg.Dim, cfg.Vocab); err != nil {
 		return nil, err
 	}
+	if opt.Stream != nil {
+		groups := streamGroups(cfg)
+		if m.stream, err = weights.NewStreamer(f, groups, *opt.Stream); err != nil {
+			return nil, fmt.Errorf("model: %w", err)
+		}
+		m.embGroup, m.embIndex = len(groups)-1, 0
+	}
 	if opt.Pool != nil {
 		m.pool = opt.Pool
 	} else {
@@ -126,7 +143,56 @@ func (m *Model) Close() error {
 		m.pool.Close()
 		m.pool = nil
 	}
+	if m.stream != nil {
+		err := m.stream.Close()
+		m.stream = nil
+		return err
+	}
 	return nil
+}
+
+// streamGroups are the units weights stream in, in compute order: each
+// layer's seven matrices, then the output head (token_embd when tied),
+// then for an untied model the embedding, read by rows.
+func streamGroups(cfg Config) []weights.Group {
+	groups := make([]weights.Group, 0, cfg.Layers+2)
+	for i := 0; i < cfg.Layers; i++ {
+		g := weights.Group{Name: fmt.Sprintf("blk.%d", i)}
+		for _, n := range layerMatrices {
+			g.Tensors = append(g.Tensors, fmt.Sprintf("blk.%d.%s.weight", i, n))
+		}
+		groups = append(groups, g)
+	}
+	if cfg.Tied {
+		return append(groups, weights.Group{Name: "output", Tensors: []string{"token_embd.weight"}})
+	}
+	return append(groups,
+		weights.Group{Name: "output", Tensors: []string{"output.weight"}},
+		weights.Group{Name: "token_embd", Tensors: []string{"token_embd.weight"}, Rows: true})
+}
+
+// layerMatrices are a layer's matrices in the order Acquire returns them.
+var layerMatrices = [...]string{"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"}
+
+// PlanStream says what opt.Budget buys for the model in f: which layers
+// stay pinned, the streaming window, and the smallest budget that works.
+func PlanStream(f *weights.File, opt weights.StreamOptions) (weights.StreamPlan, []weights.Group, error) {
+	cfg, err := ConfigFrom(f)
+	if err != nil {
+		return weights.StreamPlan{}, nil, err
+	}
+	groups := streamGroups(cfg)
+	p, err := weights.PlanStream(f, groups, opt)
+	return p, groups, err
+}
+
+// StreamStats returns the streamer's counters; ok is false when the
+// model computes on the whole mapped file.
+func (m *Model) StreamStats() (st weights.StreamStats, ok bool) {
+	if m.stream == nil {
+		return st, false
+	}
+	return m.stream.Stats(), true
 }
 
 // NewCache makes a KV cache shaped for this model. context 0 means the
