@@ -29,3 +29,8 @@ func touchPages(b []byte) (sum byte, err error) {
 func ResidentPages(b []byte) (resident, total int, err error) {
 	return 0, 0, errors.New("mincore is not available on this platform")
 }
+
+// DropPageCache needs posix_fadvise, which this platform lacks.
+func DropPageCache(path string) error {
+	return errors.New("dropping the page cache is not available on this platform")
+}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +66,42 @@ func residentStreamed(t *testing.T, path string, m *Model) (resident, total int)
 	return resident, total
 }
 
+// pageCacheDrops reports whether this platform really drops a file's
+// pages from the page cache when asked. qemu-user (the arm64 tests)
+// accepts posix_fadvise and does nothing, so there the page-cache half of
+// the budget check cannot be observed; the amd64 run checks it.
+func pageCacheDrops(t *testing.T, path string) bool {
+	t.Helper()
+	if _, err := os.ReadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := weights.DropPageCache(path); err != nil {
+		t.Logf("page cache check off: %v", err)
+		return false
+	}
+	g, err := weights.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var res, tot int
+	for _, tn := range g.Tensors {
+		r, n, err := weights.ResidentPages(tn.Data)
+		if err != nil {
+			t.Logf("page cache check off: %v", err)
+			return false
+		}
+		res, tot = res+r, tot+n
+	}
+	// Parsing the fresh mapping touched the header, which may share a page
+	// with the first tensor; a platform that ignores the advice keeps all.
+	if res > tot/2 {
+		t.Logf("page cache check off: %d pages stay cached after POSIX_FADV_DONTNEED (qemu-user ignores it)", res)
+		return false
+	}
+	return true
+}
+
 // TestStreamedTokensMatchResident decodes the reference prompts with the
 // weights streamed in every mode and method at the smallest budget, half
 // the model and the whole model, and holds the tokens to the resident
@@ -79,9 +114,13 @@ func TestStreamedTokensMatchResident(t *testing.T) {
 	} {
 		t.Run(tc.model, func(t *testing.T) {
 			path := testutil.Model(t, tc.model)
-			recs := readRecords(t, tc.refs)
+			// Streaming changes where the bytes come from, not what is
+			// computed (the parity tests cover every record): two records
+			// per configuration, streaming 200 passes each, are enough, and
+			// keep the 24 configurations inside CI's time.
+			recs := readRecords(t, tc.refs)[:2]
 			if testing.Short() {
-				recs = recs[:2]
+				recs = recs[:1]
 			}
 			// The resident reference maps every page; it is closed before
 			// the page cache is checked.
@@ -107,6 +146,7 @@ func TestStreamedTokensMatchResident(t *testing.T) {
 			}
 			ref.Close()
 			rf.Close()
+			cacheDrops := pageCacheDrops(t, path)
 			for _, mode := range []weights.StreamMode{weights.StreamStd, weights.StreamPipelined} {
 				for _, method := range []weights.IOMethod{weights.IOPread, weights.IOMmap} {
 					for _, budget := range []uint64{plan.Min, plan.Total / 2, plan.Total} {
@@ -139,7 +179,7 @@ func TestStreamedTokensMatchResident(t *testing.T) {
 							} else if st.Passes > 0 && st.BytesRead < uint64(st.Passes)*streamed {
 								t.Errorf("%d passes read %d bytes, want at least %d per pass", st.Passes, st.BytesRead, streamed)
 							}
-							if runtime.GOOS == "linux" && budget < plan.Total {
+							if budget < plan.Total && cacheDrops {
 								// Let the reader finish its read-ahead, then
 								// only the window's bytes may be in memory.
 								time.Sleep(20 * time.Millisecond)
