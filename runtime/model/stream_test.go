@@ -109,8 +109,8 @@ func pageCacheDrops(t *testing.T, path string) bool {
 // cache to empty for what was streamed.
 func TestStreamedTokensMatchResident(t *testing.T) {
 	for _, tc := range []struct{ model, refs string }{
-		{"stories260K.gguf", "stories260K.greedy.jsonl"},  // tied head
-		{"llama2xs_model.bin", "llama2xs.greedy.jsonl"}, // untied: embedding rows read
+		{"stories260K.gguf", "stories260K.greedy.jsonl"}, // tied head
+		{"llama2xs_model.bin", "llama2xs.greedy.jsonl"},  // untied: embedding rows read
 	} {
 		t.Run(tc.model, func(t *testing.T) {
 			path := testutil.Model(t, tc.model)
@@ -321,4 +321,3 @@ func TestStreamThrottle(t *testing.T) {
 		t.Errorf("std mode: stall %v < read time %v; every read should stall compute", st.Stall, st.ReadTime)
 	}
 }
-
