@@ -531,6 +531,17 @@ func (s *Streamer) Acquire(g int) ([][]byte, error) {
 	return sl.views, nil
 }
 
+// Ready reports whether Acquire(g) would return without waiting for a
+// read: g is pinned or already in the window.
+func (s *Streamer) Ready(g int) bool {
+	if g < 0 || g >= len(s.groups) || s.plan.Pinned[g] {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.fifo) > 0 && s.fifo[0].group == g && s.fifo[0].ready
+}
+
 // Release ends the use of group g's views; a streamed group's bytes are
 // freed for the reader (and dropped from memory with the mmap method).
 func (s *Streamer) Release(g int) {

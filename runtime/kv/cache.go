@@ -5,10 +5,12 @@
 // 0..Len-1 are committed: they belong to tokens the sequence has accepted.
 // Rows after them are tentative: model.Forward appends one per batch slot
 // and they stay until the caller keeps a path of them (Commit), drops them
-// (Drop) or rolls the sequence back (Truncate). This is what lets one
-// forward call serve prefill, decode, draft trees and tree verification:
-// the verifier writes a whole tree tentatively and commits only the
-// accepted path.
+// (Drop) or rolls the sequence back (Truncate). Tentative rows form a tree:
+// each knows its parent row (or the committed tip), so a draft can grow a
+// token tree over many Forward calls without evaluating a shared prefix
+// twice. This is what lets one forward call serve prefill, decode, draft
+// trees and tree verification: the verifier writes a whole tree
+// tentatively and commits only the accepted path.
 //
 // A Cache is not safe for concurrent use; the engine drives it from the
 // goroutine that calls Forward.
@@ -72,6 +74,11 @@ type seq struct {
 	f16       []uint16
 	committed int
 	tentative int
+	// parent and depth describe the tentative tree: parent[i] is the
+	// tentative row that row i follows (-1: the committed tip) and
+	// depth[i] its distance from the tip (0 for a row that follows it).
+	parent []int32
+	depth  []int32
 }
 
 // Cache holds the KV rows of several sequences of one model.
@@ -105,6 +112,7 @@ func (c *Cache) NewSeq() (int, error) {
 	if n := len(c.spares); n > 0 {
 		s, c.spares = c.spares[n-1], c.spares[:n-1]
 		s.committed, s.tentative = 0, 0
+		s.parent, s.depth = s.parent[:0], s.depth[:0]
 	} else {
 		s = &seq{}
 		elems := c.cfg.Context * c.cfg.Layers * c.cfg.KVDim * 2
@@ -170,28 +178,74 @@ func (c *Cache) Room(id int) int {
 
 // Commit keeps the listed tentative rows, in order, as the next committed
 // rows and drops every other tentative row. rows index the tentative rows
-// (0 is the first row after the committed ones); they must be strictly
-// increasing, as a root-to-leaf path of a batch always is, because the
-// rows are compacted into place front to back.
+// (0 is the first row after the committed ones) and must be a path down
+// the tentative tree from the committed tip: rows[0] follows the tip and
+// each next row follows the one before (so they increase, and are
+// compacted into place front to back).
 func (c *Cache) Commit(id int, rows []int) error {
+	_, err := c.commit(id, rows, false)
+	return err
+}
+
+// CommitKeep is Commit that also keeps the tentative rows below the last
+// row of the path (the subtree a draft grew past what was verified),
+// moved to follow the new committed tip. It returns, for every tentative
+// row before the call, its tentative index after it, or -1 when it was
+// dropped or committed.
+func (c *Cache) CommitKeep(id int, rows []int) (remap []int, err error) {
+	return c.commit(id, rows, true)
+}
+
+func (c *Cache) commit(id int, rows []int, keep bool) ([]int, error) {
 	s, err := c.get(id)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i, r := range rows {
 		if r < 0 || r >= s.tentative {
-			return fmt.Errorf("kv: commit sequence %d: row %d (entry %d) is outside the %d tentative rows", id, r, i, s.tentative)
+			return nil, fmt.Errorf("kv: commit sequence %d: row %d (entry %d) is outside the %d tentative rows", id, r, i, s.tentative)
 		}
-		if i > 0 && r <= rows[i-1] {
-			return fmt.Errorf("kv: commit sequence %d: rows must be strictly increasing, got %d after %d (entry %d)", id, r, rows[i-1], i)
+		want := int32(-1)
+		if i > 0 {
+			want = int32(rows[i-1])
+		}
+		if s.parent[r] != want {
+			return nil, fmt.Errorf("kv: commit sequence %d: row %d (entry %d) follows row %d, not %d: rows must be a path down from the committed tip", id, r, i, s.parent[r], want)
+		}
+	}
+	var remap []int
+	if keep {
+		// A row is kept when its nearest ancestor on the path is the last
+		// path row: rows are in topological order, so one pass decides.
+		remap = make([]int, s.tentative)
+		under := make([]bool, s.tentative)
+		onPath := make([]bool, s.tentative)
+		for _, r := range rows {
+			onPath[r] = true
+		}
+		tip := -1
+		if len(rows) > 0 {
+			tip = rows[len(rows)-1]
+		}
+		next := 0
+		for r := 0; r < s.tentative; r++ {
+			remap[r] = -1
+			p := int(s.parent[r])
+			if onPath[r] {
+				continue
+			}
+			if p == tip || (p >= 0 && under[p]) {
+				under[r] = true
+				remap[r] = next
+				next++
+			}
 		}
 	}
 	kvd, ctx := c.cfg.KVDim, c.cfg.Context
-	for i, r := range rows {
-		if r == i {
-			continue
+	move := func(dst, src int) {
+		if dst == src {
+			return
 		}
-		dst, src := s.committed+i, s.committed+r
 		for plane := 0; plane < 2*c.cfg.Layers; plane++ {
 			base := plane * ctx * kvd
 			if s.f16 != nil {
@@ -201,9 +255,32 @@ func (c *Cache) Commit(id int, rows []int) error {
 			}
 		}
 	}
+	// Destinations never pass their sources (both lists increase and a
+	// row moves only down), so front-to-back copies never clobber a row
+	// still to be moved.
+	for i, r := range rows {
+		move(s.committed+i, s.committed+r)
+	}
+	base := s.committed + len(rows)
+	kept := 0
+	for r, n := range remap {
+		if n < 0 {
+			continue
+		}
+		move(base+n, s.committed+r)
+		p := int(s.parent[r])
+		if p >= 0 && remap[p] >= 0 {
+			s.parent[n] = int32(remap[p])
+			s.depth[n] = s.depth[remap[p]] + 1
+		} else {
+			s.parent[n], s.depth[n] = -1, 0
+		}
+		kept++
+	}
 	s.committed += len(rows)
-	s.tentative = 0
-	return nil
+	s.tentative = kept
+	s.parent, s.depth = s.parent[:kept], s.depth[:kept]
+	return remap, nil
 }
 
 // CommitAll keeps every tentative row, in order (prefill and plain decode,
@@ -215,6 +292,7 @@ func (c *Cache) CommitAll(id int) error {
 	}
 	s.committed += s.tentative
 	s.tentative = 0
+	s.parent, s.depth = s.parent[:0], s.depth[:0]
 	return nil
 }
 
@@ -225,6 +303,22 @@ func (c *Cache) Drop(id int) error {
 		return err
 	}
 	s.tentative = 0
+	s.parent, s.depth = s.parent[:0], s.depth[:0]
+	return nil
+}
+
+// DropAfter discards the tentative rows from index n on, keeping the
+// first n (the rows earlier calls left, when a later one fails).
+func (c *Cache) DropAfter(id, n int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > s.tentative {
+		return fmt.Errorf("kv: drop sequence %d's tentative rows after %d: it has %d", id, n, s.tentative)
+	}
+	s.tentative = n
+	s.parent, s.depth = s.parent[:n], s.depth[:n]
 	return nil
 }
 
@@ -239,7 +333,26 @@ func (c *Cache) Truncate(id, n int) error {
 		return fmt.Errorf("kv: truncate sequence %d to %d rows: it has %d committed rows", id, n, s.committed)
 	}
 	s.committed, s.tentative = n, 0
+	s.parent, s.depth = s.parent[:0], s.depth[:0]
 	return nil
+}
+
+// Parent is the tentative row that tentative row r of a sequence follows,
+// or -1 when it follows the committed tip (or r is not a tentative row).
+func (c *Cache) Parent(id, r int) int {
+	if s, err := c.get(id); err == nil && r >= 0 && r < s.tentative {
+		return int(s.parent[r])
+	}
+	return -1
+}
+
+// Depth is how far tentative row r is below the committed tip (0 when it
+// follows the tip directly): its token's position is Len + Depth.
+func (c *Cache) Depth(id, r int) int {
+	if s, err := c.get(id); err == nil && r >= 0 && r < s.tentative {
+		return int(s.depth[r])
+	}
+	return 0
 }
 
 // Bytes is the memory the cache holds, freed-but-kept buffers included.
@@ -250,8 +363,9 @@ func (c *Cache) Bytes() int64 {
 // ---- used by model.Forward ----
 
 // Reserve appends n tentative rows to a sequence and returns the absolute
-// row index of the first. It fails with ErrContextFull, changing nothing,
-// when they do not fit.
+// row index of the first. The rows follow the committed tip until Link
+// says otherwise. It fails with ErrContextFull, changing nothing, when
+// they do not fit.
 func (c *Cache) Reserve(id, n int) (int, error) {
 	s, err := c.get(id)
 	if err != nil {
@@ -265,8 +379,31 @@ func (c *Cache) Reserve(id, n int) (int, error) {
 			id, used, s.committed, s.tentative, n, c.cfg.Context, ErrContextFull)
 	}
 	start := s.committed + s.tentative
+	for i := 0; i < n; i++ {
+		s.parent = append(s.parent, -1)
+		s.depth = append(s.depth, 0)
+	}
 	s.tentative += n
 	return start, nil
+}
+
+// Link records that tentative row r follows tentative row parent (-1:
+// the committed tip). parent must be an earlier row, so the tree stays in
+// topological order; Forward links each slot's row before it computes.
+func (c *Cache) Link(id, r, parent int) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	if r < 0 || r >= s.tentative || parent < -1 || parent >= r {
+		return fmt.Errorf("kv: link sequence %d: row %d cannot follow row %d (%d tentative rows; a parent comes before its child)", id, r, parent, s.tentative)
+	}
+	s.parent[r] = int32(parent)
+	s.depth[r] = 0
+	if parent >= 0 {
+		s.depth[r] = s.depth[parent] + 1
+	}
+	return nil
 }
 
 // Put writes the key and value vectors (KVDim floats each) of one layer

@@ -86,6 +86,12 @@ func TestCommitCompactsPath(t *testing.T) {
 			if got := c.Tentative(id); got != 5 {
 				t.Fatalf("Tentative = %d, want 5", got)
 			}
+			// Rows 1 -> 3 -> 4 are a path; 0 and 2 are other branches.
+			for _, l := range [][2]int{{2, 0}, {3, 1}, {4, 3}} {
+				if err := c.Link(id, l[0], l[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if err := c.Commit(id, []int{1, 3, 4}); err != nil {
 				t.Fatal(err)
 			}
@@ -118,6 +124,7 @@ func TestCommitErrors(t *testing.T) {
 		{"negative", []int{-1}},
 		{"not increasing", []int{2, 1}},
 		{"repeated", []int{1, 1}},
+		{"not a path", []int{0, 1}}, // row 1 follows the tip, not row 0
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := c.Commit(id, tc.rows); err == nil {
@@ -256,5 +263,82 @@ func TestBadConfig(t *testing.T) {
 				t.Fatalf("New(%+v) succeeded", tc.cfg)
 			}
 		})
+	}
+}
+
+// TestCommitKeepSubtree commits a path of a tentative tree and keeps the
+// rows a draft grew below its last row, in order, re-linked under the new
+// tip; everything else goes.
+func TestCommitKeepSubtree(t *testing.T) {
+	c, _ := New(Config{Layers: 2, KVDim: 3, Context: 32, Type: weights.F32})
+	id, _ := c.NewSeq()
+	c.Reserve(id, 2)
+	for r := 0; r < 2; r++ {
+		fill(c, id, 0, r, r)
+		fill(c, id, 1, r, r)
+	}
+	c.CommitAll(id)
+	// Tentative tree (row: parent): 0:-1, 1:0, 2:0, 3:1, 4:2, 5:3, 6:3, 7:-1, 8:5
+	parents := []int{-1, 0, 0, 1, 2, 3, 3, -1, 5}
+	start, err := c.Reserve(id, len(parents))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, p := range parents {
+		if err := c.Link(id, r, p); err != nil {
+			t.Fatal(err)
+		}
+		fill(c, id, 0, start+r, 10+r)
+		fill(c, id, 1, start+r, 10+r)
+	}
+	if d := c.Depth(id, 8); d != 4 {
+		t.Fatalf("depth of row 8 = %d, want 4", d)
+	}
+	remap, err := c.CommitKeep(id, []int{0, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Kept: 3 (under 1), 5, 6 (under 3), 8 (under 5), in order.
+	wantRemap := []int{-1, -1, -1, 0, -1, 1, 2, -1, 3}
+	for r, w := range wantRemap {
+		if remap[r] != w {
+			t.Fatalf("remap = %v, want %v", remap, wantRemap)
+		}
+	}
+	if c.Len(id) != 4 || c.Tentative(id) != 4 {
+		t.Fatalf("len %d tentative %d, want 4 and 4", c.Len(id), c.Tentative(id))
+	}
+	wantTags := []int{0, 1, 10, 11, 13, 15, 16, 18}
+	for r, w := range wantTags {
+		for l := 0; l < 2; l++ {
+			if got := rowTag(t, c, id, l, r); got != w {
+				t.Errorf("layer %d row %d holds tag %d, want %d", l, r, got, w)
+			}
+		}
+	}
+	wantParents := []int{-1, 0, 0, 1}
+	wantDepth := []int{0, 1, 1, 2}
+	for r := range wantParents {
+		if c.Parent(id, r) != wantParents[r] || c.Depth(id, r) != wantDepth[r] {
+			t.Errorf("row %d: parent %d depth %d, want %d and %d", r, c.Parent(id, r), c.Depth(id, r), wantParents[r], wantDepth[r])
+		}
+	}
+	// An empty path keeps the whole tree as it is.
+	if remap, err := c.CommitKeep(id, nil); err != nil || c.Tentative(id) != 4 || remap[3] != 3 {
+		t.Fatalf("empty CommitKeep: %v %v, tentative %d", remap, err, c.Tentative(id))
+	}
+}
+
+func TestLinkErrors(t *testing.T) {
+	c, _ := New(Config{Layers: 1, KVDim: 2, Context: 8, Type: weights.F32})
+	id, _ := c.NewSeq()
+	c.Reserve(id, 3)
+	for _, l := range [][2]int{{0, 0}, {1, 2}, {3, 0}, {-1, -1}, {2, -2}} {
+		if err := c.Link(id, l[0], l[1]); err == nil {
+			t.Errorf("Link(%d, %d) succeeded", l[0], l[1])
+		}
+	}
+	if err := c.Link(99, 0, -1); !errors.Is(err, ErrUnknownSeq) {
+		t.Errorf("Link on an unknown sequence: %v", err)
 	}
 }

@@ -13,12 +13,22 @@ import (
 // chain (slot i's parent is i-1), several sequences decode together as one
 // root slot each, and a draft tree or a tree under verification is a set
 // of slots whose parents form the tree.
+//
+// A tree may also grow over several calls: a slot with no parent in the
+// batch can hang under a tentative row an earlier call left in the cache
+// (After), and then attends to that row and its tentative ancestors too.
+// That is how the draft extends any branch of its token tree for the
+// price of the new tokens alone.
 type Batch struct {
 	Tokens []int32 // token id per slot
-	Pos    []int32 // absolute position per slot (RoPE): a root's is its sequence's committed length, a child's its parent's + 1
+	Pos    []int32 // absolute position per slot (RoPE): a root's is its sequence's committed length (plus 1 + the depth of its After row), a child's its parent's + 1
 	Seq    []int   // which sequence's KV cache the slot reads and writes
-	Parent []int   // tree parent slot within this batch (an earlier slot of the same sequence), -1 = attends to committed KV only
+	Parent []int   // tree parent slot within this batch (an earlier slot of the same sequence), -1 = none in this batch
 	Logits []bool  // whether to produce logits for the slot (nil = only the last slot of each sequence)
+	// After is, for a slot whose Parent is -1, the tentative row of its
+	// sequence (kv.Cache tentative index, from an earlier call) it
+	// follows; -1 follows the committed rows. nil means -1 for all.
+	After []int
 }
 
 // Len is the number of slots.
@@ -27,6 +37,7 @@ func (b *Batch) Len() int { return len(b.Tokens) }
 // Reset empties the batch, keeping its memory.
 func (b *Batch) Reset() {
 	b.Tokens, b.Pos, b.Seq, b.Parent, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Parent[:0], b.Logits[:0]
+	b.After = b.After[:0]
 }
 
 // Add appends a slot and returns its index. Batches built only with Add
@@ -37,12 +48,35 @@ func (b *Batch) Add(token, pos int32, seq, parent int, logits bool) int {
 		// explicit before appending.
 		b.Logits = b.defaultLogits(b.Logits[:0])
 	}
+	if len(b.After) > 0 && len(b.After) == len(b.Tokens) {
+		b.After = append(b.After, -1)
+	}
 	b.Tokens = append(b.Tokens, token)
 	b.Pos = append(b.Pos, pos)
 	b.Seq = append(b.Seq, seq)
 	b.Parent = append(b.Parent, parent)
 	b.Logits = append(b.Logits, logits)
 	return len(b.Tokens) - 1
+}
+
+// AddAfter appends a slot that follows tentative row after of its
+// sequence, left by an earlier Forward (see Batch.After), and returns its
+// index. pos must be one past that row's position.
+func (b *Batch) AddAfter(token, pos int32, seq, after int, logits bool) int {
+	i := b.Add(token, pos, seq, -1, logits)
+	for len(b.After) < len(b.Tokens) {
+		b.After = append(b.After, -1)
+	}
+	b.After[i] = after
+	return i
+}
+
+// after is slot i's After row (-1 when the batch has none).
+func (b *Batch) after(i int) int {
+	if b.After == nil {
+		return -1
+	}
+	return b.After[i]
 }
 
 // Chain appends tokens as a chain continuing sequence seq at position
@@ -77,9 +111,9 @@ func (m *Model) validate(b *Batch, cache *kv.Cache) error {
 	if n == 0 {
 		return fmt.Errorf("model: forward: empty batch")
 	}
-	if len(b.Pos) != n || len(b.Seq) != n || len(b.Parent) != n || (b.Logits != nil && len(b.Logits) != n) {
-		return fmt.Errorf("model: forward: batch slices differ in length: %d tokens, %d positions, %d seqs, %d parents, %d logits flags (nil flags are allowed)",
-			n, len(b.Pos), len(b.Seq), len(b.Parent), len(b.Logits))
+	if len(b.Pos) != n || len(b.Seq) != n || len(b.Parent) != n || (b.Logits != nil && len(b.Logits) != n) || (b.After != nil && len(b.After) != n) {
+		return fmt.Errorf("model: forward: batch slices differ in length: %d tokens, %d positions, %d seqs, %d parents, %d logits flags, %d after rows (nil flags and after rows are allowed)",
+			n, len(b.Pos), len(b.Seq), len(b.Parent), len(b.Logits), len(b.After))
 	}
 	if cache == nil {
 		return fmt.Errorf("model: forward: nil KV cache")
@@ -100,11 +134,21 @@ func (m *Model) validate(b *Batch, cache *kv.Cache) error {
 		if !cache.Valid(seq) {
 			return fmt.Errorf("model: forward: slot %d: sequence %d: %w", i, seq, kv.ErrUnknownSeq)
 		}
+		after := b.after(i)
 		switch {
+		case par == -1 && after != -1:
+			if after < 0 || after >= cache.Tentative(seq) {
+				return fmt.Errorf("model: forward: slot %d: after row %d is not one of sequence %d's %d tentative rows", i, after, seq, cache.Tentative(seq))
+			}
+			if want := cache.Len(seq) + cache.Depth(seq, after) + 1; int(pos) != want {
+				return fmt.Errorf("model: forward: slot %d: position %d, but it follows tentative row %d at %d; a child is one past its parent", i, pos, after, want-1)
+			}
 		case par == -1:
 			if int(pos) != cache.Len(seq) {
 				return fmt.Errorf("model: forward: slot %d: root slot has position %d but sequence %d has %d committed rows; a root continues the committed tokens", i, pos, seq, cache.Len(seq))
 			}
+		case after != -1:
+			return fmt.Errorf("model: forward: slot %d: has both a parent slot (%d) and an after row (%d); a slot follows one or the other", i, par, after)
 		case par < -1 || par >= i:
 			return fmt.Errorf("model: forward: slot %d: parent %d must be -1 or an earlier slot (0..%d)", i, par, i-1)
 		case b.Seq[par] != seq:

@@ -147,6 +147,63 @@ func TestBatchSemantics(t *testing.T) {
 		sameLogits(t, "decode after commit", out.Row(0), after)
 	})
 
+	t.Run("tree grown over calls", func(t *testing.T) {
+		// The same path as above, but grown one level per Forward with
+		// AddAfter, with a distractor branch per level; then CommitKeep
+		// keeps what was grown below the committed path.
+		cache := newCache(t, m, 64)
+		seq := newSeq(t, cache)
+		var b Batch
+		var out Logits
+		b.Chain(prompt[:4], 0, seq, -1, false)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		cache.CommitAll(seq)
+		var path []int // tentative rows of the chosen path
+		tip := -1
+		for i, tok := range prompt[4:] {
+			pos := int32(4 + i)
+			b.Reset()
+			base := cache.Tentative(seq)
+			d := b.AddAfter((tok+7)%512, pos, seq, tip, true) // distractor
+			b.Add((tok+11)%512, pos+1, seq, d, true)             // and its child
+			slot := b.AddAfter(tok, pos, seq, tip, true)
+			if err := m.Forward(&b, cache, &out); err != nil {
+				t.Fatalf("level %d: %v", i, err)
+			}
+			sameLogits(t, "grown path slot", out.Row(slot), steps[4+i])
+			if got := cache.Parent(seq, base+slot); got != tip {
+				t.Fatalf("level %d: row %d follows %d, want %d", i, base+slot, got, tip)
+			}
+			tip = base + slot
+			path = append(path, tip)
+		}
+		// One more level below the path's end, kept by CommitKeep.
+		b.Reset()
+		b.AddAfter(next, int32(len(prompt)), seq, tip, true)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		sameLogits(t, "grown below the path", out.Row(0), after)
+		remap, err := cache.CommitKeep(seq, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cache.Len(seq) != len(prompt) || cache.Tentative(seq) != 1 || remap[len(remap)-1] != 0 {
+			t.Fatalf("after CommitKeep: %d committed, %d tentative, remap %v", cache.Len(seq), cache.Tentative(seq), remap)
+		}
+		// The kept row now follows the tip: a decode step under it sees
+		// the prompt and `next`, exactly as a plain decode would.
+		b.Reset()
+		b.AddAfter(7, int32(len(prompt)+1), seq, 0, true)
+		if err := m.Forward(&b, cache, &out); err != nil {
+			t.Fatal(err)
+		}
+		_, twoAfter := stepwise(t, m, append(append([]int32(nil), prompt...), next), 7)
+		sameLogits(t, "decode under the kept row", out.Row(0), twoAfter)
+	})
+
 	t.Run("sequences", func(t *testing.T) {
 		// Three sequences prefilled in one interleaved batch, then one
 		// decode step each in one batch, against each alone.
@@ -250,6 +307,10 @@ func TestForwardBadInput(t *testing.T) {
 		{name: "parent in other sequence", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{0, 1}, Seq: []int{other, seq}, Parent: []int{-1, 0}}},
 		{name: "child position skips", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1, 3}, Seq: []int{seq, seq}, Parent: []int{-1, 0}}},
 		{name: "context full", b: Batch{Tokens: make([]int32, 8), Pos: []int32{1, 2, 3, 4, 5, 6, 7, 8}, Seq: []int{seq, seq, seq, seq, seq, seq, seq, seq}, Parent: []int{-1, 0, 1, 2, 3, 4, 5, 6}}, full: true},
+		{name: "short after rows", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1, 2}, Seq: []int{seq, seq}, Parent: []int{-1, 0}, After: []int{-1}}},
+		{name: "after a row that is not there", b: Batch{Tokens: []int32{1}, Pos: []int32{2}, Seq: []int{seq}, Parent: []int{-1}, After: []int{0}}},
+		{name: "after below -1", b: Batch{Tokens: []int32{1}, Pos: []int32{2}, Seq: []int{seq}, Parent: []int{-1}, After: []int{-3}}},
+		{name: "both parent and after", b: Batch{Tokens: []int32{1, 2}, Pos: []int32{1, 2}, Seq: []int{seq, seq}, Parent: []int{-1, 0}, After: []int{-1, 0}}},
 		{name: "nil cache", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}, cache: nil, out: &Logits{}},
 		{name: "cache of another shape", b: Batch{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int{0}, Parent: []int{-1}}, cache: small},
 		{name: "nil logits", b: Batch{Tokens: []int32{1}, Pos: []int32{1}, Seq: []int{seq}, Parent: []int{-1}}, out: nil},

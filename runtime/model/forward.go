@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -45,13 +46,16 @@ func (bf *buffers) grow(n int, c Config) {
 //     was before the call. They stay until the caller keeps a path
 //     (kv.Cache.Commit, CommitAll), drops them or truncates.
 //   - A slot attends to its sequence's committed rows, then to its
-//     ancestors in this batch and itself. Tentative rows of earlier calls
-//     are not attended to.
+//     ancestors in this batch and itself; a slot hung under a tentative
+//     row of an earlier call (Batch.After) attends to that row and its
+//     tentative ancestors first. Other tentative rows are not attended to.
+//   - The cache records each new row's parent (kv.Cache.Link), so the
+//     rows of a tree can be committed by path later.
 //   - out receives logits for the slots that asked (Batch.Logits).
 //
-// A batch that fails validation changes nothing. If a kernel fails after
-// rows were reserved, the tentative rows of the batch's sequences are
-// dropped.
+// A batch that fails validation changes nothing. If computing fails
+// after rows were reserved (a streamed read, say), this call's rows are
+// dropped and the cache is as it was before the call.
 func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	if out == nil {
 		return fmt.Errorf("model: forward: nil Logits")
@@ -70,29 +74,42 @@ func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
 		count[s]++
 	}
 	next := make(map[int]int32, len(count))
+	had := make(map[int]int, len(count)) // tentative rows before this call
+	undo := func() {
+		for s, n := range had {
+			cache.DropAfter(s, n)
+		}
+	}
 	for s, c := range count {
+		had[s] = cache.Tentative(s)
 		first, err := cache.Reserve(s, c)
 		if err != nil {
-			for done := range next {
-				cache.Drop(done)
-			}
+			undo()
 			return fmt.Errorf("model: forward: %w", err)
 		}
 		next[s] = int32(first)
 	}
 	bf.rows = bf.rows[:0]
 	bf.prefix = bf.prefix[:0]
-	for _, s := range b.Seq {
+	for i, s := range b.Seq {
 		bf.rows = append(bf.rows, next[s])
 		bf.prefix = append(bf.prefix, cache.Len(s))
 		next[s]++
-	}
-	m.ancestors(b)
-
-	if err := m.forward(b, cache, out); err != nil {
-		for s := range next {
-			cache.Drop(s)
+		parent := b.after(i)
+		if p := b.Parent[i]; p >= 0 {
+			parent = int(bf.rows[p]) - cache.Len(s)
 		}
+		// Validation checked the parents, so Link cannot fail here.
+		cache.Link(s, int(bf.rows[i])-cache.Len(s), parent)
+	}
+	m.ancestors(b, cache)
+
+	if m.lane != nil {
+		m.lane.Lock()
+		defer m.lane.Unlock()
+	}
+	if err := m.forward(b, cache, out); err != nil {
+		undo()
 		return err
 	}
 	return nil
@@ -101,8 +118,9 @@ func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
 // ancestors lists, for each slot, the tentative rows it attends to: its
 // ancestors root first, then itself. A chain shares one run of anc (each
 // slot's list extends its parent's in place), so a long prefill costs
-// O(n) here, not O(n²).
-func (m *Model) ancestors(b *Batch) {
+// O(n) here, not O(n²). A slot hung under an earlier call's row starts
+// with that row's tentative ancestors, read from the cache's links.
+func (m *Model) ancestors(b *Batch, cache *kv.Cache) {
 	bf := &m.buf
 	bf.anc, bf.ancLo, bf.ancHi = bf.anc[:0], bf.ancLo[:0], bf.ancHi[:0]
 	for i, p := range b.Parent {
@@ -110,6 +128,12 @@ func (m *Model) ancestors(b *Batch) {
 		switch {
 		case p < 0:
 			lo = len(bf.anc)
+			seq := b.Seq[i]
+			base := int32(cache.Len(seq))
+			for r := b.after(i); r >= 0; r = cache.Parent(seq, r) {
+				bf.anc = append(bf.anc, base+int32(r))
+			}
+			slices.Reverse(bf.anc[lo:])
 		case bf.ancHi[p] == len(bf.anc):
 			lo = bf.ancLo[p]
 		default:
@@ -253,7 +277,7 @@ func (m *Model) acquireLayer(li int) (*layer, func(), error) {
 	if m.stream == nil {
 		return L, func() {}, nil
 	}
-	views, err := m.stream.Acquire(li)
+	views, err := m.acquire(li)
 	if err != nil {
 		return nil, nil, fmt.Errorf("model: layer %d: %w", li, err)
 	}
@@ -268,13 +292,22 @@ func (m *Model) acquireLayer(li int) (*layer, func(), error) {
 	}, nil
 }
 
+// acquire waits for a streamed group, letting go of the lane meanwhile.
+func (m *Model) acquire(g int) ([][]byte, error) {
+	if m.lane != nil && !m.stream.Ready(g) {
+		m.lane.Unlock()
+		defer m.lane.Lock()
+	}
+	return m.stream.Acquire(g)
+}
+
 // acquireHead returns the output matrix, readable until release.
 func (m *Model) acquireHead() (*matrix, func(), error) {
 	if m.stream == nil {
 		return &m.output, func() {}, nil
 	}
 	g := m.cfg.Layers
-	views, err := m.stream.Acquire(g)
+	views, err := m.acquire(g)
 	if err != nil {
 		return nil, nil, fmt.Errorf("model: output head: %w", err)
 	}

@@ -5,6 +5,7 @@ package model
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -23,6 +24,11 @@ type Options struct {
 	// resident and streams the rest from the file layer by layer (see
 	// weights.Streamer). Nil computes on the whole mapped file.
 	Stream *weights.StreamOptions
+	// Lane, when set, is held by Forward while it computes and let go
+	// while it waits for streamed weights, so that another model sharing
+	// the cores (the draft of a speculative pair) computes only in this
+	// model's IO gaps and the two never compete for a core.
+	Lane sync.Locker
 }
 
 // matrix is a weight matrix of rows × cols as stored in the file: row r is
@@ -54,7 +60,8 @@ type Model struct {
 	outNorm []float32
 	output  matrix // output head: Vocab rows of Dim (token_embd when tied)
 
-	buf buffers
+	buf  buffers
+	lane sync.Locker
 
 	// stream is set when weights stream under a budget: group i < Layers
 	// is layer i, then the output head, then (untied) the embedding.
@@ -70,7 +77,7 @@ func Load(f *weights.File, opt Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{cfg: cfg, file: f}
+	m := &Model{cfg: cfg, file: f, lane: opt.Lane}
 	if m.embd, err = loadMatrix(f, "token_embd.weight", cfg.Dim, cfg.Vocab); err != nil {
 		return nil, err
 	}
