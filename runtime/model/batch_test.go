@@ -167,7 +167,7 @@ func TestBatchSemantics(t *testing.T) {
 			b.Reset()
 			base := cache.Tentative(seq)
 			d := b.AddAfter((tok+7)%512, pos, seq, tip, true) // distractor
-			b.Add((tok+11)%512, pos+1, seq, d, true)             // and its child
+			b.Add((tok+11)%512, pos+1, seq, d, true)          // and its child
 			slot := b.AddAfter(tok, pos, seq, tip, true)
 			if err := m.Forward(&b, cache, &out); err != nil {
 				t.Fatalf("level %d: %v", i, err)
