@@ -183,20 +183,22 @@ func (c *Cache) Room(id int) int {
 // each next row follows the one before (so they increase, and are
 // compacted into place front to back).
 func (c *Cache) Commit(id int, rows []int) error {
-	_, err := c.commit(id, rows, false)
+	_, err := c.commit(id, rows, -1, false)
 	return err
 }
 
-// CommitKeep is Commit that also keeps the tentative rows below the last
-// row of the path (the subtree a draft grew past what was verified),
-// moved to follow the new committed tip. It returns, for every tentative
-// row before the call, its tentative index after it, or -1 when it was
-// dropped or committed.
-func (c *Cache) CommitKeep(id int, rows []int) (remap []int, err error) {
-	return c.commit(id, rows, true)
+// CommitKeep is Commit that also keeps the subtree of tentative rows
+// rooted at row keep, which must follow the last row of the path (the
+// branch a draft grew past what was verified, under the token the target
+// chose next); -1 keeps nothing. The kept rows move to follow the new
+// committed tip, in order. It returns, for every tentative row before the
+// call, its tentative index after it, or -1 when it was dropped or
+// committed.
+func (c *Cache) CommitKeep(id int, rows []int, keep int) (remap []int, err error) {
+	return c.commit(id, rows, keep, true)
 }
 
-func (c *Cache) commit(id int, rows []int, keep bool) ([]int, error) {
+func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error) {
 	s, err := c.get(id)
 	if err != nil {
 		return nil, err
@@ -215,26 +217,20 @@ func (c *Cache) commit(id int, rows []int, keep bool) ([]int, error) {
 	}
 	var remap []int
 	if keep {
-		// A row is kept when its nearest ancestor on the path is the last
-		// path row: rows are in topological order, so one pass decides.
-		remap = make([]int, s.tentative)
-		under := make([]bool, s.tentative)
-		onPath := make([]bool, s.tentative)
-		for _, r := range rows {
-			onPath[r] = true
-		}
 		tip := -1
 		if len(rows) > 0 {
 			tip = rows[len(rows)-1]
 		}
+		if keepRow != -1 && (keepRow < 0 || keepRow >= s.tentative || int(s.parent[keepRow]) != tip) {
+			return nil, fmt.Errorf("kv: commit sequence %d: row %d to keep does not follow the path's last row %d", id, keepRow, tip)
+		}
+		// Rows are in topological order, so one pass finds the subtree.
+		remap = make([]int, s.tentative)
+		under := make([]bool, s.tentative)
 		next := 0
 		for r := 0; r < s.tentative; r++ {
 			remap[r] = -1
-			p := int(s.parent[r])
-			if onPath[r] {
-				continue
-			}
-			if p == tip || (p >= 0 && under[p]) {
+			if p := int(s.parent[r]); r == keepRow || (p >= 0 && under[p]) {
 				under[r] = true
 				remap[r] = next
 				next++

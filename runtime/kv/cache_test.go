@@ -294,7 +294,10 @@ func TestCommitKeepSubtree(t *testing.T) {
 	if d := c.Depth(id, 8); d != 4 {
 		t.Fatalf("depth of row 8 = %d, want 4", d)
 	}
-	remap, err := c.CommitKeep(id, []int{0, 1})
+	if _, err := c.CommitKeep(id, []int{0, 1}, 4); err == nil {
+		t.Fatal("kept row 4, which does not follow the path's last row 1")
+	}
+	remap, err := c.CommitKeep(id, []int{0, 1}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,9 +326,12 @@ func TestCommitKeepSubtree(t *testing.T) {
 			t.Errorf("row %d: parent %d depth %d, want %d and %d", r, c.Parent(id, r), c.Depth(id, r), wantParents[r], wantDepth[r])
 		}
 	}
-	// An empty path keeps the whole tree as it is.
-	if remap, err := c.CommitKeep(id, nil); err != nil || c.Tentative(id) != 4 || remap[3] != 3 {
-		t.Fatalf("empty CommitKeep: %v %v, tentative %d", remap, err, c.Tentative(id))
+	// An empty path keeps the subtree under one root row; -1 keeps none.
+	if remap, err := c.CommitKeep(id, nil, 0); err != nil || c.Tentative(id) != 4 || remap[3] != 3 {
+		t.Fatalf("CommitKeep(nil, 0): %v %v, tentative %d", remap, err, c.Tentative(id))
+	}
+	if _, err := c.CommitKeep(id, []int{0}, -1); err != nil || c.Len(id) != 5 || c.Tentative(id) != 0 {
+		t.Fatalf("CommitKeep(path, -1): %v, len %d tentative %d", err, c.Len(id), c.Tentative(id))
 	}
 }
 

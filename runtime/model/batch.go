@@ -27,7 +27,7 @@ type Batch struct {
 	Logits []bool  // whether to produce logits for the slot (nil = only the last slot of each sequence)
 	// After is, for a slot whose Parent is -1, the tentative row of its
 	// sequence (kv.Cache tentative index, from an earlier call) it
-	// follows; -1 follows the committed rows. nil means -1 for all.
+	// follows; -1 follows the committed rows. Empty means -1 for all.
 	After []int
 }
 
@@ -73,7 +73,7 @@ func (b *Batch) AddAfter(token, pos int32, seq, after int, logits bool) int {
 
 // after is slot i's After row (-1 when the batch has none).
 func (b *Batch) after(i int) int {
-	if b.After == nil {
+	if len(b.After) == 0 {
 		return -1
 	}
 	return b.After[i]
@@ -111,7 +111,7 @@ func (m *Model) validate(b *Batch, cache *kv.Cache) error {
 	if n == 0 {
 		return fmt.Errorf("model: forward: empty batch")
 	}
-	if len(b.Pos) != n || len(b.Seq) != n || len(b.Parent) != n || (b.Logits != nil && len(b.Logits) != n) || (b.After != nil && len(b.After) != n) {
+	if len(b.Pos) != n || len(b.Seq) != n || len(b.Parent) != n || (b.Logits != nil && len(b.Logits) != n) || (len(b.After) != 0 && len(b.After) != n) {
 		return fmt.Errorf("model: forward: batch slices differ in length: %d tokens, %d positions, %d seqs, %d parents, %d logits flags, %d after rows (nil flags and after rows are allowed)",
 			n, len(b.Pos), len(b.Seq), len(b.Parent), len(b.Logits), len(b.After))
 	}

@@ -186,7 +186,7 @@ func TestBatchSemantics(t *testing.T) {
 			t.Fatal(err)
 		}
 		sameLogits(t, "grown below the path", out.Row(0), after)
-		remap, err := cache.CommitKeep(seq, path)
+		remap, err := cache.CommitKeep(seq, path, cache.Tentative(seq)-1)
 		if err != nil {
 			t.Fatal(err)
 		}

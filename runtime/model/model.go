@@ -193,6 +193,10 @@ func PlanStream(f *weights.File, opt weights.StreamOptions) (weights.StreamPlan,
 	return p, groups, err
 }
 
+// Streamed reports whether the model's weights stream under a budget
+// (Forward then waits on IO, and a Lane lets another model use the gaps).
+func (m *Model) Streamed() bool { return m.stream != nil }
+
 // StreamStats returns the streamer's counters; ok is false when the
 // model computes on the whole mapped file.
 func (m *Model) StreamStats() (st weights.StreamStats, ok bool) {

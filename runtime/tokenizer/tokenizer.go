@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"sort"
@@ -334,6 +335,31 @@ func (t *Tokenizer) matchSpecial(text string) (int32, int) {
 		}
 	}
 	return -1, 0
+}
+
+// Fingerprint identifies the vocabulary: a hash of its kind and of what
+// every id stands for (its type and the bytes it decodes to). Two files
+// that hold the same vocabulary in different spellings (llama2.c's
+// tokenizer.bin and a GGUF's tokenizer.ggml.* keys) have the same
+// fingerprint; a draft and a target must.
+func (t *Tokenizer) Fingerprint() uint64 {
+	h := fnv.New64a()
+	var buf [8]byte
+	put := func(v uint32) {
+		binary.LittleEndian.PutUint32(buf[:4], v)
+		h.Write(buf[:4])
+	}
+	put(uint32(t.kind))
+	for id, piece := range t.pieces {
+		// Control tokens are known by their id and type: llama2.c spells
+		// BOS "\n<s>\n" where GGUF spells it "<s>".
+		typ := t.types[id]
+		text := tokenText(t.kind, piece, typ)
+		put(uint32(typ))
+		put(uint32(len(text)))
+		h.Write(text)
+	}
+	return h.Sum64()
 }
 
 // tokenText is the bytes a token stands for in decoded text: control

@@ -659,3 +659,31 @@ func TestConcurrentEncode(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFingerprint: the two spellings of each real vocabulary (llama2.c
+// tokenizer.bin and GGUF keys) have one fingerprint; different
+// vocabularies have different ones.
+func TestFingerprint(t *testing.T) {
+	load := func(name string) *Tokenizer {
+		t.Helper()
+		tok, err := Load(testutil.Model(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	tok512, stories := load("tok512.bin"), load("stories260K.gguf")
+	llama2c, spm := load("tokenizer.bin"), load("ggml-vocab-llama-spm.gguf")
+	gpt2 := load("ggml-vocab-gpt-2.gguf")
+	if tok512.Fingerprint() != stories.Fingerprint() {
+		t.Errorf("tok512.bin and stories260K.gguf hold one vocabulary but fingerprint %x and %x", tok512.Fingerprint(), stories.Fingerprint())
+	}
+	if llama2c.Fingerprint() != spm.Fingerprint() {
+		t.Errorf("tokenizer.bin and ggml-vocab-llama-spm.gguf hold one vocabulary but fingerprint %x and %x", llama2c.Fingerprint(), spm.Fingerprint())
+	}
+	for _, pair := range [][2]*Tokenizer{{tok512, llama2c}, {spm, gpt2}, {tok512, gpt2}} {
+		if pair[0].Fingerprint() == pair[1].Fingerprint() {
+			t.Errorf("different vocabularies share fingerprint %x", pair[0].Fingerprint())
+		}
+	}
+}

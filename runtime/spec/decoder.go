@@ -1,0 +1,444 @@
+package spec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// Method selects how the draft guesses and how its guesses are checked.
+type Method int
+
+const (
+	// Tree grows a token tree paced by confidence, verifies it when the
+	// trigger says (adaptively, by default) and, with Pipeline, keeps
+	// drafting while the target waits on IO. Lossless.
+	Tree Method = iota
+	// SD is classic speculative decoding: a chain of DraftLen draft
+	// tokens, verified, repeated. Lossless.
+	SD
+	// BiLD is the Big-Little decoder: the draft runs until its top
+	// probability drops below Fallback, the target checks the chain and
+	// rolls back at the first token it finds too unlikely (cross-entropy
+	// above Rollback). Lossy by design: its agreement with the target is
+	// measured, not guaranteed.
+	BiLD
+)
+
+func (m Method) String() string {
+	switch m {
+	case Tree:
+		return "tree"
+	case SD:
+		return "sd"
+	case BiLD:
+		return "bild"
+	}
+	return fmt.Sprintf("Method(%d)", int(m))
+}
+
+// Config tunes a Decoder. The zero value is the tree method with its
+// defaults.
+type Config struct {
+	Method Method
+
+	// BranchThreshold opens a branch for every candidate whose draft
+	// probability exceeds it (the most likely candidate always continues
+	// the branch). Default 0.3.
+	BranchThreshold float64
+	// MaxBranches caps the branches open at once (default 8; SD and BiLD
+	// draft one).
+	MaxBranches int
+	// MaxTree caps the drafted tokens per verification; it is also M, the
+	// draft budget the pacer shares out (default 32).
+	MaxTree int
+	// Floor prunes branches whose cumulative confidence falls below it
+	// (default 1e-4).
+	Floor float64
+	// DraftBatch is how many branches one draft step extends in one
+	// Forward (default 1).
+	DraftBatch int
+	// Pacer picks the branches to extend (nil: FairPacer for the tree,
+	// ChainPacer for SD and BiLD).
+	Pacer Pacer
+	// Trigger decides when to verify (nil: Adaptive for the tree,
+	// FixedSize{DraftLen} for SD). A Trigger keeps state: one per Decoder.
+	Trigger Trigger
+	// Pipeline keeps the draft growing the tree while the target waits
+	// for streamed weights. It needs a streamed target loaded with
+	// model.Options{Lane: Lane}; it is ignored for a resident target,
+	// which never waits.
+	Pipeline bool
+	Lane     *Lane
+	// PipelineCap caps the drafted tokens the tree may hold while a
+	// verification runs (default 2×MaxTree).
+	PipelineCap int
+
+	// DraftLen is SD's draft length (default 4).
+	DraftLen int
+	// Fallback and Rollback are BiLD's thresholds (defaults 0.5 and 2).
+	Fallback, Rollback float64
+}
+
+func (c Config) withDefaults() Config {
+	if c.BranchThreshold == 0 {
+		c.BranchThreshold = 0.3
+	}
+	if c.MaxBranches == 0 {
+		c.MaxBranches = 8
+	}
+	if c.MaxTree == 0 {
+		c.MaxTree = 32
+	}
+	if c.Floor == 0 {
+		c.Floor = 1e-4
+	}
+	if c.DraftBatch == 0 {
+		c.DraftBatch = 1
+	}
+	if c.DraftLen == 0 {
+		c.DraftLen = 4
+	}
+	if c.Fallback == 0 {
+		c.Fallback = 0.5
+	}
+	if c.Rollback == 0 {
+		c.Rollback = 2
+	}
+	switch c.Method {
+	case SD:
+		c.MaxBranches, c.MaxTree = 1, c.DraftLen
+		c.BranchThreshold = math.Inf(1)
+		if c.Pacer == nil {
+			c.Pacer = ChainPacer{}
+		}
+		if c.Trigger == nil {
+			c.Trigger = FixedSize{N: c.DraftLen}
+		}
+	case BiLD:
+		c.MaxBranches = 1
+		c.BranchThreshold = math.Inf(1)
+		if c.Pacer == nil {
+			c.Pacer = ChainPacer{}
+		}
+		if c.Trigger == nil {
+			c.Trigger = FixedSize{N: c.MaxTree}
+		}
+	default:
+		if c.Pacer == nil {
+			c.Pacer = FairPacer{}
+		}
+		if c.Trigger == nil {
+			c.Trigger = &CostAware{}
+		}
+	}
+	if c.PipelineCap == 0 {
+		c.PipelineCap = 2 * c.MaxTree
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Method < Tree || c.Method > BiLD:
+		return fmt.Errorf("spec: unknown method %d", c.Method)
+	case c.BranchThreshold < 0, c.Floor < 0, c.Fallback < 0, c.Rollback < 0:
+		return fmt.Errorf("spec: thresholds must not be negative (branch %g, floor %g, fallback %g, rollback %g)", c.BranchThreshold, c.Floor, c.Fallback, c.Rollback)
+	case c.MaxBranches < 0, c.MaxTree < 0, c.DraftBatch < 0, c.DraftLen < 0, c.PipelineCap < 0:
+		return fmt.Errorf("spec: sizes must not be negative (branches %d, tree %d, draft batch %d, draft length %d, pipeline cap %d)",
+			c.MaxBranches, c.MaxTree, c.DraftBatch, c.DraftLen, c.PipelineCap)
+	}
+	return nil
+}
+
+// Stats are a Decoder's counters since New, over every generation.
+type Stats struct {
+	Method       string
+	Emitted      int // tokens emitted
+	TargetPasses int // verifications (target Forward calls)
+	DraftSteps   int // draft Forward calls
+	DraftTokens  int // draft batch slots evaluated
+	Verified     int // drafted tokens the target checked
+	Accepted     int // drafted tokens accepted
+	MaxTree      int // largest tree verified (drafted tokens)
+	// PipelineSteps are the draft steps run while a verification was in
+	// flight; KeptNodes the drafted tokens carried into the next round
+	// because they hung under the token the target chose.
+	PipelineSteps, KeptNodes int
+	DraftTime                time.Duration // in draft Forward calls
+	TargetTime               time.Duration // in target Forward calls (its IO waits included)
+	IOWait                   time.Duration // of TargetTime, waiting for streamed weights
+}
+
+// TokensPerPass is the tokens emitted per target pass.
+func (s Stats) TokensPerPass() float64 {
+	if s.TargetPasses == 0 {
+		return 0
+	}
+	return float64(s.Emitted) / float64(s.TargetPasses)
+}
+
+// AcceptanceRate is the share of the drafted tokens the target checked
+// that it accepted. A tree checks alternatives that cannot all be right,
+// so its rate is lower than a chain's for the same draft.
+func (s Stats) AcceptanceRate() float64 {
+	if s.Verified == 0 {
+		return 0
+	}
+	return float64(s.Accepted) / float64(s.Verified)
+}
+
+// Decoder generates with a draft/target pair. With greedy sampling (and
+// the lossless methods) it emits exactly the tokens the target alone
+// would; with temperature it emits them with exactly the target's
+// distribution (multi-branch speculative sampling).
+//
+// Each model has its own KV cache; the decoder holds one sequence in
+// each from Start to Close. A Decoder is not safe for concurrent use.
+type Decoder struct {
+	cfg            Config
+	draft, target  *model.Model
+	dcache, tcache *kv.Cache
+	dseq, tseq     int
+	started        bool
+	limit          int // positions usable in both models and caches
+	notes          []string
+
+	sampler  *sample.Sampler // the target's: picks and accepts tokens
+	proposer *sample.Sampler // the draft's draws (sampling only)
+
+	tree     *tree
+	pending  []int32 // accepted tokens before the root the draft has no KV row for
+	history  []int32 // prompt and emitted tokens, the root last
+	handover bool    // BiLD: the draft declined to guess past a leaf
+	// This round's draft work outside verification, and the last step's.
+	roundDraft time.Duration
+	last       stepInfo
+
+	db, tb     model.Batch
+	dout, tout model.Logits
+	probs      []float32 // scratch distribution
+	stats      Stats
+	ioBase     time.Duration
+	pass       time.Duration // the last target pass, and its IO wait
+	passIO     time.Duration
+}
+
+// New checks a pair and prepares a decoder; Start begins a generation.
+// sampler picks the target's tokens (nil: greedy). The caches must be
+// the draft's and the target's (Model.NewCache).
+func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.Sampler, cfg Config) (*Decoder, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	dv, tv := draft.Config().Vocab, target.Config().Vocab
+	if dv != tv {
+		return nil, fmt.Errorf("spec: the draft's vocabulary has %d tokens and the target's %d: a draft must share the target's tokenizer (%w)", dv, tv, ErrVocab)
+	}
+	if sampler == nil {
+		sampler = sample.New(sample.Options{})
+	}
+	d := &Decoder{cfg: cfg, draft: draft, target: target, dcache: dcache, tcache: tcache, sampler: sampler}
+	if ss, ok := target.StreamStats(); ok {
+		d.ioBase = ss.Stall
+	}
+	opt := sampler.Options()
+	opt.Seed ^= 0x5eed_d4af7 // the draft's draws come from their own stream
+	d.proposer = sample.New(opt)
+	tc := min(target.Config().Context, tcache.Config().Context)
+	dc := min(draft.Config().Context, dcache.Config().Context)
+	d.limit = min(tc, dc)
+	if dc < tc {
+		d.notes = append(d.notes, fmt.Sprintf("the draft's context (%d) is shorter than the target's (%d): generation stops at %d tokens", dc, tc, dc))
+	}
+	if cfg.Pipeline && !target.Streamed() {
+		d.cfg.Pipeline = false
+		d.notes = append(d.notes, "pipeline off: the target is resident, so it never waits on IO for the draft to fill")
+	}
+	if d.cfg.Pipeline && cfg.Lane == nil {
+		return nil, errors.New("spec: the pipeline needs Config.Lane, with the target loaded with model.Options{Lane: lane}")
+	}
+	return d, nil
+}
+
+// ErrVocab is returned (wrapped) when draft and target do not share a
+// vocabulary.
+var ErrVocab = errors.New("draft and target vocabularies differ")
+
+// Notes are things the decoder adjusted and the user should know.
+func (d *Decoder) Notes() []string { return d.notes }
+
+// Limit is the context both models can use.
+func (d *Decoder) Limit() int { return d.limit }
+
+// Stats returns the counters.
+func (d *Decoder) Stats() Stats {
+	st := d.stats
+	st.Method = d.cfg.Method.String()
+	if ss, ok := d.target.StreamStats(); ok {
+		st.IOWait = ss.Stall - d.ioBase
+	}
+	return st
+}
+
+// Start prefills prompt (BOS first) into a new sequence of each model:
+// all but its last token, which becomes the root of the first tree.
+func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
+	if d.started {
+		return errors.New("spec: decoder already started; Close it first")
+	}
+	if len(prompt) == 0 {
+		return errors.New("spec: empty prompt; a llama prompt starts with BOS")
+	}
+	if len(prompt) > d.limit {
+		return fmt.Errorf("spec: prompt of %d tokens does not fit the context of %d: %w", len(prompt), d.limit, kv.ErrContextFull)
+	}
+	if chunk <= 0 {
+		chunk = DefaultChunkSize
+	}
+	var err error
+	if d.dseq, err = d.dcache.NewSeq(); err != nil {
+		return fmt.Errorf("spec: draft: %w", err)
+	}
+	if d.tseq, err = d.tcache.NewSeq(); err != nil {
+		d.dcache.Free(d.dseq)
+		return fmt.Errorf("spec: target: %w", err)
+	}
+	d.started = true
+	body := prompt[:len(prompt)-1]
+	for _, mc := range []struct {
+		m   *model.Model
+		c   *kv.Cache
+		seq int
+	}{{d.draft, d.dcache, d.dseq}, {d.target, d.tcache, d.tseq}} {
+		for off := 0; off < len(body); off += chunk {
+			if err := ctx.Err(); err != nil {
+				d.Close()
+				return err
+			}
+			end := min(off+chunk, len(body))
+			d.db.Reset()
+			d.db.Chain(body[off:end], int32(off), mc.seq, -1, false)
+			if err := mc.m.Forward(&d.db, mc.c, &d.dout); err != nil {
+				d.Close()
+				return fmt.Errorf("spec: prefill: %w", err)
+			}
+			mc.c.CommitAll(mc.seq)
+		}
+	}
+	d.tree = newTree(prompt[len(prompt)-1])
+	d.pending = nil
+	d.history = append(d.history[:0], prompt...)
+	return nil
+}
+
+// Close frees the decoder's sequences. The decoder can Start again.
+func (d *Decoder) Close() {
+	if !d.started {
+		return
+	}
+	d.dcache.Free(d.dseq)
+	d.tcache.Free(d.tseq)
+	d.started = false
+}
+
+// rootPos is the root's position: the tokens before it.
+func (d *Decoder) rootPos() int { return d.tcache.Len(d.tseq) }
+
+// maxDepth is how far below the root the tree may reach.
+func (d *Decoder) maxDepth() int { return d.limit - 1 - d.rootPos() }
+
+// maxNodes is how many drafted tokens a tree may hold now: the method's
+// cap, bounded by the rows both caches have left. The target's room is
+// counted from its committed rows alone: while a pipelined verification
+// runs, its tree's rows are in flight in another goroutine, and the tree
+// they came from is counted here anyway.
+func (d *Decoder) maxNodes(cap int) int {
+	troom := d.tcache.Config().Context - d.tcache.Len(d.tseq)
+	return max(0, min(cap, troom-1, d.dcache.Room(d.dseq)-1-len(d.pending)))
+}
+
+// Step drafts and verifies once and returns the tokens it emits (at
+// least one), the last of them the target's own choice. It returns an
+// error wrapping kv.ErrContextFull when no position is left. On any
+// other error both caches are left holding exactly the tokens emitted
+// before the call; the generation cannot go on (Close it).
+func (d *Decoder) Step(ctx context.Context) ([]int32, error) {
+	if !d.started {
+		return nil, errors.New("spec: step before Start")
+	}
+	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1 {
+		return nil, fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
+	}
+	out, err := d.step(ctx)
+	if err != nil {
+		d.dcache.Drop(d.dseq)
+		d.tcache.Drop(d.tseq)
+		d.tree, d.pending = nil, nil
+		d.started = false
+		d.dcache.Free(d.dseq)
+		d.tcache.Free(d.tseq)
+		return nil, err
+	}
+	return out, nil
+}
+
+func (d *Decoder) step(ctx context.Context) ([]int32, error) {
+	d.handover = false
+	d.roundDraft, d.last = 0, stepInfo{}
+	for !d.shouldVerify(d.cfg.MaxTree) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := d.draftStep(d.cfg.MaxTree); err != nil {
+			return nil, err
+		}
+		d.roundDraft += d.last.time
+	}
+	snap := d.snapshot()
+	var err error
+	if d.cfg.Pipeline {
+		err = d.verifyPipelined(ctx)
+	} else {
+		err = d.verify()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d.accept(snap)
+}
+
+// shouldVerify asks the trigger, after the hard limits: the tree is
+// full, or nothing is left to extend.
+func (d *Decoder) shouldVerify(cap int) bool {
+	t := d.tree
+	nodes := t.size()
+	open := d.openLeaves(nil)
+	if nodes >= d.maxNodes(cap) || len(open) == 0 {
+		return true
+	}
+	return d.cfg.Trigger.Verify(TreeState{Nodes: nodes, Branches: len(open), MaxConf: t.maxLeafConf(), SumConf: t.sumConf(),
+		Handover: d.handover, LastGain: d.last.gain, LastAdded: d.last.added, LastStep: d.last.time, Draft: d.roundDraft})
+}
+
+// openLeaves appends the leaves the draft may extend: open branches with
+// room below them.
+func (d *Decoder) openLeaves(dst []int) []int {
+	if d.handover {
+		return dst
+	}
+	deep := d.maxDepth()
+	for _, l := range d.tree.leaves(nil) {
+		if d.tree.nodes[l].depth < deep {
+			dst = append(dst, l)
+		}
+	}
+	return dst
+}

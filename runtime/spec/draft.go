@@ -1,0 +1,209 @@
+package spec
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// draftStep extends the branches the pacer picks by one token each, in
+// one draft Forward: each picked leaf is evaluated (its KV row hangs
+// under its parent's, so no shared prefix is evaluated again) and its
+// children are proposed from the draft's distribution after it. Accepted
+// tokens the draft has not seen yet (pending) go first, as a chain under
+// the committed rows.
+func (d *Decoder) draftStep(cap int) error {
+	t := d.tree
+	nodes, conf := len(t.nodes), t.sumConf()
+	open := d.openLeaves(nil)
+	if len(open) == 0 {
+		return nil
+	}
+	picks := d.cfg.Pacer.Pick(nil, t, open, d.cfg.MaxTree, d.cfg.DraftBatch)
+	if len(d.pending) > 0 {
+		// Only the unexpanded root can be open behind pending tokens.
+		picks = picks[:1]
+	}
+	rootPos := int32(d.rootPos())
+	b := &d.db
+	b.Reset()
+	last := -1 // the slot the root hangs under (the last pending token)
+	base := d.dcache.Len(d.dseq)
+	for i, tok := range d.pending {
+		last = b.Add(tok, int32(base+i), d.dseq, last, false)
+	}
+	for _, x := range picks {
+		n := &t.nodes[x]
+		pos := rootPos + int32(n.depth)
+		switch {
+		case n.parent < 0:
+			b.Add(n.tok, pos, d.dseq, last, true)
+		default:
+			b.AddAfter(n.tok, pos, d.dseq, t.nodes[n.parent].row, true)
+		}
+	}
+	had := d.dcache.Tentative(d.dseq)
+	start := time.Now()
+	err := d.draft.Forward(b, d.dcache, &d.dout)
+	elapsed := time.Since(start)
+	d.stats.DraftTime += elapsed
+	if err != nil {
+		return fmt.Errorf("spec: draft step: %w", err)
+	}
+	d.stats.DraftSteps++
+	d.stats.DraftTokens += b.Len()
+	for i, x := range picks {
+		slot := len(d.pending) + i
+		t.nodes[x].row = had + slot
+		t.nodes[x].expanded = true
+		d.propose(x, d.dout.Row(slot), cap)
+	}
+	if len(d.pending) > 0 {
+		rows := make([]int, len(d.pending))
+		for i := range rows {
+			rows[i] = had + i
+		}
+		remap, err := d.dcache.CommitKeep(d.dseq, rows, t.nodes[0].row)
+		if err != nil {
+			return fmt.Errorf("spec: draft: %w", err)
+		}
+		for i := range t.nodes {
+			if r := t.nodes[i].row; r >= 0 {
+				t.nodes[i].row = remap[r]
+			}
+		}
+		d.pending = d.pending[:0]
+	}
+	d.last = stepInfo{gain: t.sumConf() - conf, added: len(t.nodes) - nodes, time: elapsed}
+	return nil
+}
+
+// stepInfo is what one draft step added and cost.
+type stepInfo struct {
+	gain  float64
+	added int
+	time  time.Duration
+}
+
+// propose adds the children of node x from the draft's logits after it.
+// Greedy: the most likely token, and every other above the branch
+// threshold while branches are left. Sampling: as many independent draws
+// from the draft's sampling distribution as the threshold would open
+// branches, so speculative sampling stays exact. BiLD hands over instead
+// when the draft's top probability is below its fallback threshold.
+func (d *Decoder) propose(x int, logits []float32, cap int) {
+	t := d.tree
+	if t.nodes[x].depth >= d.maxDepth() {
+		return // no position for a child
+	}
+	room := d.cfg.MaxBranches - len(t.leaves(nil)) // x, expanded now, gives way to its children
+	room = min(room, d.maxNodes(cap)-t.size())
+	if room <= 0 {
+		return
+	}
+	sampling := !d.sampler.Greedy()
+	var q []float32
+	if sampling {
+		q = d.proposer.Probs(logits, d.pathHistory(x))
+	} else {
+		d.probs = softmaxInto(d.probs, logits)
+		q = d.probs
+	}
+	top := topTokens(q, min(room, 8))
+	if d.cfg.Method == BiLD && float64(q[top[0]]) < d.cfg.Fallback {
+		d.handover = true
+		return
+	}
+	want := 1
+	for _, id := range top[1:] {
+		if float64(q[id]) > d.cfg.BranchThreshold && want < room {
+			want++
+		}
+	}
+	if !sampling {
+		for _, id := range top[:want] {
+			d.addChild(x, id, q[id])
+		}
+		return
+	}
+	n := &t.nodes[x]
+	n.dist = q
+	for range want {
+		id := d.proposer.Draw(q)
+		c := t.child(x, id)
+		if c < 0 {
+			c = d.addChild(x, id, q[id])
+		}
+		t.nodes[x].draws = append(t.nodes[x].draws, c)
+	}
+}
+
+// addChild adds a child and prunes it at once when its branch is already
+// below the confidence floor.
+func (d *Decoder) addChild(x int, tok int32, p float32) int {
+	c := d.tree.add(x, tok, p)
+	if d.tree.nodes[c].conf < d.cfg.Floor {
+		d.tree.nodes[c].pruned = true
+	}
+	return c
+}
+
+// pathHistory is the token history at node x: the prompt and emitted
+// tokens, then the path below the root.
+func (d *Decoder) pathHistory(x int) []int32 {
+	p := d.tree.path(x)
+	h := slices.Clip(d.history)
+	for _, n := range p[1:] {
+		h = append(h, d.tree.nodes[n].tok)
+	}
+	return h
+}
+
+// softmaxInto writes softmax(logits) into dst (grown as needed).
+func softmaxInto(dst, logits []float32) []float32 {
+	if cap(dst) < len(logits) {
+		dst = make([]float32, len(logits))
+	}
+	dst = dst[:len(logits)]
+	m := float32(math.Inf(-1))
+	for _, v := range logits {
+		if v > m {
+			m = v
+		}
+	}
+	var sum float64
+	for i, v := range logits {
+		e := math.Exp(float64(v - m))
+		dst[i] = float32(e)
+		sum += e
+	}
+	for i := range dst {
+		dst[i] = float32(float64(dst[i]) / sum)
+	}
+	return dst
+}
+
+// topTokens returns the k most likely tokens of p, most likely first,
+// ties to the lower id (as greedy decoding breaks them).
+func topTokens(p []float32, k int) []int32 {
+	k = max(1, min(k, len(p)))
+	top := make([]int32, 0, k)
+	for i, v := range p {
+		if len(top) == k && v <= p[top[k-1]] {
+			continue
+		}
+		j := len(top)
+		if j == k {
+			j--
+		} else {
+			top = append(top, 0)
+		}
+		for j > 0 && v > p[top[j-1]] {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = int32(i)
+	}
+	return top
+}

@@ -1,0 +1,166 @@
+package spec
+
+import (
+	"math"
+	"time"
+)
+
+// TreeState is what a Trigger sees of the draft's tree.
+type TreeState struct {
+	Nodes    int     // drafted tokens in the tree (the root not counted)
+	Branches int     // branches the draft may still extend
+	MaxConf  float64 // T_c = max_i C_i over the open branches (0 when none is open)
+	SumConf  float64 // Σ C over the drafted tokens: the draft's own estimate of the tokens a verification accepts
+	// Handover is set when the draft declined to guess further (BiLD's
+	// fallback: its top probability fell below the fallback threshold).
+	Handover bool
+	// The last draft step: the confidence it added (Σ C of its new
+	// tokens), how many tokens it added, and how long it took.
+	LastGain  float64
+	LastAdded int
+	LastStep  time.Duration
+	// Draft is the draft time this round has cost so far, outside any
+	// verification (pipelined steps are free: the target waits on IO).
+	Draft time.Duration
+}
+
+// Outcome is what one verification found, for a Trigger to learn from.
+type Outcome struct {
+	Verified int // drafted tokens the target checked
+	Accepted int // drafted tokens accepted
+	// Branch is the length of the tree branch that best matched the
+	// accepted path (N_all) and Correct how many of its tokens were
+	// accepted (N_correct).
+	Branch, Correct int
+	SumConf         float64       // Σ C over the verified tokens
+	Time            time.Duration // the target pass
+	IOWait          time.Duration // of Time, waiting for streamed weights
+}
+
+// Trigger decides when the draft's tree goes to the target. The decoder
+// also verifies, whatever the trigger says, when the tree reaches its
+// size cap or no branch is left to extend.
+type Trigger interface {
+	// Verify is asked after every draft step.
+	Verify(s TreeState) bool
+	// Observe is told the outcome of every verification.
+	Observe(o Outcome)
+}
+
+// Adaptive is LLMCad's self-adaptive fallback: verify when the tree's
+// cumulative confidence T_c falls below Alpha, and learn Alpha from each
+// verification: when every drafted token of the best-matching branch was
+// accepted the draft is trusted more (Alpha halves, so trees grow deeper);
+// otherwise Alpha becomes that branch's rejected fraction
+// (N_all − N_correct)/N_all, so a draft that keeps missing is verified
+// sooner.
+type Adaptive struct {
+	Alpha float64 // the current threshold; 0 starts at DefaultAlpha
+}
+
+// DefaultAlpha is Adaptive's starting threshold.
+const DefaultAlpha = 0.01
+
+// minAlpha keeps halving from reaching 0, where only the size cap would
+// end a tree.
+const minAlpha = 1e-6
+
+func (a *Adaptive) Verify(s TreeState) bool {
+	if a.Alpha <= 0 {
+		a.Alpha = DefaultAlpha
+	}
+	return s.Handover || s.Branches == 0 || s.MaxConf < a.Alpha
+}
+
+func (a *Adaptive) Observe(o Outcome) {
+	if o.Branch <= 0 {
+		return
+	}
+	if a.Alpha <= 0 {
+		a.Alpha = DefaultAlpha
+	}
+	if o.Correct >= o.Branch {
+		a.Alpha = max(a.Alpha*0.5, minAlpha)
+	} else {
+		a.Alpha = float64(o.Branch-o.Correct) / float64(o.Branch)
+	}
+}
+
+// FixedSize verifies when the tree holds N drafted tokens: classic
+// speculative decoding's draft length, and the "no adaptive fallback"
+// ablation of the tree mode.
+type FixedSize struct{ N int }
+
+func (f FixedSize) Verify(s TreeState) bool {
+	return s.Handover || s.Branches == 0 || s.Nodes >= f.N
+}
+
+func (FixedSize) Observe(Outcome) {}
+
+// CostAware sizes the tree from measured costs, in the spirit of Sequoia:
+// it keeps drafting while the last draft step raised the expected tokens
+// per second of the round, and verifies when it stopped doing so.
+//
+// The round's expected tokens are E = 1 + k·ΣC (one token is always
+// emitted; C, the draft's confidence in a branch, estimates the chance the
+// target accepts it, and k calibrates that estimate against what
+// verifications actually accepted). Its time is T = draft time + t_v(n),
+// the verification cost of n drafted tokens, t_v(n) = IO + b·(n+1) with
+// the IO wait and the per-token compute b measured on the target's last
+// passes. A draft step that added gain g of confidence for cost c (its
+// own time plus b per token added) is worth it while k·g/c ≥ E/T. So a
+// streamed target, whose pass costs the same for 4 tokens or 40, gets
+// large trees, and a resident one small trees.
+type CostAware struct {
+	k      float64 // accepted tokens per unit of ΣC (EWMA)
+	io     float64 // seconds of IO per pass (EWMA)
+	perTok float64 // seconds of target compute per token (EWMA)
+	seen   int
+	// Warmup is the tree size used until a pass has been measured
+	// (default 8).
+	Warmup int
+}
+
+// ewma weighs a new observation against the running estimate.
+const ewmaWeight = 0.3
+
+func ewma(old, v float64, first bool) float64 {
+	if first {
+		return v
+	}
+	return (1-ewmaWeight)*old + ewmaWeight*v
+}
+
+func (c *CostAware) Verify(s TreeState) bool {
+	if s.Handover || s.Branches == 0 {
+		return true
+	}
+	if c.seen == 0 {
+		w := c.Warmup
+		if w <= 0 {
+			w = 8
+		}
+		return s.Nodes >= w
+	}
+	if s.Nodes == 0 || s.LastAdded == 0 {
+		return false
+	}
+	e := 1 + c.k*s.SumConf
+	t := s.Draft.Seconds() + c.io + c.perTok*float64(s.Nodes+1)
+	gain := c.k * s.LastGain
+	cost := s.LastStep.Seconds() + c.perTok*float64(s.LastAdded)
+	return gain*t < cost*e
+}
+
+func (c *CostAware) Observe(o Outcome) {
+	first := c.seen == 0
+	c.seen++
+	if o.SumConf > 0 {
+		c.k = ewma(c.k, float64(o.Accepted)/o.SumConf, first)
+	} else if first {
+		c.k = 1
+	}
+	c.io = ewma(c.io, o.IOWait.Seconds(), first)
+	compute := math.Max(0, (o.Time - o.IOWait).Seconds())
+	c.perTok = ewma(c.perTok, compute/float64(o.Verified+1), first)
+}

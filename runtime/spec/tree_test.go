@@ -1,0 +1,293 @@
+package spec
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// handTree builds a tree from (parent, token, prob) triples; node 0 is
+// the root (token 0). Nodes with children count as expanded.
+func handTree(nodes [][3]float64) *tree {
+	t := newTree(0)
+	for _, n := range nodes {
+		t.add(int(n[0]), int32(n[1]), float32(n[2]))
+	}
+	for i := range t.nodes {
+		t.nodes[i].expanded = len(t.nodes[i].children) > 0
+	}
+	return t
+}
+
+// TestPacerMaxMin checks each pacer's pick against the max-min rule
+// worked by hand. Open branches (leaves) after the tree below:
+//
+//	root ─ a(0.6) ─ a1(1.0)       C = 0.6,  T = 2
+//	     ├ b(0.3)                 C = 0.3,  T = 1
+//	     └ c(0.1)                 C = 0.1,  T = 1
+//
+// With budget M = 10 the fair shares are 6, 3 and 1, so the deficits
+// share − T are 4, 2 and 0: FairPacer extends a1, then b. Uniform shares
+// are 10/3 each: deficits 1.33, 2.33, 2.33, so UniformPacer extends b
+// (tied with c, more confident). ChainPacer extends the deepest, a1.
+// With M = 2 the fair deficits are −0.8, −0.4, −0.8: b goes first.
+func TestPacerMaxMin(t *testing.T) {
+	tr := handTree([][3]float64{{0, 1, 0.6}, {0, 2, 0.3}, {0, 3, 0.1}, {1, 4, 1.0}})
+	leaves := tr.leaves(nil)
+	if !slices.Equal(leaves, []int{2, 3, 4}) {
+		t.Fatalf("leaves %v, want [2 3 4]", leaves)
+	}
+	for _, tc := range []struct {
+		name   string
+		p      Pacer
+		budget int
+		want   []int
+	}{
+		{"fair M=10", FairPacer{}, 10, []int{4, 2, 3}},
+		{"fair M=2", FairPacer{}, 2, []int{2, 4, 3}},
+		{"uniform", UniformPacer{}, 10, []int{2, 3, 4}},
+		{"chain", ChainPacer{}, 10, []int{4, 2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.p.Pick(nil, tr, leaves, tc.budget, 3)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Pick = %v, want %v", got, tc.want)
+			}
+			if one := tc.p.Pick(nil, tr, leaves, tc.budget, 1); !slices.Equal(one, tc.want[:1]) {
+				t.Errorf("Pick(n=1) = %v, want %v", one, tc.want[:1])
+			}
+		})
+	}
+}
+
+func TestTreeBookkeeping(t *testing.T) {
+	tr := handTree([][3]float64{{0, 1, 0.5}, {0, 2, 0.4}, {1, 3, 0.5}, {3, 4, 0.5}, {1, 5, 0.2}})
+	if got := tr.path(4); !slices.Equal(got, []int{0, 1, 3, 4}) {
+		t.Errorf("path(4) = %v", got)
+	}
+	if c := tr.nodes[4].conf; math.Abs(c-0.125) > 1e-6 {
+		t.Errorf("C of node 4 = %v, want 0.125", c)
+	}
+	if got, want := tr.sumConf(), 0.5+0.4+0.25+0.125+0.1; math.Abs(got-want) > 1e-6 {
+		t.Errorf("sumConf = %v, want %v", got, want)
+	}
+	if got := tr.maxLeafConf(); math.Abs(got-0.4) > 1e-6 {
+		t.Errorf("T_c = %v, want 0.4 (leaf 2)", got)
+	}
+	// Re-rooting at node 1 keeps its subtree with confidences relative to
+	// it and draft rows renumbered.
+	for i := range tr.nodes {
+		tr.nodes[i].row = i
+	}
+	remap := []int{-1, 0, -1, 1, 2, 3}
+	nt := tr.reroot(1, remap)
+	if len(nt.nodes) != 4 || nt.nodes[0].tok != 1 || nt.nodes[0].conf != 1 || nt.nodes[0].row != 0 {
+		t.Fatalf("rerooted root %+v (%d nodes)", nt.nodes[0], len(nt.nodes))
+	}
+	toks := []int32{}
+	for _, n := range nt.nodes {
+		toks = append(toks, n.tok)
+	}
+	if !slices.Equal(toks, []int32{1, 3, 4, 5}) {
+		t.Errorf("rerooted tokens %v, want [1 3 4 5]", toks)
+	}
+	if n := nt.nodes[2]; n.depth != 2 || math.Abs(n.conf-0.25) > 1e-6 || n.row != 2 || n.parent != 1 {
+		t.Errorf("rerooted node for token 4: %+v", n)
+	}
+}
+
+func TestAdaptiveTrigger(t *testing.T) {
+	a := &Adaptive{}
+	if a.Verify(TreeState{Nodes: 3, Branches: 2, MaxConf: 0.02}) {
+		t.Error("verified with T_c 0.02 above the default alpha 0.01")
+	}
+	if !a.Verify(TreeState{Nodes: 3, Branches: 2, MaxConf: 0.005}) {
+		t.Error("did not verify with T_c below alpha")
+	}
+	if !a.Verify(TreeState{Nodes: 3, Branches: 0, MaxConf: 0.5}) {
+		t.Error("did not verify with no branch open")
+	}
+	a.Observe(Outcome{Branch: 4, Correct: 4}) // all accepted: trust the draft more
+	if a.Alpha != 0.005 {
+		t.Errorf("alpha after a fully accepted branch = %v, want 0.005", a.Alpha)
+	}
+	a.Observe(Outcome{Branch: 4, Correct: 1}) // 3 of 4 rejected
+	if a.Alpha != 0.75 {
+		t.Errorf("alpha after 1 of 4 accepted = %v, want 0.75", a.Alpha)
+	}
+	f := FixedSize{N: 4}
+	if f.Verify(TreeState{Nodes: 3, Branches: 1}) || !f.Verify(TreeState{Nodes: 4, Branches: 1}) {
+		t.Error("FixedSize{4} does not verify at exactly 4 nodes")
+	}
+}
+
+// TestCostAwareTrigger: a pass that is mostly IO (flat in the tree size)
+// keeps the draft going where a compute-bound pass stops it.
+func TestCostAwareTrigger(t *testing.T) {
+	step := TreeState{Nodes: 10, Branches: 4, SumConf: 3, LastGain: 0.2, LastAdded: 2, LastStep: time.Millisecond, Draft: 10 * time.Millisecond}
+	io := &CostAware{}
+	io.Observe(Outcome{Verified: 10, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: 950 * time.Millisecond})
+	if io.Verify(step) {
+		t.Error("IO-bound target: verified although another step costs little of a 1 s pass")
+	}
+	compute := &CostAware{}
+	compute.Observe(Outcome{Verified: 10, Accepted: 3, SumConf: 3, Time: 11 * time.Millisecond})
+	if !compute.Verify(step) {
+		t.Error("compute-bound target: kept drafting although each token costs as much as the pass gains")
+	}
+	fresh := &CostAware{}
+	if fresh.Verify(TreeState{Nodes: 7, Branches: 1}) || !fresh.Verify(TreeState{Nodes: 8, Branches: 1}) {
+		t.Error("before any pass, CostAware should verify at its warm-up size 8")
+	}
+}
+
+// walkDecoder is a decoder holding only what walk needs.
+func walkDecoder(tr *tree, s *sample.Sampler) *Decoder {
+	return &Decoder{cfg: Config{}.withDefaults(), tree: tr, sampler: s, history: []int32{0}}
+}
+
+// logitsFor returns rows (indexed by node) whose argmax is the token given.
+func logitsFor(vocab int, argmax map[int]int32) func(slot int) []float32 {
+	return func(slot int) []float32 {
+		row := make([]float32, vocab)
+		row[argmax[slot]] = 5
+		return row
+	}
+}
+
+// TestWalkGreedy: verification follows the target's greedy choices down
+// the longest verified path, and reports the token after it and its node.
+func TestWalkGreedy(t *testing.T) {
+	//	root ─ 1:a(3) ─ 3:c(2)
+	//	     └ 2:b(5) ─ 4:d(7) ─ 5:e(1)   (5 drafted after the snapshot)
+	//	     └ 6:x(6) pruned
+	tr := handTree([][3]float64{{0, 3, 0.5}, {0, 5, 0.4}, {1, 2, 0.9}, {2, 7, 0.8}, {4, 1, 0.9}, {0, 6, 0.0001}})
+	tr.nodes[6].pruned = true
+	snap := snapshot{slot: []int{0, 1, 2, 3, 4}} // node i in slot i; 5 and 6 unseen
+	for _, tc := range []struct {
+		name     string
+		argmax   map[int]int32 // per slot
+		path     []int
+		next     int32
+		nextNode int
+	}{
+		{"deepest branch", map[int]int32{0: 5, 2: 7, 4: 1}, []int{0, 2, 4}, 1, 5},
+		{"off the tree at d", map[int]int32{0: 5, 2: 7, 4: 4}, []int{0, 2, 4}, 4, -1},
+		{"first branch", map[int]int32{0: 3, 1: 2, 3: 6}, []int{0, 1, 3}, 6, -1},
+		{"rejected at the root", map[int]int32{0: 4}, []int{0}, 4, -1},
+		{"the pruned guess", map[int]int32{0: 6}, []int{0}, 6, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := walkDecoder(tr, sample.New(sample.Options{}))
+			path, next, nextNode := d.walk(snap, logitsFor(8, tc.argmax))
+			if !slices.Equal(path, tc.path) || next != tc.next || nextNode != tc.nextNode {
+				t.Errorf("walk = %v, next %d (node %d); want %v, next %d (node %d)", path, next, nextNode, tc.path, tc.next, tc.nextNode)
+			}
+		})
+	}
+}
+
+// chiSquare returns Pearson's statistic of counts against probabilities
+// p over n draws, merging bins expected below 5 into one.
+func chiSquare(counts []int, p []float64, n int) (stat float64, df int) {
+	var restObs, restExp float64
+	for i, c := range counts {
+		e := p[i] * float64(n)
+		if e < 5 {
+			restObs += float64(c)
+			restExp += e
+			continue
+		}
+		stat += (float64(c) - e) * (float64(c) - e) / e
+		df++
+	}
+	if restExp > 0 {
+		stat += (restObs - restExp) * (restObs - restExp) / restExp
+		df++
+	}
+	return stat, df - 1
+}
+
+// chiSquareLimit is a critical value of the chi-square distribution with
+// df degrees of freedom at a false-alarm rate near 1e-6 (Wilson–Hilferty),
+// so a correct implementation essentially never fails with a fixed seed,
+// and a biased one fails by far.
+func chiSquareLimit(df int) float64 {
+	const z = 4.75 // one-sided normal quantile for 1e-6
+	k := float64(df)
+	return k * math.Pow(1-2/(9*k)+z*math.Sqrt(2/(9*k)), 3)
+}
+
+// TestMultiBranchSamplingExact: at a node with w independent draws from
+// the draft's q, multi-branch speculative sampling emits exactly the
+// target's p, for drafts close to p, far from it and disjoint from it.
+// A chi-square test over 100k trials per case holds the output to p.
+func TestMultiBranchSamplingExact(t *testing.T) {
+	p := []float64{0.30, 0.25, 0.15, 0.10, 0.08, 0.06, 0.04, 0.02}
+	for _, tc := range []struct {
+		name  string
+		q     []float64
+		draws int
+	}{
+		{"close draft, 1 draw", []float64{0.28, 0.27, 0.15, 0.1, 0.08, 0.06, 0.04, 0.02}, 1},
+		{"close draft, 3 draws", []float64{0.28, 0.27, 0.15, 0.1, 0.08, 0.06, 0.04, 0.02}, 3},
+		{"overconfident draft, 4 draws", []float64{0.05, 0.8, 0.05, 0.04, 0.03, 0.01, 0.01, 0.01}, 4},
+		{"disjoint draft, 2 draws", []float64{0, 0, 0, 0, 0, 0.2, 0.3, 0.5}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const trials = 100_000
+			logits := make([]float32, len(p))
+			for i, v := range p {
+				logits[i] = float32(math.Log(v))
+			}
+			q := make([]float32, len(tc.q))
+			for i, v := range tc.q {
+				q[i] = float32(v)
+			}
+			s := sample.New(sample.Options{Temperature: 1, Seed: 7})
+			rng := rand.New(rand.NewPCG(1, 2))
+			counts := make([]int, len(p))
+			accepted := 0
+			for range trials {
+				tr := newTree(0)
+				tr.nodes[0].expanded, tr.nodes[0].dist = true, q
+				for range tc.draws {
+					tok := drawFrom(rng, tc.q)
+					c := tr.child(0, tok)
+					if c < 0 {
+						c = tr.add(0, tok, q[tok])
+					}
+					tr.nodes[0].draws = append(tr.nodes[0].draws, c)
+				}
+				d := walkDecoder(tr, s)
+				// The children are not in the snapshot: walk stops at
+				// the root, and the emitted token is the sampled one.
+				_, next, node := d.walk(snapshot{slot: []int{0}}, func(int) []float32 { return logits })
+				counts[next]++
+				if node >= 0 {
+					accepted++
+				}
+			}
+			stat, df := chiSquare(counts, p, trials)
+			if limit := chiSquareLimit(df); stat > limit {
+				t.Errorf("output is not distributed as p: chi-square %.1f > %.1f (df %d); counts %v", stat, limit, df, counts)
+			}
+			t.Logf("chi-square %.1f (df %d), a drafted token was taken in %.1f%% of trials", stat, df, 100*float64(accepted)/trials)
+		})
+	}
+}
+
+func drawFrom(rng *rand.Rand, p []float64) int32 {
+	u := rng.Float64()
+	for i, v := range p {
+		if u < v {
+			return int32(i)
+		}
+		u -= v
+	}
+	return int32(len(p) - 1)
+}

@@ -1,0 +1,293 @@
+package spec
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// snapshot is the tree as it went to the target: slot[node] is the
+// node's batch slot, -1 for a pruned node; nodes past the end were
+// drafted while it verified.
+type snapshot struct {
+	slot []int
+}
+
+// at returns node n's slot, or -1 when the target did not see it.
+func (s snapshot) at(n int) int {
+	if n < len(s.slot) {
+		return s.slot[n]
+	}
+	return -1
+}
+
+// snapshot puts the root and every unpruned drafted node into the target
+// batch, in tree order, each slot under its parent's.
+func (d *Decoder) snapshot() snapshot {
+	t := d.tree
+	s := snapshot{slot: make([]int, len(t.nodes))}
+	b := &d.tb
+	b.Reset()
+	root := int32(d.rootPos())
+	for i := range t.nodes {
+		n := &t.nodes[i]
+		s.slot[i] = -1
+		if n.pruned {
+			continue
+		}
+		parent := -1
+		if n.parent >= 0 {
+			parent = s.slot[n.parent]
+		}
+		s.slot[i] = b.Add(n.tok, root+int32(n.depth), d.tseq, parent, true)
+	}
+	return s
+}
+
+// verify runs the target over the snapshot's batch: one pass for the
+// whole tree.
+func (d *Decoder) verify() error {
+	io0 := d.ioWait()
+	start := time.Now()
+	err := d.target.Forward(&d.tb, d.tcache, &d.tout)
+	d.pass = time.Since(start)
+	d.passIO = d.ioWait() - io0
+	d.stats.TargetTime += d.pass
+	if err != nil {
+		return fmt.Errorf("spec: verify: %w", err)
+	}
+	d.stats.TargetPasses++
+	return nil
+}
+
+// ioWait is the target's total wait for streamed weights so far.
+func (d *Decoder) ioWait() time.Duration {
+	if ss, ok := d.target.StreamStats(); ok {
+		return ss.Stall
+	}
+	return 0
+}
+
+// verifyPipelined runs the verification in the background and keeps the
+// draft extending the tree on the lane whenever the target lets go of it
+// (while its next weights stream in). What the draft adds under the token
+// the target picks carries into the next round.
+func (d *Decoder) verifyPipelined(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- d.verify() }()
+	lane := d.cfg.Lane
+	var draftErr error
+	for draftErr == nil && ctx.Err() == nil && !d.pipelineFull() {
+		if !lane.tryDraft() {
+			select {
+			case err := <-done:
+				return err
+			case <-lane.free:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		draftErr = d.draftStep(d.cfg.PipelineCap)
+		lane.Unlock()
+		d.stats.PipelineSteps++
+		select {
+		case err := <-done:
+			if err == nil {
+				err = draftErr
+			}
+			return err
+		default:
+		}
+	}
+	err := <-done
+	if err == nil {
+		err = draftErr
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
+// pipelineFull reports whether the draft has nothing left to do while
+// the target verifies.
+func (d *Decoder) pipelineFull() bool {
+	return d.tree.size() >= d.maxNodes(d.cfg.PipelineCap) || len(d.openLeaves(nil)) == 0
+}
+
+// accept walks down the verified tree from the root, at each node taking
+// the child the target's choice selects, emits the path and the target's
+// own token after it, commits the path's KV rows in both models and
+// re-roots the tree at that token (keeping what the draft grew under it).
+func (d *Decoder) accept(snap snapshot) ([]int32, error) {
+	t := d.tree
+	path, next, nextNode := d.walk(snap, func(slot int) []float32 { return d.tout.Row(slot) })
+	x := path[len(path)-1]
+
+	verified := len(d.tb.Tokens) - 1
+	accepted := len(path) - 1
+	d.stats.Verified += verified
+	d.stats.Accepted += accepted
+	d.stats.MaxTree = max(d.stats.MaxTree, verified)
+	var conf float64
+	for i := 1; i < len(snap.slot); i++ {
+		if snap.slot[i] >= 0 {
+			conf += t.nodes[i].conf
+		}
+	}
+	d.cfg.Trigger.Observe(Outcome{Verified: verified, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
+		SumConf: conf, Time: d.pass, IOWait: d.passIO})
+
+	// The target evaluated every slot; keep the path's rows.
+	slots := make([]int, len(path))
+	for i, n := range path {
+		slots[i] = snap.at(n)
+	}
+	if err := d.tcache.Commit(d.tseq, slots); err != nil {
+		return nil, fmt.Errorf("spec: target: %w", err)
+	}
+	// The draft has rows for the expanded nodes, which are a prefix of
+	// the path (a node is proposed only by an expanded parent).
+	var rows []int
+	for _, n := range path {
+		if r := t.nodes[n].row; r >= 0 {
+			rows = append(rows, r)
+		}
+	}
+	d.pending = d.pending[:0]
+	if len(rows) == len(path) {
+		keep := -1
+		if nextNode >= 0 {
+			keep = t.nodes[nextNode].row
+		}
+		remap, err := d.dcache.CommitKeep(d.dseq, rows, keep)
+		if err != nil {
+			return nil, fmt.Errorf("spec: draft: %w", err)
+		}
+		if nextNode >= 0 {
+			d.tree = t.reroot(nextNode, remap)
+			d.stats.KeptNodes += d.tree.size()
+		} else {
+			d.tree = newTree(next)
+		}
+	} else {
+		if err := d.dcache.Commit(d.dseq, rows); err != nil {
+			return nil, fmt.Errorf("spec: draft: %w", err)
+		}
+		for _, n := range path[len(rows):] {
+			d.pending = append(d.pending, t.nodes[n].tok)
+		}
+		d.tree = newTree(next)
+	}
+
+	out := make([]int32, 0, len(path))
+	for _, n := range path[1:] {
+		out = append(out, t.nodes[n].tok)
+	}
+	out = append(out, next)
+	d.history = append(d.history, out...)
+	d.stats.Emitted += len(out)
+	return out, nil
+}
+
+// walk goes down the verified tree from the root, at each node taking the
+// child the target's choice selects (rows gives the target's logits of a
+// batch slot). It returns the accepted path (root first), the token the
+// target chose after it and that token's node (-1 when the draft did not
+// propose it).
+func (d *Decoder) walk(snap snapshot, rows func(slot int) []float32) (path []int, next int32, nextNode int) {
+	x := 0
+	path = []int{0}
+	hist := slices.Clip(d.history) // appends copy, leaving history as it is
+	for {
+		tok, y := d.choose(x, rows(snap.at(x)), hist, snap)
+		if y < 0 || snap.at(y) < 0 {
+			return path, tok, y
+		}
+		path = append(path, y)
+		hist = append(hist, tok)
+		x = y
+	}
+}
+
+// choose is the target's decision at node x, whose logits are row: the
+// token that follows x and the child node holding it (-1 if none).
+//
+//   - Greedy: the target's own greedy token; a child matches only if the
+//     draft guessed exactly it.
+//   - Sampling: multi-branch speculative sampling over x's draws, in draw
+//     order: accept draw y with probability min(1, p(y)/q(y)), else set
+//     p to the residual norm(max(0, p − q)) and try the next; if all are
+//     rejected, sample from the residual. With independent draws from q
+//     this emits exactly p's distribution (SpecInfer, Theorem 4.2).
+//   - BiLD: accept the draft's child unless the target's cross-entropy
+//     for it exceeds Rollback; otherwise (or past the chain) the target's
+//     own token.
+func (d *Decoder) choose(x int, row []float32, hist []int32, snap snapshot) (int32, int) {
+	t := d.tree
+	n := &t.nodes[x]
+	switch {
+	case d.cfg.Method == BiLD:
+		for _, c := range n.children {
+			if snap.at(c) < 0 {
+				continue
+			}
+			d.probs = softmaxInto(d.probs, row)
+			if -math.Log(float64(d.probs[t.nodes[c].tok])) <= d.cfg.Rollback {
+				return t.nodes[c].tok, c
+			}
+		}
+		tok := d.sampler.Sample(row, hist)
+		return tok, t.child(x, tok)
+	case d.sampler.Greedy():
+		tok := d.sampler.Sample(row, hist)
+		return tok, t.child(x, tok)
+	}
+	p := d.sampler.Probs(row, hist)
+	for _, c := range n.draws {
+		tok := t.nodes[c].tok
+		q := n.dist[tok]
+		if q > 0 && d.sampler.Uniform() < float64(p[tok]/q) {
+			return tok, c
+		}
+		residual(p, n.dist)
+	}
+	tok := d.sampler.Draw(p)
+	return tok, t.child(x, tok)
+}
+
+// residual sets p to norm(max(0, p − q)). If nothing is left (p ≤ q
+// everywhere, which only rounding allows after a rejection), p is kept.
+func residual(p, q []float32) {
+	var sum float64
+	for i := range p {
+		sum += math.Max(0, float64(p[i]-q[i]))
+	}
+	if sum <= 0 {
+		return
+	}
+	for i := range p {
+		p[i] = float32(math.Max(0, float64(p[i]-q[i])) / sum)
+	}
+}
+
+// bestBranch is N_all for the adaptive trigger: the length of the branch
+// that matched the accepted path best. The accepted path ends at x; the
+// branch follows the draft's most confident verified children below it.
+func (d *Decoder) bestBranch(x int, snap snapshot) int {
+	t := d.tree
+	for {
+		best := -1
+		for _, c := range t.nodes[x].children {
+			if snap.at(c) >= 0 && (best < 0 || t.nodes[c].prob > t.nodes[best].prob) {
+				best = c
+			}
+		}
+		if best < 0 {
+			return t.nodes[x].depth
+		}
+		x = best
+	}
+}
