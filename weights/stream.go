@@ -800,9 +800,10 @@ func (s *Streamer) Close() error {
 // the next group, with no wait for room between them) keep the device's
 // schedule: a reader that wakes late from its sleep (a millisecond, or
 // tens on a busy machine, against 10 ms per 4 MiB chunk at 400 MB/s) does
-// not idle the device, and the chunks after it catch up. A read after a
-// wait (compute in Std mode, a full window in StdPL) restarts the
-// schedule from now: idle time is not banked.
+// not idle the device, and the chunks after it catch up, by at most
+// throttleMaxLag so a long stall is not followed by a burst faster than
+// the device. A read after a wait (compute in Std mode, a full window in
+// StdPL) restarts the schedule from now: idle time is not banked.
 type ioThrottle struct {
 	t    Throttle
 	mu   sync.Mutex
@@ -818,8 +819,10 @@ func (io *ioThrottle) reserve(n int) time.Time {
 	io.mu.Lock()
 	defer io.mu.Unlock()
 	start := io.next
-	if start.IsZero() {
-		start = time.Now()
+	if now := time.Now(); start.IsZero() {
+		start = now
+	} else if lag := now.Sub(start); lag > throttleMaxLag {
+		start = now.Add(-throttleMaxLag)
 	}
 	done := start.Add(io.t.Latency)
 	if io.t.Bandwidth > 0 {
@@ -828,6 +831,8 @@ func (io *ioThrottle) reserve(n int) time.Time {
 	io.next = done
 	return done
 }
+
+const throttleMaxLag = 25 * time.Millisecond
 
 // restart marks the device idle since its last request: the next read is
 // scheduled from the time it is made.
