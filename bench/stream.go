@@ -40,10 +40,10 @@ type StreamResult struct {
 	Config     StreamConfig
 	Model      string
 	Type       string
-	TotalBytes uint64 // bytes of the streamed groups (all weights but norms)
-	Pinned     uint64 // bytes pinned (all of TotalBytes for resident)
-	Streamed   uint64 // bytes read per token, as planned
-	Read       uint64 // bytes read per measured token, as counted
+	TotalBytes uint64          // bytes of the streamed groups (all weights but norms)
+	Pinned     uint64          // bytes pinned (all of TotalBytes for resident)
+	Streamed   uint64          // bytes read per token, as planned
+	Read       uint64          // bytes read per measured token, as counted
 	Token      time.Duration   // median over runs of the per-token latency
 	RunTimes   []time.Duration // per-token latency of each run
 	// Bound is the IO lower bound per token: Streamed / bandwidth.
@@ -208,7 +208,7 @@ func Stream(path string, cfg StreamConfig) (StreamResult, error) {
 		res.Tokens = append(res.Tokens, tok)
 		return tok, nil
 	}
-	tok := int32(1) // BOS
+	tok := int32(1)          // BOS
 	for i := 0; i < 2; i++ { // the prefill and one warm-up decode
 		if tok, err = step(tok); err != nil {
 			return res, err
