@@ -251,10 +251,13 @@ func Stream(path string, cfg StreamConfig) (StreamResult, error) {
 // IO bound.
 func StreamTable(rs []StreamResult) string {
 	var sb strings.Builder
-	sb.WriteString("| type | storage | mode | budget | pinned | read/token | ms/token | IO bound ms | of bound | stall ms | compute ms | peak RSS | overhead |\n")
-	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	sb.WriteString("| type | storage | mode | budget | pinned | read/token | ms/token | IO bound ms | of bound | stall ms | compute ms | reads MB/s | peak RSS | overhead |\n")
+	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		budget, bound, ratio := "-", "-", "-"
+		budget, bound, ratio, rate := "-", "-", "-", "-"
+		if r.ReadTime > 0 {
+			rate = fmt.Sprintf("%.0f", float64(r.Read)/r.ReadTime.Seconds()/1e6)
+		}
 		if r.Config.Mode != "resident" {
 			budget = fmt.Sprintf("%.0f%% (%s)", 100*float64(r.Config.Budget)/float64(r.TotalBytes), progress.Bytes(r.Config.Budget))
 		}
@@ -262,9 +265,9 @@ func StreamTable(rs []StreamResult) string {
 			bound = fmt.Sprintf("%.0f", ms(r.Bound))
 			ratio = fmt.Sprintf("%.2fx", r.Ratio())
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %.0f | %.0f | %s | %s |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %.0f | %.0f | %s | %s | %s |\n",
 			r.Type, r.Storage(), r.Config.Mode, budget, progress.Bytes(r.Pinned), progress.Bytes(r.Streamed),
-			ms(r.Token), bound, ratio, ms(r.Stall), ms(r.Compute), progress.Bytes(r.PeakRSS), signedBytes(r.Overhead()))
+			ms(r.Token), bound, ratio, ms(r.Stall), ms(r.Compute), rate, progress.Bytes(r.PeakRSS), signedBytes(r.Overhead()))
 	}
 	return sb.String()
 }
