@@ -92,16 +92,21 @@ func (r StreamResult) Overhead() int64 {
 
 // DiskBandwidth measures how fast the disk delivers path cold: the page
 // cache is dropped first and behind every 4 MiB read, as the Streamer
-// reads. At most limit bytes are read.
+// reads. At most limit bytes are read. The file is synced first: dirty
+// pages of a freshly written model cannot be dropped, and their
+// writeback would compete with every read measured after.
 func DiskBandwidth(path string, limit int64) (float64, error) {
-	if err := weights.DropPageCache(path); err != nil {
-		return 0, err
-	}
 	fh, err := os.Open(path)
 	if err != nil {
 		return 0, err
 	}
 	defer fh.Close()
+	if err := fh.Sync(); err != nil {
+		return 0, fmt.Errorf("bench: sync %s: %w", path, err)
+	}
+	if err := weights.DropPageCache(path); err != nil {
+		return 0, err
+	}
 	st, err := fh.Stat()
 	if err != nil {
 		return 0, err
