@@ -126,8 +126,8 @@ var ErrBudget = errors.New("budget too small")
 // Everything streams through a window of one largest group (Std) or two
 // (StdPL, so the next group reads while one computes, when the budget
 // allows); what remains of the budget pins groups spread through the pass
-// (see spread), because each pinned byte is a byte not read per token. A budget of at least the total
-// pins everything and streams nothing.
+// (see spread), because each pinned byte is a byte not read per token. A
+// budget of at least the total pins everything and streams nothing.
 func PlanStream(f *File, groups []Group, opt StreamOptions) (StreamPlan, error) {
 	sizes, err := groupSizes(f, groups)
 	if err != nil {
