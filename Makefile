@@ -25,7 +25,8 @@ bench:
 # bench-stream measures streamed decode (resident, Std, StdPL at 25/50/75%
 # budgets; real disk, 400 MB/s and 1.5 GB/s) on stories260K inflated to the
 # tinyllama-1.1b shape, in Q4_0 and F16, median of 3 runs of 2 tokens
-# (about 6 minutes on a quiet 2-core machine; 2.3 GB in /tmp).
+# (Q4_0 took 2 minutes on the quiet 2-core machine with 5 runs, F16 12 on a
+# loaded one; 2.3 GB in /tmp, removed afterwards).
 STREAM_PLOTS ?= bench/results
 bench-stream:
 	@mkdir -p $(STREAM_PLOTS)
