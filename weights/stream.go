@@ -125,9 +125,9 @@ var ErrBudget = errors.New("budget too small")
 // PlanStream decides which groups of f stay pinned under opt.Budget.
 // Everything streams through a window of one largest group (Std) or two
 // (StdPL, so the next group reads while one computes, when the budget
-// allows); what remains of the budget pins groups, in order, because each
-// pinned byte is a byte not read per token. A budget of at least the total
-// pins everything and streams nothing.
+// allows); what remains of the budget pins groups spread through the pass
+// (see spread), because each pinned byte is a byte not read per token. A
+// budget of at least the total pins everything and streams nothing.
 func PlanStream(f *File, groups []Group, opt StreamOptions) (StreamPlan, error) {
 	sizes, err := groupSizes(f, groups)
 	if err != nil {
@@ -156,12 +156,20 @@ func PlanStream(f *File, groups []Group, opt StreamOptions) (StreamPlan, error) 
 		p.Window = min(opt.Budget, 2*p.Min)
 	}
 	free := opt.Budget - p.Window
+	pin := func(i int) {
+		if !p.Pinned[i] && sizes[i] <= free {
+			p.Pinned[i] = true
+			p.PinBytes += sizes[i]
+			free -= sizes[i]
+		}
+	}
+	for _, i := range spread(sizes, groups, free) {
+		pin(i)
+	}
 	for _, rows := range []bool{false, true} {
-		for i, s := range sizes {
-			if groups[i].Rows == rows && s <= free {
-				p.Pinned[i] = true
-				p.PinBytes += s
-				free -= s
+		for i := range sizes {
+			if groups[i].Rows == rows {
+				pin(i)
 			}
 		}
 	}
@@ -169,6 +177,33 @@ func PlanStream(f *File, groups []Group, opt StreamOptions) (StreamPlan, error) 
 	// ahead.
 	p.Window += free
 	return p, nil
+}
+
+// spread picks the most compute-order groups (not row-read) that fit in
+// free, evenly spaced through the pass. Pinned groups spread out keep the
+// pipelined reader busy: while a pinned group computes, the reader fills
+// the window with the streamed groups after it. Pinned in a run, the
+// reader would sit with a full window through the whole run's compute.
+func spread(sizes []uint64, groups []Group, free uint64) []int {
+	var idx []int
+	for i, g := range groups {
+		if !g.Rows {
+			idx = append(idx, i)
+		}
+	}
+	n := len(idx)
+	for k := n; k > 0; k-- {
+		pick := make([]int, k)
+		var sum uint64
+		for j := range pick {
+			pick[j] = idx[(2*j+1)*n/(2*k)]
+			sum += sizes[pick[j]]
+		}
+		if sum <= free {
+			return pick
+		}
+	}
+	return nil
 }
 
 func groupSizes(f *File, groups []Group) ([]uint64, error) {
@@ -419,7 +454,7 @@ func (s *Streamer) readAt(p []byte, off uint64, what string) error {
 	for done := 0; done < len(p); {
 		n := min(chunk, len(p)-done)
 		due := s.io.reserve(n)
-		got, err := s.fh.ReadAt(p[done:done+n], int64(off)+int64(done))
+		got, err := readFile(s.fh, p[done:done+n], int64(off)+int64(done))
 		dropCache(s.fh, int64(off)+int64(done), int64(n))
 		sleepUntil(due)
 		if err != nil || got != n {
@@ -432,6 +467,10 @@ func (s *Streamer) readAt(p []byte, off uint64, what string) error {
 	}
 	return nil
 }
+
+// readFile is the Streamer's one read call; tests swap it to inject IO
+// errors.
+var readFile = func(fh *os.File, p []byte, off int64) (int, error) { return fh.ReadAt(p, off) }
 
 func errOr(err error, msg string) error {
 	if err != nil {
@@ -493,6 +532,7 @@ func (s *Streamer) Acquire(g int) ([][]byte, error) {
 		// Read now, into the start of the window.
 		s.mu.Unlock()
 		sl = &slot{group: g, size: s.stats.Groups[g].Bytes}
+		s.io.restart() // the device idled while the last group computed
 		d, err := s.load(sl, s.ring)
 		s.mu.Lock()
 		s.account(sl, d, err)
@@ -608,6 +648,7 @@ func (s *Streamer) reader() {
 	defer s.mu.Unlock()
 	for {
 		var sl *slot
+		waited := false
 		for !s.closed {
 			if s.next >= 0 && (len(s.fifo) == 0 || s.fifo[len(s.fifo)-1].err == nil) {
 				g := s.order[s.next]
@@ -617,6 +658,10 @@ func (s *Streamer) reader() {
 				}
 			}
 			s.cond.Wait()
+			waited = true
+		}
+		if waited {
+			s.io.restart() // the device idled while the window was full
 		}
 		if s.closed {
 			return
@@ -761,13 +806,19 @@ func (s *Streamer) Close() error {
 	return s.fh.Close()
 }
 
-// ioThrottle paces reads to a bandwidth without banking idle time: a
-// read may not start before the previous one would have finished on the
-// emulated device.
+// ioThrottle paces reads to a bandwidth, as a device that transfers at
+// that rate while a request is outstanding. Reads in a run (the next chunk,
+// the next group, with no wait for room between them) keep the device's
+// schedule: a reader that wakes late from its sleep (a millisecond, or
+// tens on a busy machine, against 10 ms per 4 MiB chunk at 400 MB/s) does
+// not idle the device, and the chunks after it catch up, by at most
+// throttleMaxLag so a long stall is not followed by a burst faster than
+// the device. A read after a wait (compute in Std mode, a full window in
+// StdPL) restarts the schedule from now: idle time is not banked.
 type ioThrottle struct {
 	t    Throttle
 	mu   sync.Mutex
-	next time.Time
+	next time.Time // when the device finishes what it was given; zero: idle
 }
 
 // reserve books n bytes on the emulated device and returns when they
@@ -778,9 +829,11 @@ func (io *ioThrottle) reserve(n int) time.Time {
 	}
 	io.mu.Lock()
 	defer io.mu.Unlock()
-	start := time.Now()
-	if io.next.After(start) {
-		start = io.next
+	start := io.next
+	if now := time.Now(); start.IsZero() {
+		start = now
+	} else if lag := now.Sub(start); lag > throttleMaxLag {
+		start = now.Add(-throttleMaxLag)
 	}
 	done := start.Add(io.t.Latency)
 	if io.t.Bandwidth > 0 {
@@ -788,6 +841,16 @@ func (io *ioThrottle) reserve(n int) time.Time {
 	}
 	io.next = done
 	return done
+}
+
+const throttleMaxLag = 25 * time.Millisecond
+
+// restart marks the device idle since its last request: the next read is
+// scheduled from the time it is made.
+func (io *ioThrottle) restart() {
+	io.mu.Lock()
+	io.next = time.Time{}
+	io.mu.Unlock()
 }
 
 func sleepUntil(t time.Time) {

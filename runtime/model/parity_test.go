@@ -99,6 +99,19 @@ func argmax(x []float32) int32 {
 // It returns the generated ids and a copy of the first-step logits.
 func greedy(t testing.TB, m *Model, cache *kv.Cache, prompt []int32) ([]int32, []float32) {
 	t.Helper()
+	var first []float32
+	ids := greedyLogits(t, m, cache, prompt, func(logits []float32) {
+		if first == nil {
+			first = append([]float32(nil), logits...)
+		}
+	})
+	return ids, first
+}
+
+// greedyLogits is greedy with a callback seeing the logits of every step
+// (step 0 is the prompt's last position).
+func greedyLogits(t testing.TB, m *Model, cache *kv.Cache, prompt []int32, step func(logits []float32)) []int32 {
+	t.Helper()
 	seq, err := cache.NewSeq()
 	if err != nil {
 		t.Fatal(err)
@@ -111,10 +124,10 @@ func greedy(t testing.TB, m *Model, cache *kv.Cache, prompt []int32) ([]int32, [
 		t.Fatal(err)
 	}
 	cache.CommitAll(seq)
-	first := append([]float32(nil), out.Row(len(prompt)-1)...)
-	logits := first
+	logits := out.Row(len(prompt) - 1)
 	var ids []int32
 	for steps := 201 - len(prompt); len(ids) < steps; {
+		step(logits)
 		id := argmax(logits)
 		ids = append(ids, id)
 		if id == 1 || len(ids) == steps {
@@ -128,7 +141,7 @@ func greedy(t testing.TB, m *Model, cache *kv.Cache, prompt []int32) ([]int32, [
 		cache.CommitAll(seq)
 		logits = out.Row(0)
 	}
-	return ids, first
+	return ids
 }
 
 // TestParity reproduces the reference greedy runs token for token, and

@@ -16,11 +16,17 @@ import (
 // loadStreamed opens path and loads it streaming under opt.
 func loadStreamed(t testing.TB, path string, opt weights.StreamOptions) (*Model, *weights.File) {
 	t.Helper()
+	return loadPath(t, path, Options{Threads: 2, Stream: &opt})
+}
+
+// loadPath opens path and loads it; both are closed when the test ends.
+func loadPath(t testing.TB, path string, opt Options) (*Model, *weights.File) {
+	t.Helper()
 	f, err := weights.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(f, Options{Threads: 2, Stream: &opt})
+	m, err := Load(f, opt)
 	if err != nil {
 		f.Close()
 		t.Fatal(err)

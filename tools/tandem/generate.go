@@ -33,10 +33,15 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			"stderr. The model is a GGUF or a llama2.c .bin (which needs --tokenizer); with\n"+
 			"no --model the embedded default runs (random weights: it proves the pipeline,\n"+
 			"its text is noise). Generation stops at EOS, at BOS (llama2.c models end a\n"+
-			"story with it), at --max-tokens or when the context is full.", stdout, stderr,
+			"story with it), at --max-tokens or when the context is full.\n"+
+			"With --budget the weights beyond the budget stream from the file each token,\n"+
+			"layer by layer (the page cache is dropped behind them, so the budget is real);\n"+
+			"the output is the same as with the whole model in memory.", stdout, stderr,
 		`tandem generate --prompt "Once upon a time"`,
 		`tandem generate --model stories260K.bin --tokenizer tok512.bin --prompt "Once upon a time" --max-tokens 100`,
-		`tandem generate --model model.gguf --temperature 0.8 --top-p 0.95 --seed 42 --json`)
+		`tandem generate --model model.gguf --temperature 0.8 --top-p 0.95 --seed 42 --json`,
+		`tandem generate --model target.gguf --budget 256MiB --io-bandwidth 400MB/s   # stream under a budget from emulated eMMC`,
+		`tandem generate --model target.gguf --budget min --mode std`)
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	prompt := fs.String("prompt", "Once upon a time", "prompt text")
@@ -52,6 +57,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
 	asJSON := fs.Bool("json", false, `print one JSON object {"prompt_ids","ids","text","stats"} instead of streaming`)
+	rf := addRunFlags(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -74,7 +80,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	m, err := model.Load(f, model.Options{Threads: *threads})
+	rc, err := rf.resolve(f, stderr)
+	if err != nil {
+		return err
+	}
+	m, err := model.Load(f, model.Options{Threads: *threads, Stream: rc.stream})
 	if err != nil {
 		return err
 	}
@@ -135,6 +145,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		Kernels:        kernels.Backend(),
 		PeakRSSBytes:   peakRSS(),
 	}
+	if sst, ok := m.StreamStats(); ok {
+		st.Stream = newStreamStats(sst, rc.stream)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		return enc.Encode(map[string]any{"prompt_ids": nonNil(ids), "ids": nonNil(gen), "text": text, "stats": st})
@@ -142,6 +155,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintln(stdout, dec.Flush())
 	fmt.Fprintf(stderr, "\nprompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s (%s) | %d threads, %s kernels | peak RSS %.1f MiB\n",
 		st.PromptTokens, st.PrefillTokPerS, st.Generated, st.DecodeTokPerS, st.StopReason, st.Threads, st.Kernels, float64(st.PeakRSSBytes)/(1<<20))
+	if st.Stream != nil {
+		fmt.Fprintf(stderr, "stream %s\n", st.Stream)
+	}
 	return nil
 }
 
@@ -158,6 +174,8 @@ type stats struct {
 	Threads        int     `json:"threads"`
 	Kernels        string  `json:"kernels"`
 	PeakRSSBytes   int64   `json:"peak_rss_bytes"`
+	// Stream is set when the weights streamed under a budget.
+	Stream *streamStats `json:"stream,omitempty"`
 }
 
 func perSecond(n int, d time.Duration) float64 {

@@ -32,6 +32,7 @@ func init() {
 		"convert":  {"convert a llama2.c .bin or GGUF model to GGUF (optionally quantized)", runConvert},
 		"tokenize": {"encode text to token ids", runTokenize},
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
+		"inflate":  {"embed a real small model in a large shape, output unchanged (for benchmarks)", runInflate},
 		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
 		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
 	}

@@ -31,19 +31,9 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var sh weights.Shape
-	switch {
-	case *shape != "" && *dims != "":
-		return fmt.Errorf("%w: give --shape or --dims, not both", errUsage)
-	case *shape != "":
-		sh, err = weights.LookupShape(*shape)
-	case *dims != "":
-		sh, err = weights.ParseDims(*dims)
-	default:
-		return fmt.Errorf("%w: --shape or --dims is required", errUsage)
-	}
+	sh, err := shapeFlags(*shape, *dims)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return err
 	}
 	if *ctx > 0 {
 		sh.Context = *ctx
@@ -94,4 +84,24 @@ func vocabMetadata(path string) (*weights.Metadata, error) {
 	}
 	v.SetMetadata(md)
 	return md, nil
+}
+
+// shapeFlags resolves the --shape and --dims flags (exactly one given).
+func shapeFlags(shape, dims string) (weights.Shape, error) {
+	var sh weights.Shape
+	var err error
+	switch {
+	case shape != "" && dims != "":
+		return sh, fmt.Errorf("%w: give --shape or --dims, not both", errUsage)
+	case shape != "":
+		sh, err = weights.LookupShape(shape)
+	case dims != "":
+		sh, err = weights.ParseDims(dims)
+	default:
+		return sh, fmt.Errorf("%w: --shape or --dims is required", errUsage)
+	}
+	if err != nil {
+		return sh, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return sh, nil
 }

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/shirou/gopsutil/v3/mem"
+
+	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// runMode is one value of --mode: how the model's weights are held.
+type runMode struct {
+	name string
+	help string
+	// stream says the weights stream under --budget, in streamMode.
+	stream     bool
+	streamMode weights.StreamMode
+}
+
+// runModes are the values of --mode. A new mode is one line here plus what
+// generate does with it.
+var runModes = []runMode{
+	{name: "resident", help: "compute on the whole mapped file (no budget)"},
+	{name: "std", help: "stream layers that are not pinned when needed, no overlap (the Std baseline)", stream: true, streamMode: weights.StreamStd},
+	{name: "stdpl", help: "stream with the next layers read while one computes (the StdPL baseline)", stream: true, streamMode: weights.StreamPipelined},
+}
+
+func modeNames() string {
+	names := make([]string, len(runModes))
+	for i, m := range runModes {
+		names[i] = m.name
+	}
+	return strings.Join(names, "|")
+}
+
+// autoBudgetShare is the share of available memory --budget auto takes:
+// the rest is headroom for the KV cache, activations, the binary and
+// whatever else the device runs.
+const autoBudgetShare = 0.6
+
+// runFlags are the flags that say how a model runs: its memory budget, the
+// mode and the storage it streams from. generate registers them; the
+// spec-decoding modes extend them.
+type runFlags struct {
+	budget, mode, io, bandwidth, latency *string
+	// available reports the memory --budget auto divides (a test seam).
+	available func() (uint64, error)
+}
+
+func addRunFlags(fs *flag.FlagSet) *runFlags {
+	var mh []string
+	for _, m := range runModes {
+		mh = append(mh, fmt.Sprintf("%s: %s", m.name, m.help))
+	}
+	return &runFlags{
+		budget: fs.String("budget", "", "most bytes of model weights held in memory, like 512MiB or 1.5GB; auto: "+
+			fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory; min: the smallest the model allows (printed). Layers beyond it stream from the file"),
+		mode:      fs.String("mode", "", "how the weights are held (default: resident without --budget, stdpl with one):\n"+strings.Join(mh, "\n")),
+		io:        fs.String("io", "pread", "how streamed weights are read: pread (into buffers tandem owns) or mmap (the file mapping)"),
+		bandwidth: fs.String("io-bandwidth", "off", "emulate slower storage for streamed reads, like 400MB/s (eMMC) or 1.5GB/s (UFS); off: the disk's own speed"),
+		latency:   fs.String("io-latency", "0", "emulated latency of each streamed read request, like 100us"),
+		available: func() (uint64, error) {
+			vm, err := mem.VirtualMemory()
+			if err != nil {
+				return 0, err
+			}
+			return vm.Available, nil
+		},
+	}
+}
+
+// runConfig is what the run flags resolve to for one model file.
+type runConfig struct {
+	mode   runMode
+	stream *weights.StreamOptions // nil: resident
+	plan   weights.StreamPlan
+}
+
+// resolve checks the run flags against the model f and returns how to load
+// it. Notes for the user (the chosen budget, what it pins) go to stderr.
+func (r *runFlags) resolve(f *weights.File, stderr io.Writer) (runConfig, error) {
+	var rc runConfig
+	name := *r.mode
+	if name == "" {
+		name = "resident"
+		if *r.budget != "" {
+			name = "stdpl"
+		}
+	}
+	found := false
+	for _, m := range runModes {
+		if m.name == name {
+			rc.mode, found = m, true
+		}
+	}
+	if !found {
+		return rc, fmt.Errorf("%w: --mode %q: want one of %s", errUsage, name, modeNames())
+	}
+	var method weights.IOMethod
+	switch *r.io {
+	case "pread":
+		method = weights.IOPread
+	case "mmap":
+		method = weights.IOMmap
+	default:
+		return rc, fmt.Errorf("%w: --io %q: want pread or mmap", errUsage, *r.io)
+	}
+	bw, err := parseBandwidth(*r.bandwidth)
+	if err != nil {
+		return rc, fmt.Errorf("%w: --io-bandwidth: %v", errUsage, err)
+	}
+	lat, err := time.ParseDuration(strings.TrimSpace(*r.latency))
+	if err != nil || lat < 0 {
+		return rc, fmt.Errorf("%w: --io-latency %q: want a duration like 100us or 2ms", errUsage, *r.latency)
+	}
+	if !rc.mode.stream {
+		if *r.budget != "" || bw > 0 || lat > 0 || *r.io != "pread" {
+			return rc, fmt.Errorf("%w: --mode resident computes on the whole mapped file; --budget, --io, --io-bandwidth and --io-latency need --mode std or stdpl", errUsage)
+		}
+		return rc, nil
+	}
+	if f.Path == defaultModelName {
+		return rc, fmt.Errorf("%w: --mode %s streams weights from a file; the embedded model has none: pass --model", errUsage, rc.mode.name)
+	}
+	opt := weights.StreamOptions{Mode: rc.mode.streamMode, Method: method, Throttle: weights.Throttle{Bandwidth: bw, Latency: lat}}
+	// The plan at budget 0 fails but reports the total and the minimum.
+	probe, _, err := model.PlanStream(f, opt)
+	if err != nil && probe.Min == 0 {
+		return rc, err
+	}
+	switch b := strings.ToLower(strings.TrimSpace(*r.budget)); b {
+	case "min":
+		opt.Budget = probe.Min
+	case "", "auto":
+		avail, err := r.available()
+		if err != nil {
+			return rc, fmt.Errorf("--budget auto: reading available memory: %w; give a size instead", err)
+		}
+		opt.Budget = uint64(float64(avail) * autoBudgetShare)
+		fmt.Fprintf(stderr, "budget auto: %s (%.0f%% of %s available)\n", progress.Bytes(opt.Budget), 100*autoBudgetShare, progress.Bytes(avail))
+	default:
+		if opt.Budget, err = parseSize(b); err != nil {
+			return rc, fmt.Errorf("%w: --budget: %v (or auto, or min)", errUsage, err)
+		}
+	}
+	plan, groups, err := model.PlanStream(f, opt)
+	if err != nil {
+		return rc, fmt.Errorf("%w; run with --budget min to use the smallest", err)
+	}
+	if strings.EqualFold(strings.TrimSpace(*r.budget), "min") {
+		fmt.Fprintf(stderr, "budget min: %s for %s (%s of weights): %s\n", progress.Bytes(plan.Min), f.Path, progress.Bytes(plan.Total), describePlan(plan, groups))
+	}
+	rc.stream, rc.plan = &opt, plan
+	return rc, nil
+}
+
+// describePlan says in a line what a plan pins and streams.
+func describePlan(p weights.StreamPlan, groups []weights.Group) string {
+	var pinned []string
+	streamed := 0
+	for i, g := range groups {
+		switch {
+		case p.Pinned[i]:
+			pinned = append(pinned, g.Name)
+		case !g.Rows:
+			streamed++
+		}
+	}
+	pin := "pins nothing"
+	if len(pinned) > 0 {
+		pin = fmt.Sprintf("pins %s (%s)", strings.Join(pinned, ", "), progress.Bytes(p.PinBytes))
+	}
+	return fmt.Sprintf("%s; streams %d groups through a %s window", pin, streamed, progress.Bytes(p.Window))
+}
+
+// streamStats are the streaming figures generate reports.
+type streamStats struct {
+	Mode              string  `json:"mode"`
+	IO                string  `json:"io"`
+	BudgetBytes       uint64  `json:"budget_bytes"`
+	PinnedBytes       uint64  `json:"pinned_bytes"`
+	WindowBytes       uint64  `json:"window_bytes"`
+	ResidentBytes     uint64  `json:"resident_bytes"`
+	PeakResidentBytes uint64  `json:"peak_resident_bytes"`
+	WarmupReadBytes   uint64  `json:"warmup_read_bytes"`
+	BytesRead         uint64  `json:"bytes_read"`
+	Passes            int     `json:"passes"`
+	BytesReadPerToken uint64  `json:"bytes_read_per_token"`
+	ReadSeconds       float64 `json:"read_seconds"`
+	IOStallSeconds    float64 `json:"io_stall_seconds"`
+	IOBandwidth       float64 `json:"io_bandwidth_bytes_per_s,omitempty"`
+}
+
+// newStreamStats summarises a streamer's counters. A pass is one Forward:
+// the prompt's prefill, then one per generated token.
+func newStreamStats(st weights.StreamStats, opt *weights.StreamOptions) *streamStats {
+	s := &streamStats{Mode: st.Mode.String(), IO: st.Method.String(), BudgetBytes: st.Budget, PinnedBytes: st.Pinned,
+		WindowBytes: st.Window, ResidentBytes: st.Resident, PeakResidentBytes: st.Peak, WarmupReadBytes: st.WarmupRead,
+		BytesRead: st.BytesRead, Passes: st.Passes, ReadSeconds: st.ReadTime.Seconds(), IOStallSeconds: st.Stall.Seconds(),
+		IOBandwidth: opt.Throttle.Bandwidth}
+	if st.Passes > 0 {
+		s.BytesReadPerToken = st.BytesRead / uint64(st.Passes)
+	}
+	return s
+}
+
+func (s *streamStats) String() string {
+	bw := "disk speed"
+	if s.IOBandwidth > 0 {
+		bw = fmt.Sprintf("emulated %.0f MB/s", s.IOBandwidth/1e6)
+	}
+	return fmt.Sprintf("%s/%s, budget %s: pinned %s, window %s, resident %s (peak %s) | read %s per token (%s), %.2fs reading, IO stall %.2fs",
+		s.Mode, s.IO, progress.Bytes(s.BudgetBytes), progress.Bytes(s.PinnedBytes), progress.Bytes(s.WindowBytes),
+		progress.Bytes(s.ResidentBytes), progress.Bytes(s.PeakResidentBytes), progress.Bytes(s.BytesReadPerToken), bw,
+		s.ReadSeconds, s.IOStallSeconds)
+}
