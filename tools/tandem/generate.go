@@ -36,12 +36,17 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			"story with it), at --max-tokens or when the context is full.\n"+
 			"With --budget the weights beyond the budget stream from the file each token,\n"+
 			"layer by layer (the page cache is dropped behind them, so the budget is real);\n"+
-			"the output is the same as with the whole model in memory.", stdout, stderr,
+			"the output is the same as with the whole model in memory.\n"+
+			"With --draft a small draft model guesses a tree of tokens that the model checks\n"+
+			"in one pass (--mode tree, sd or bild); tree and sd emit exactly the model's own\n"+
+			"tokens (greedy) or its distribution (sampling), only faster.", stdout, stderr,
 		`tandem generate --prompt "Once upon a time"`,
 		`tandem generate --model stories260K.bin --tokenizer tok512.bin --prompt "Once upon a time" --max-tokens 100`,
 		`tandem generate --model model.gguf --temperature 0.8 --top-p 0.95 --seed 42 --json`,
 		`tandem generate --model target.gguf --budget 256MiB --io-bandwidth 400MB/s   # stream under a budget from emulated eMMC`,
-		`tandem generate --model target.gguf --budget min --mode std`)
+		`tandem generate --model target.gguf --budget min --mode std`,
+		`tandem generate --model stories260K.bin --draft llama2xs_model.bin --tokenizer tok512.bin --json   # speculative decoding`,
+		`tandem generate --model target.gguf --draft draft.gguf --budget 25% --io-bandwidth 400MB/s --mode tree`)
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	prompt := fs.String("prompt", "Once upon a time", "prompt text")
@@ -58,6 +63,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
 	asJSON := fs.Bool("json", false, `print one JSON object {"prompt_ids","ids","text","stats"} instead of streaming`)
 	rf := addRunFlags(fs)
+	sf := addSpecFlags(fs)
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -80,11 +86,19 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rc, err := rf.resolve(f, stderr)
+	rc, err := rf.resolve(f, *sf.draft != "", stderr)
 	if err != nil {
 		return err
 	}
-	m, err := model.Load(f, model.Options{Threads: *threads, Stream: rc.stream})
+	pool := kernels.NewPool(*threads)
+	defer pool.Close()
+	mopt := model.Options{Pool: pool, Stream: rc.stream}
+	var lane *spec.Lane
+	if rc.mode.speculative && rc.stream != nil {
+		lane = spec.NewLane() // the draft computes while the model waits on IO
+		mopt.Lane = lane
+	}
+	m, err := model.Load(f, mopt)
 	if err != nil {
 		return err
 	}
@@ -113,6 +127,15 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			MinP: float32(*minP), RepeatPenalty: float32(*repeat), Seed: *seed}),
 		Stop: func(id int32) bool { return id == tok.EOS() || id == tok.BOS() },
 	}
+	generate := func() (spec.Result, error) { return spec.Generate(ctx, m, cache, ids, opt) }
+	var pair *draftPair
+	if rc.mode.speculative {
+		if pair, err = sf.openDraft(m, tok, cache, *tokPath, rc.mode.method, lane, pool, opt.Sampler, kvt, stderr); err != nil {
+			return err
+		}
+		defer pair.Close()
+		generate = func() (spec.Result, error) { return spec.Speculate(ctx, pair.decoder, ids, opt) }
+	}
 	if !*asJSON {
 		fmt.Fprint(stdout, *prompt)
 		opt.OnToken = func(id int32) error {
@@ -121,7 +144,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	start := time.Now()
-	res, err := spec.Generate(ctx, m, cache, ids, opt)
+	res, err := generate()
 	if err != nil {
 		return err
 	}
@@ -148,6 +171,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if sst, ok := m.StreamStats(); ok {
 		st.Stream = newStreamStats(sst, rc.stream)
 	}
+	if pair != nil {
+		st.Spec = newSpecStats(pair.decoder.Stats(), pair.file.Path)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		return enc.Encode(map[string]any{"prompt_ids": nonNil(ids), "ids": nonNil(gen), "text": text, "stats": st})
@@ -157,6 +183,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		st.PromptTokens, st.PrefillTokPerS, st.Generated, st.DecodeTokPerS, st.StopReason, st.Threads, st.Kernels, float64(st.PeakRSSBytes)/(1<<20))
 	if st.Stream != nil {
 		fmt.Fprintf(stderr, "stream %s\n", st.Stream)
+	}
+	if st.Spec != nil {
+		fmt.Fprintf(stderr, "speculative %s\n", st.Spec)
 	}
 	return nil
 }
@@ -176,6 +205,8 @@ type stats struct {
 	PeakRSSBytes   int64   `json:"peak_rss_bytes"`
 	// Stream is set when the weights streamed under a budget.
 	Stream *streamStats `json:"stream,omitempty"`
+	// Spec is set when a draft speculated.
+	Spec *specStats `json:"speculative,omitempty"`
 }
 
 func perSecond(n int, d time.Duration) float64 {

@@ -11,24 +11,36 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// runMode is one value of --mode: how the model's weights are held.
+// runMode is one value of --mode: how the model's weights are held and
+// whether a draft model speculates for it.
 type runMode struct {
 	name string
 	help string
 	// stream says the weights stream under --budget, in streamMode.
 	stream     bool
 	streamMode weights.StreamMode
+	// budgeted modes stream (pipelined) when --budget is given and are
+	// resident otherwise.
+	budgeted bool
+	// speculative modes need --draft and decode with spec.Method.
+	speculative bool
+	method      spec.Method
 }
 
 // runModes are the values of --mode. A new mode is one line here plus what
 // generate does with it.
 var runModes = []runMode{
-	{name: "resident", help: "compute on the whole mapped file (no budget)"},
+	{name: "resident", help: "the model alone, computing on the whole mapped file (no budget)"},
+	{name: "target", help: "the model alone: resident, or streamed (stdpl) under --budget", budgeted: true},
 	{name: "std", help: "stream layers that are not pinned when needed, no overlap (the Std baseline)", stream: true, streamMode: weights.StreamStd},
 	{name: "stdpl", help: "stream with the next layers read while one computes (the StdPL baseline)", stream: true, streamMode: weights.StreamPipelined},
+	{name: "sd", help: "speculative decoding with --draft: a chain of --draft-len tokens, verified, repeated", budgeted: true, speculative: true, method: spec.SD},
+	{name: "bild", help: "the Big-Little decoder with --draft (lossy: the draft runs until unsure, the model rolls back what it finds unlikely)", budgeted: true, speculative: true, method: spec.BiLD},
+	{name: "tree", help: "token-tree speculative decoding with --draft: confidence-paced tree, one verification pass, draft works during IO (default with --draft)", budgeted: true, speculative: true, method: spec.Tree},
 }
 
 func modeNames() string {
@@ -84,13 +96,17 @@ type runConfig struct {
 
 // resolve checks the run flags against the model f and returns how to load
 // it. Notes for the user (the chosen budget, what it pins) go to stderr.
-func (r *runFlags) resolve(f *weights.File, stderr io.Writer) (runConfig, error) {
+// draft says --draft was given (the default mode is then tree).
+func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runConfig, error) {
 	var rc runConfig
 	name := *r.mode
 	if name == "" {
 		name = "resident"
 		if *r.budget != "" {
 			name = "stdpl"
+		}
+		if draft {
+			name = "tree"
 		}
 	}
 	found := false
@@ -101,6 +117,15 @@ func (r *runFlags) resolve(f *weights.File, stderr io.Writer) (runConfig, error)
 	}
 	if !found {
 		return rc, fmt.Errorf("%w: --mode %q: want one of %s", errUsage, name, modeNames())
+	}
+	if rc.mode.speculative != draft {
+		if draft {
+			return rc, fmt.Errorf("%w: --mode %s runs the model alone; --draft needs --mode tree, sd or bild", errUsage, name)
+		}
+		return rc, fmt.Errorf("%w: --mode %s needs a draft model: add --draft FILE", errUsage, name)
+	}
+	if rc.mode.budgeted && *r.budget != "" {
+		rc.mode.stream, rc.mode.streamMode = true, weights.StreamPipelined
 	}
 	var method weights.IOMethod
 	switch *r.io {
@@ -121,7 +146,7 @@ func (r *runFlags) resolve(f *weights.File, stderr io.Writer) (runConfig, error)
 	}
 	if !rc.mode.stream {
 		if *r.budget != "" || bw > 0 || lat > 0 || *r.io != "pread" {
-			return rc, fmt.Errorf("%w: --mode resident computes on the whole mapped file; --budget, --io, --io-bandwidth and --io-latency need --mode std or stdpl", errUsage)
+			return rc, fmt.Errorf("%w: --mode %s computes on the whole mapped file; --io, --io-bandwidth and --io-latency need --budget (or --mode std or stdpl)", errUsage, rc.mode.name)
 		}
 		return rc, nil
 	}

@@ -131,7 +131,7 @@ func TestBudgetAuto(t *testing.T) {
 		}
 		rf.available = func() (uint64, error) { return tc.avail, tc.err }
 		var note strings.Builder
-		rc, err := rf.resolve(f, &note)
+		rc, err := rf.resolve(f, false, &note)
 		if tc.want == 0 {
 			if err == nil {
 				t.Errorf("available %d (%v): no error", tc.avail, tc.err)

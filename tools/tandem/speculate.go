@@ -1,0 +1,196 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// specFlags are the draft model and the speculative decoder's tuning.
+type specFlags struct {
+	draft, draftTok      *string
+	threshold            *float64
+	maxTree, maxBranches *int
+	draftBatch, draftLen *int
+	trigger, pacer       *string
+	alpha                *float64
+	noPipeline           *bool
+	fallback, rollback   *float64
+}
+
+func addSpecFlags(fs *flag.FlagSet) *specFlags {
+	return &specFlags{
+		draft:       fs.String("draft", "", "draft model (GGUF or llama2.c .bin) sharing the model's tokenizer: speculative decoding (--mode tree by default)"),
+		draftTok:    fs.String("draft-tokenizer", "", "the draft's tokenizer.bin or GGUF vocabulary (default: the draft's own, else --tokenizer)"),
+		threshold:   fs.Float64("branch-threshold", 0.1, "tree: every candidate above this draft probability opens a branch"),
+		maxTree:     fs.Int("max-tree", 32, "tree: most drafted tokens per verification (also the pacer's draft budget)"),
+		maxBranches: fs.Int("max-branches", 16, "tree: most branches open at once"),
+		draftBatch:  fs.Int("draft-batch", 2, "tree: branches extended per draft step (one batched draft pass)"),
+		trigger:     fs.String("trigger", "cost", "tree: when to verify: cost (size the tree from measured verification and draft costs), adaptive (LLMCad's confidence threshold alpha), fixed (at --max-tree tokens)"),
+		alpha:       fs.Float64("alpha", spec.DefaultAlpha, "tree with --trigger adaptive: the starting confidence threshold"),
+		pacer:       fs.String("pacer", "fair", "tree: which branch grows next: fair (max-min share by confidence), uniform (shortest branch first)"),
+		noPipeline:  fs.Bool("no-pipeline", false, "tree and sd: do not draft while a streamed model waits on IO"),
+		draftLen:    fs.Int("draft-len", 4, "sd: draft tokens per verification"),
+		fallback:    fs.Float64("fallback", 0.5, "bild: the draft hands over when its top probability falls below this"),
+		rollback:    fs.Float64("rollback", 2, "bild: roll back a draft token whose cross-entropy under the model exceeds this"),
+	}
+}
+
+// config turns the flags into a decoder configuration for method.
+func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, error) {
+	cfg := spec.Config{Method: method, BranchThreshold: *sf.threshold, MaxTree: *sf.maxTree, MaxBranches: *sf.maxBranches,
+		DraftBatch: *sf.draftBatch, DraftLen: *sf.draftLen, Fallback: *sf.fallback, Rollback: *sf.rollback,
+		Pipeline: lane != nil && !*sf.noPipeline, Lane: lane}
+	if cfg.BranchThreshold <= 0 || cfg.BranchThreshold > 1 {
+		return cfg, fmt.Errorf("%w: --branch-threshold %g: want a probability in (0, 1]", errUsage, cfg.BranchThreshold)
+	}
+	for name, v := range map[string]int{"--max-tree": cfg.MaxTree, "--max-branches": cfg.MaxBranches, "--draft-batch": cfg.DraftBatch, "--draft-len": cfg.DraftLen} {
+		if v < 1 {
+			return cfg, fmt.Errorf("%w: %s %d: want at least 1", errUsage, name, v)
+		}
+	}
+	switch *sf.trigger {
+	case "cost":
+		cfg.Trigger = &spec.CostAware{}
+	case "adaptive":
+		if *sf.alpha <= 0 || *sf.alpha > 1 {
+			return cfg, fmt.Errorf("%w: --alpha %g: want a confidence in (0, 1]", errUsage, *sf.alpha)
+		}
+		cfg.Trigger = &spec.Adaptive{Alpha: *sf.alpha}
+	case "fixed":
+		cfg.Trigger = spec.FixedSize{N: cfg.MaxTree}
+	default:
+		return cfg, fmt.Errorf("%w: --trigger %q: want cost, adaptive or fixed", errUsage, *sf.trigger)
+	}
+	switch *sf.pacer {
+	case "fair":
+		cfg.Pacer = spec.FairPacer{}
+	case "uniform":
+		cfg.Pacer = spec.UniformPacer{}
+	default:
+		return cfg, fmt.Errorf("%w: --pacer %q: want fair or uniform", errUsage, *sf.pacer)
+	}
+	if method != spec.Tree {
+		cfg.Trigger, cfg.Pacer = nil, nil // SD and BiLD use their own
+	}
+	return cfg, nil
+}
+
+// draftPair is a loaded draft with the decoder that pairs it with the
+// target.
+type draftPair struct {
+	file    *weights.File
+	model   *model.Model
+	decoder *spec.Decoder
+}
+
+func (p *draftPair) Close() {
+	p.model.Close()
+	p.file.Close()
+}
+
+// openDraft loads the draft, refuses it unless it shares the target's
+// vocabulary, and makes the decoder. The draft shares the target's kernel
+// pool: the two never compute at once.
+func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokenizer, targetCache *kv.Cache, tokPath string,
+	method spec.Method, lane *spec.Lane, pool *kernels.Pool, sampler *sample.Sampler, kvt weights.DType, stderr io.Writer) (*draftPair, error) {
+	cfg, err := sf.config(method, lane)
+	if err != nil {
+		return nil, err
+	}
+	f, err := weights.Open(*sf.draft)
+	if err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	p := &draftPair{file: f}
+	fail := func(err error) (*draftPair, error) {
+		if p.model != nil {
+			p.model.Close()
+		}
+		f.Close()
+		return nil, err
+	}
+	dtokPath := *sf.draftTok
+	if dtokPath == "" {
+		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+			dtokPath = tokPath
+		}
+	}
+	dtok, err := loadTokenizer(f, dtokPath)
+	if err != nil {
+		return fail(fmt.Errorf("--draft: %w", err))
+	}
+	if err := spec.CheckVocab(dtok, targetTok, f.Path, target.File().Path); err != nil {
+		return fail(err)
+	}
+	if p.model, err = model.Load(f, model.Options{Pool: pool}); err != nil {
+		return fail(err)
+	}
+	ctx := min(targetCache.Config().Context, p.model.Config().Context)
+	dcache, err := p.model.NewCache(ctx, kvt)
+	if err != nil {
+		return fail(err)
+	}
+	if p.decoder, err = spec.New(p.model, target, dcache, targetCache, sampler, cfg); err != nil {
+		return fail(err)
+	}
+	for _, n := range p.decoder.Notes() {
+		fmt.Fprintf(stderr, "note: %s\n", n)
+	}
+	return p, nil
+}
+
+// specStats are the speculative figures generate reports.
+type specStats struct {
+	Mode           string  `json:"mode"`
+	Draft          string  `json:"draft"`
+	TargetPasses   int     `json:"target_passes"`
+	DraftSteps     int     `json:"draft_steps"`
+	TokensPerPass  float64 `json:"tokens_per_target_pass"`
+	AcceptanceRate float64 `json:"acceptance_rate"`
+	DraftTokens    int     `json:"draft_tokens_verified"`
+	Accepted       int     `json:"draft_tokens_accepted"`
+	MeanTree       float64 `json:"mean_tree_size"`
+	MaxTree        int     `json:"max_tree_size"`
+	PipelineSteps  int     `json:"pipeline_draft_steps"`
+	KeptTokens     int     `json:"pipeline_tokens_kept"`
+	DraftSeconds   float64 `json:"draft_seconds"`
+	TargetSeconds  float64 `json:"target_seconds"`
+	IOWaitSeconds  float64 `json:"io_wait_seconds"`
+}
+
+func newSpecStats(st spec.Stats, draft string) *specStats {
+	s := &specStats{Mode: st.Method, Draft: draft, TargetPasses: st.TargetPasses, DraftSteps: st.DraftSteps,
+		TokensPerPass: st.TokensPerPass(), AcceptanceRate: st.AcceptanceRate(), DraftTokens: st.Verified, Accepted: st.Accepted,
+		MaxTree: st.MaxTree, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
+		DraftSeconds: st.DraftTime.Seconds(), TargetSeconds: st.TargetTime.Seconds(), IOWaitSeconds: st.IOWait.Seconds()}
+	if st.TargetPasses > 0 {
+		s.MeanTree = float64(st.Verified) / float64(st.TargetPasses)
+	}
+	return s
+}
+
+func (s *specStats) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %.2f tokens per target pass (%d passes), acceptance %.2f, tree %.1f mean / %d max, %d draft steps",
+		s.Mode, s.TokensPerPass, s.TargetPasses, s.AcceptanceRate, s.MeanTree, s.MaxTree, s.DraftSteps)
+	if s.PipelineSteps > 0 {
+		fmt.Fprintf(&b, " (%d during IO, %d tokens kept)", s.PipelineSteps, s.KeptTokens)
+	}
+	fmt.Fprintf(&b, " | time: draft %s, target %s (IO wait %s)", secs(s.DraftSeconds), secs(s.TargetSeconds), secs(s.IOWaitSeconds))
+	return b.String()
+}
+
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+)
+
+// TestGenerateSpeculative: every speculative mode runs from the command
+// line, tree and sd give the model's own greedy tokens (with the weights
+// resident and streamed under the smallest budget), and --json reports
+// the speculative figures.
+func TestGenerateSpeculative(t *testing.T) {
+	target, draft, tok := testutil.Model(t, "stories260K.bin"), testutil.Model(t, "llama2xs_model.bin"), testutil.Model(t, "tok512.bin")
+	base := []string{"generate", "--model", target, "--tokenizer", tok, "--ctx", "256", "--max-tokens", "40", "--json"}
+	type result struct {
+		IDs   []int32 `json:"ids"`
+		Stats struct {
+			Spec *struct {
+				Mode          string  `json:"mode"`
+				TargetPasses  int     `json:"target_passes"`
+				DraftSteps    int     `json:"draft_steps"`
+				TokensPerPass float64 `json:"tokens_per_target_pass"`
+				Acceptance    float64 `json:"acceptance_rate"`
+				DraftSeconds  float64 `json:"draft_seconds"`
+			} `json:"speculative"`
+		} `json:"stats"`
+	}
+	run := func(args ...string) result {
+		t.Helper()
+		code, out, errOut := tandem(t, append(append([]string(nil), base...), args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		var r result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r
+	}
+	want := run().IDs
+	for _, args := range [][]string{
+		{"--draft", draft},
+		{"--draft", draft, "--mode", "sd", "--draft-len", "3"},
+		{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"},
+		{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"},
+		{"--draft", draft, "--mode", "bild"},
+	} {
+		r := run(args...)
+		sp := r.Stats.Spec
+		if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
+			t.Errorf("%v: speculative stats %+v", args, sp)
+			continue
+		}
+		if sp.Mode != "bild" && !equalIDs(r.IDs, want) {
+			t.Errorf("%v: ids differ from the model alone:\n got %v\nwant %v", args, r.IDs, want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mode", "tree"}, "needs a draft model"},
+		{[]string{"--draft", draft, "--mode", "std"}, "--draft needs --mode tree, sd or bild"},
+		{[]string{"--draft", draft, "--trigger", "sometimes"}, "--trigger"},
+		{[]string{"--draft", draft, "--branch-threshold", "0"}, "--branch-threshold"},
+		{[]string{"--draft", testutil.Model(t, "llama-2-tiny-random.gguf")}, "tokenizer"},
+	} {
+		code, _, errOut := tandem(t, append(append([]string(nil), base...), tc.args...)...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, %q; want an error mentioning %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
