@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -171,9 +172,12 @@ type Stats struct {
 	// flight; KeptNodes the drafted tokens carried into the next round
 	// because they hung under the token the target chose.
 	PipelineSteps, KeptNodes int
-	DraftTime                time.Duration // in draft Forward calls
-	TargetTime               time.Duration // in target Forward calls (its IO waits included)
-	IOWait                   time.Duration // of TargetTime, waiting for streamed weights
+	// AcceptLen[n] counts the verifications that accepted n drafted
+	// tokens: the acceptance-vs-depth curve.
+	AcceptLen  []int
+	DraftTime  time.Duration // in draft Forward calls
+	TargetTime time.Duration // in target Forward calls (its IO waits included)
+	IOWait     time.Duration // of TargetTime, waiting for streamed weights
 }
 
 // TokensPerPass is the tokens emitted per target pass.
@@ -281,6 +285,7 @@ func (d *Decoder) Limit() int { return d.limit }
 // Stats returns the counters.
 func (d *Decoder) Stats() Stats {
 	st := d.stats
+	st.AcceptLen = slices.Clone(d.stats.AcceptLen)
 	st.Method = d.cfg.Method.String()
 	if ss, ok := d.target.StreamStats(); ok {
 		st.IOWait = ss.Stall - d.ioBase

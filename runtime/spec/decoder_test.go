@@ -183,6 +183,14 @@ func TestSpeculateDraftExtremes(t *testing.T) {
 					}
 				}
 				st := d.Stats()
+				var passes, accepted int
+				for n, c := range st.AcceptLen {
+					passes += c
+					accepted += n * c
+				}
+				if passes != st.TargetPasses || accepted != st.Accepted {
+					t.Errorf("acceptance histogram %v sums to %d passes and %d tokens; stats say %d and %d", st.AcceptLen, passes, accepted, st.TargetPasses, st.Accepted)
+				}
 				rate := st.AcceptanceRate()
 				if m.cfg.Method == SD && (rate < tc.min || rate > tc.max) {
 					t.Errorf("acceptance %.3f, want within [%g, %g]", rate, tc.min, tc.max)

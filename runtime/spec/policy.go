@@ -107,21 +107,26 @@ func (FixedSize) Observe(Outcome) {}
 // verifications actually accepted). Its time is T = draft time + t_v(n),
 // the verification cost of n drafted tokens, t_v(n) = IO + b·(n+1) with
 // the IO wait and the per-token compute b measured on the target's last
-// passes. A draft step that added gain g of confidence for cost c (its
+// passes (b is the slope of compute against tree size). A draft step that added gain g of confidence for cost c (its
 // own time plus b per token added) is worth it while k·g/c ≥ E/T. So a
 // streamed target, whose pass costs the same for 4 tokens or 40, gets
 // large trees, and a resident one small trees.
 type CostAware struct {
-	k      float64 // accepted tokens per unit of ΣC (EWMA)
-	io     float64 // seconds of IO per pass (EWMA)
-	perTok float64 // seconds of target compute per token (EWMA)
-	seen   int
+	k  float64 // accepted tokens per unit of ΣC (EWMA)
+	io float64 // seconds of IO per pass (EWMA)
+	// The pass's compute, t = c0 + b·(n+1), fitted by least squares over
+	// recent passes (exponentially weighted moments of n+1 and t): trees
+	// vary in size, so the slope b is what one more token costs, apart
+	// from fixed costs (and from waits for the lane while the draft
+	// worked, which do not grow with the tree).
+	sn, st, snn, snt, sw float64
+	seen                 int
 	// Warmup is the tree size used until a pass has been measured
 	// (default 8).
 	Warmup int
 }
 
-// ewma weighs a new observation against the running estimate.
+// ewmaWeight weighs a new observation against the running estimates.
 const ewmaWeight = 0.3
 
 func ewma(old, v float64, first bool) float64 {
@@ -129,6 +134,16 @@ func ewma(old, v float64, first bool) float64 {
 		return v
 	}
 	return (1-ewmaWeight)*old + ewmaWeight*v
+}
+
+// perToken is b, the compute one more verified token costs.
+func (c *CostAware) perToken() float64 {
+	mn, mt := c.sn/c.sw, c.st/c.sw
+	varn := c.snn/c.sw - mn*mn
+	if varn > 0.25 { // sizes vary enough to tell slope from fixed cost
+		return math.Max(0, (c.snt/c.sw-mn*mt)/varn)
+	}
+	return mt / mn // all compute per token: an upper bound
 }
 
 func (c *CostAware) Verify(s TreeState) bool {
@@ -145,10 +160,11 @@ func (c *CostAware) Verify(s TreeState) bool {
 	if s.Nodes == 0 || s.LastAdded == 0 {
 		return false
 	}
+	b := c.perToken()
 	e := 1 + c.k*s.SumConf
-	t := s.Draft.Seconds() + c.io + c.perTok*float64(s.Nodes+1)
+	t := s.Draft.Seconds() + c.io + c.st/c.sw + b*(float64(s.Nodes+1)-c.sn/c.sw)
 	gain := c.k * s.LastGain
-	cost := s.LastStep.Seconds() + c.perTok*float64(s.LastAdded)
+	cost := s.LastStep.Seconds() + b*float64(s.LastAdded)
 	return gain*t < cost*e
 }
 
@@ -161,6 +177,8 @@ func (c *CostAware) Observe(o Outcome) {
 		c.k = 1
 	}
 	c.io = ewma(c.io, o.IOWait.Seconds(), first)
-	compute := math.Max(0, (o.Time - o.IOWait).Seconds())
-	c.perTok = ewma(c.perTok, compute/float64(o.Verified+1), first)
+	n := float64(o.Verified + 1)
+	t := math.Max(0, (o.Time - o.IOWait).Seconds())
+	decay := 1 - ewmaWeight
+	c.sn, c.st, c.snn, c.snt, c.sw = decay*c.sn+n, decay*c.st+t, decay*c.snn+n*n, decay*c.snt+n*t, decay*c.sw+1
 }

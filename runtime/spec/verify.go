@@ -131,6 +131,10 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 	d.stats.Verified += verified
 	d.stats.Accepted += accepted
 	d.stats.MaxTree = max(d.stats.MaxTree, verified)
+	for len(d.stats.AcceptLen) <= accepted {
+		d.stats.AcceptLen = append(d.stats.AcceptLen, 0)
+	}
+	d.stats.AcceptLen[accepted]++
 	var conf float64
 	for i := 1; i < len(snap.slot); i++ {
 		if snap.slot[i] >= 0 {

@@ -1,0 +1,410 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// SpecMode is one decoding mode of the speculative benchmark.
+type SpecMode struct {
+	Name string
+	// Target-only modes stream the target with Stream (std or stdpl);
+	// speculative ones stream it pipelined with Config.
+	Speculative bool
+	Stream      weights.StreamMode
+	Config      spec.Config
+}
+
+// SpecModes are the modes `tandem bench spec` compares: the target alone
+// (Std and StdPL), classic SD with draft length k, BiLD, the tree, and
+// the tree's ablations (no pacer, no adaptive sizing, no pipeline).
+func SpecModes(sdLen int) []SpecMode {
+	tree := func() spec.Config {
+		return spec.Config{Method: spec.Tree, BranchThreshold: 0.1, MaxBranches: 16, MaxTree: 32, DraftBatch: 2, Pipeline: true}
+	}
+	uniform, fixed, nopipe, llmcad := tree(), tree(), tree(), tree()
+	uniform.Pacer = spec.UniformPacer{}
+	fixed.Trigger = spec.FixedSize{N: fixed.MaxTree}
+	nopipe.Pipeline = false
+	llmcad.Trigger = &spec.Adaptive{}
+	return []SpecMode{
+		{Name: "std", Stream: weights.StreamStd},
+		{Name: "stdpl", Stream: weights.StreamPipelined},
+		{Name: fmt.Sprintf("sd(k=%d)", sdLen), Speculative: true, Config: spec.Config{Method: spec.SD, DraftLen: sdLen}},
+		{Name: "bild", Speculative: true, Config: spec.Config{Method: spec.BiLD, Pipeline: true}},
+		{Name: "tree", Speculative: true, Config: tree()},
+		{Name: "tree-uniform", Speculative: true, Config: uniform},
+		{Name: "tree-fixed", Speculative: true, Config: fixed},
+		{Name: "tree-adaptive", Speculative: true, Config: llmcad},
+		{Name: "tree-nopipe", Speculative: true, Config: nopipe},
+	}
+}
+
+// SpecConfig is one configuration of the speculative benchmark.
+type SpecConfig struct {
+	Target, Draft string // model files (same vocabulary)
+	Mode          SpecMode
+	Budget        uint64  // the target's weight budget in bytes
+	Bandwidth     float64 // emulated storage bytes/s; 0 = the real disk
+	DiskBW        float64 // the disk's measured cold bandwidth
+	Threads       int
+	Prompts       [][]int32 // run r decodes Prompts[r % len]
+	// Runs runs of Tokens tokens are measured; the per-token latency is
+	// the median over runs.
+	Runs, Tokens int
+}
+
+// SpecResult is one configuration measured.
+type SpecResult struct {
+	Config     SpecConfig
+	Type       string
+	TotalBytes uint64          // the target's streamable weights
+	Streamed   uint64          // target bytes read per pass, as planned
+	Token      time.Duration   // median per-token latency
+	RunTimes   []time.Duration // per-token latency of each run
+	// PassBound is the IO lower bound of one target pass (Streamed ÷
+	// bandwidth).
+	PassBound time.Duration
+	Passes    int // target passes over all runs
+	Emitted   int // tokens over all runs
+	Stats     spec.Stats
+	Outputs   [][]int32 // per run, for the losslessness check
+}
+
+// TokensPerPass is the tokens emitted per target pass.
+func (r SpecResult) TokensPerPass() float64 {
+	if r.Passes == 0 {
+		return 0
+	}
+	return float64(r.Emitted) / float64(r.Passes)
+}
+
+// Storage names the storage the target streamed from.
+func (r SpecResult) Storage() string {
+	if r.Config.Bandwidth > 0 {
+		return fmt.Sprintf("%.0f MB/s", r.Config.Bandwidth/1e6)
+	}
+	return fmt.Sprintf("disk (%.0f MB/s)", r.Config.DiskBW/1e6)
+}
+
+// Spec measures one mode: the target is loaded streaming under the
+// budget (page cache dropped first), the draft resident, and each run
+// generates cfg.Tokens greedy tokens from a prompt. A run's latency is
+// its decode time ÷ tokens: for the target alone every token after the
+// prefill is one pass; a speculative run's decode also holds the pass
+// over the prompt's last token, so its figure is, if anything, high.
+func Spec(cfg SpecConfig) (SpecResult, error) {
+	cfg.Runs = cmp(cfg.Runs, 5)
+	cfg.Tokens = cmp(cfg.Tokens, 32)
+	res := SpecResult{Config: cfg}
+	if len(cfg.Prompts) == 0 {
+		return res, fmt.Errorf("bench: spec: no prompts")
+	}
+	if err := weights.DropPageCache(cfg.Target); err != nil {
+		return res, err
+	}
+	tf, err := weights.Open(cfg.Target)
+	if err != nil {
+		return res, err
+	}
+	defer tf.Close()
+	_, res.Type = WeightBytesPerToken(tf)
+	pool := kernels.NewPool(cfg.Threads)
+	defer pool.Close()
+	sopt := weights.StreamOptions{Budget: cfg.Budget, Mode: cfg.Mode.Stream, Throttle: weights.Throttle{Bandwidth: cfg.Bandwidth}}
+	if cfg.Mode.Speculative {
+		sopt.Mode = weights.StreamPipelined
+	}
+	plan, groups, err := model.PlanStream(tf, sopt)
+	if err != nil {
+		return res, err
+	}
+	res.TotalBytes, res.Streamed = plan.Total, plan.Streamed(groups, tf)
+	bw := cfg.Bandwidth
+	if bw == 0 {
+		bw = cfg.DiskBW
+	}
+	if bw > 0 {
+		res.PassBound = time.Duration(float64(res.Streamed) / bw * float64(time.Second))
+	}
+	mopt := model.Options{Pool: pool, Stream: &sopt}
+	var lane *spec.Lane
+	if cfg.Mode.Speculative {
+		lane = spec.NewLane()
+		mopt.Lane = lane
+	}
+	target, err := model.Load(tf, mopt)
+	if err != nil {
+		return res, err
+	}
+	defer target.Close()
+	ctx := min(target.Config().Context, 256)
+	tcache, err := target.NewCache(ctx, weights.F32)
+	if err != nil {
+		return res, err
+	}
+
+	var dec *spec.Decoder
+	if cfg.Mode.Speculative {
+		df, err := weights.Open(cfg.Draft)
+		if err != nil {
+			return res, err
+		}
+		defer df.Close()
+		draft, err := model.Load(df, model.Options{Pool: pool})
+		if err != nil {
+			return res, err
+		}
+		defer draft.Close()
+		dcache, err := draft.NewCache(min(ctx, draft.Config().Context), weights.F32)
+		if err != nil {
+			return res, err
+		}
+		sc := cfg.Mode.Config
+		sc.Lane = lane
+		if dec, err = spec.New(draft, target, dcache, tcache, nil, sc); err != nil {
+			return res, err
+		}
+	}
+	var secs []float64
+	for r := 0; r < cfg.Runs; r++ {
+		prompt := cfg.Prompts[r%len(cfg.Prompts)]
+		out, d, passes, err := specRun(target, tcache, dec, prompt, cfg.Tokens)
+		if err != nil {
+			return res, fmt.Errorf("bench: spec %s run %d: %w", cfg.Mode.Name, r, err)
+		}
+		per := d / time.Duration(len(out))
+		res.RunTimes = append(res.RunTimes, per)
+		secs = append(secs, per.Seconds())
+		res.Outputs = append(res.Outputs, out)
+		res.Passes += passes
+		res.Emitted += len(out)
+	}
+	res.Token = time.Duration(Median(secs) * float64(time.Second))
+	if dec != nil {
+		res.Stats = dec.Stats()
+		res.Passes, res.Emitted = res.Stats.TargetPasses, res.Stats.Emitted
+	}
+	return res, nil
+}
+
+// specRun generates n tokens (no stop token) and returns them, the
+// decode time and the target passes it took.
+func specRun(target *model.Model, tcache *kv.Cache, dec *spec.Decoder, prompt []int32, n int) ([]int32, time.Duration, int, error) {
+	ctx := context.Background()
+	opt := spec.GenOptions{MaxTokens: n}
+	if dec == nil {
+		res, err := spec.Generate(ctx, target, tcache, prompt, opt)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		if len(res.Ids) < 2 {
+			return nil, 0, 0, fmt.Errorf("only %d tokens", len(res.Ids))
+		}
+		// The first token came with the prefill's pass: time the other
+		// n-1, one pass each.
+		return res.Ids, res.Decode * time.Duration(len(res.Ids)) / time.Duration(len(res.Ids)-1), len(res.Ids), nil
+	}
+	res, err := spec.Speculate(ctx, dec, prompt, opt)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return res.Ids, res.Decode, 0, nil
+}
+
+// SpecTable formats results with their speedups over std and over the
+// best SD measured in the same storage and budget.
+func SpecTable(rs []SpecResult) string {
+	var sb strings.Builder
+	sb.WriteString("| type | storage | budget | mode | ms/token | tokens/pass | acceptance | mean tree | pass IO bound ms | vs std | vs sd | agreement |\n")
+	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		std, sd, ref := peers(rs, r)
+		speed := func(p *SpecResult) string {
+			if p == nil || r.Token <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2fx", p.Token.Seconds()/r.Token.Seconds())
+		}
+		acc, tree := "-", "-"
+		if r.Config.Mode.Speculative {
+			acc = fmt.Sprintf("%.2f", r.Stats.AcceptanceRate())
+			tree = fmt.Sprintf("%.1f", float64(r.Stats.Verified)/float64(max(1, r.Stats.TargetPasses)))
+		}
+		agree := "-"
+		if ref != nil {
+			agree = fmt.Sprintf("%.3f", Agreement(r.Outputs, ref.Outputs))
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %.0f%% | %s | %.0f | %.2f | %s | %s | %.0f | %s | %s | %s |\n",
+			r.Type, r.Storage(), 100*float64(r.Config.Budget)/float64(r.TotalBytes), r.Config.Mode.Name, ms(r.Token),
+			r.TokensPerPass(), acc, tree, ms(r.PassBound), speed(std), speed(sd), agree)
+	}
+	return sb.String()
+}
+
+// peers finds, for r's storage and budget, the std result, the fastest SD
+// result and the stdpl result (the target's own tokens).
+func peers(rs []SpecResult, r SpecResult) (std, sd, ref *SpecResult) {
+	for i := range rs {
+		p := &rs[i]
+		if p.Type != r.Type || p.Config.Bandwidth != r.Config.Bandwidth || p.Config.Budget != r.Config.Budget {
+			continue
+		}
+		switch {
+		case p.Config.Mode.Name == "std":
+			std = p
+		case p.Config.Mode.Name == "stdpl":
+			ref = p
+		case strings.HasPrefix(p.Config.Mode.Name, "sd("):
+			if sd == nil || p.Token < sd.Token {
+				sd = p
+			}
+		}
+	}
+	return std, sd, ref
+}
+
+// Agreement is the share of tokens equal to the reference's, position by
+// position (1 for a lossless mode; BiLD's is measured).
+func Agreement(got, want [][]int32) float64 {
+	var same, all int
+	for i := range min(len(got), len(want)) {
+		for j := range min(len(got[i]), len(want[i])) {
+			all++
+			if got[i][j] == want[i][j] {
+				same++
+			}
+		}
+	}
+	if all == 0 {
+		return 0
+	}
+	return float64(same) / float64(all)
+}
+
+// Lossless reports the first lossless mode whose tokens differ from the
+// target's own (stdpl) in the same storage and budget.
+func Lossless(rs []SpecResult) error {
+	for _, r := range rs {
+		_, _, ref := peers(rs, r)
+		if ref == nil || r.Config.Mode.Name == "bild" {
+			continue
+		}
+		for i := range min(len(r.Outputs), len(ref.Outputs)) {
+			n := min(len(r.Outputs[i]), len(ref.Outputs[i]))
+			if !slices.Equal(r.Outputs[i][:n], ref.Outputs[i][:n]) {
+				return fmt.Errorf("bench: %s (%s, %s) run %d emitted %v, the target alone %v", r.Config.Mode.Name, r.Type, r.Storage(), i, r.Outputs[i], ref.Outputs[i])
+			}
+		}
+	}
+	return nil
+}
+
+// AcceptanceCurve is, for each depth d, the share of verifications that
+// accepted at least d drafted tokens.
+func AcceptanceCurve(st spec.Stats) []float64 {
+	total := 0
+	for _, c := range st.AcceptLen {
+		total += c
+	}
+	out := make([]float64, len(st.AcceptLen))
+	at := total
+	for d, c := range st.AcceptLen {
+		if total > 0 {
+			out[d] = float64(at) / float64(total)
+		}
+		at -= c
+	}
+	return out
+}
+
+// VerifyCost measures one target pass over a tree of n tokens (a chain
+// under the prompt) for each n, streamed as cfg says: the verification
+// cost curve t_v(n) that sizes the tree. Each figure is the median of
+// cfg.Runs passes.
+func VerifyCost(cfg SpecConfig, sizes []int) ([]time.Duration, error) {
+	cfg.Runs = cmp(cfg.Runs, 3)
+	tf, err := weights.Open(cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	defer tf.Close()
+	if err := weights.DropPageCache(cfg.Target); err != nil {
+		return nil, err
+	}
+	sopt := weights.StreamOptions{Budget: cfg.Budget, Mode: weights.StreamPipelined, Throttle: weights.Throttle{Bandwidth: cfg.Bandwidth}}
+	m, err := model.Load(tf, model.Options{Threads: cfg.Threads, Stream: &sopt})
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	cache, err := m.NewCache(min(m.Config().Context, 256), weights.F32)
+	if err != nil {
+		return nil, err
+	}
+	seq, err := cache.NewSeq()
+	if err != nil {
+		return nil, err
+	}
+	var b model.Batch
+	var out model.Logits
+	prompt := cfg.Prompts[0]
+	b.Chain(prompt, 0, seq, -1, true)
+	if err := m.Forward(&b, cache, &out); err != nil {
+		return nil, err
+	}
+	cache.CommitAll(seq)
+	var costs []time.Duration
+	for _, n := range sizes {
+		var secs []float64
+		for r := 0; r < cfg.Runs; r++ {
+			b.Reset()
+			for i := range n {
+				b.Add(int32(1+i%100), int32(len(prompt)+i), seq, i-1, true)
+			}
+			start := time.Now()
+			if err := m.Forward(&b, cache, &out); err != nil {
+				return nil, err
+			}
+			secs = append(secs, time.Since(start).Seconds())
+			cache.Drop(seq)
+		}
+		costs = append(costs, time.Duration(Median(secs)*float64(time.Second)))
+	}
+	return costs, nil
+}
+
+// SpecPlot draws per-token latency per mode against storage bandwidth for
+// one type and budget.
+func SpecPlot(rs []SpecResult, title string) []byte {
+	c := Chart{Title: title, XLabel: "storage bandwidth (MB/s)", YLabel: "ms per token (median)", YFromZero: true}
+	lines := map[string]*Series{}
+	var order []string
+	for _, r := range rs {
+		bw := r.Config.Bandwidth
+		if bw == 0 {
+			bw = r.Config.DiskBW
+		}
+		name := r.Config.Mode.Name
+		s, ok := lines[name]
+		if !ok {
+			s = &Series{Name: name, Dashed: strings.HasPrefix(name, "tree-")}
+			lines[name] = s
+			order = append(order, name)
+		}
+		s.X, s.Y = append(s.X, bw/1e6), append(s.Y, ms(r.Token))
+	}
+	for _, n := range order {
+		c.Series = append(c.Series, *lines[n])
+	}
+	return c.SVG()
+}
