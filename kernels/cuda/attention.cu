@@ -5,22 +5,27 @@
 // Query head h reads KV head h/group (grouped-query attention).
 //
 // One block per (head, vector): warps compute scores row by row (lanes
-// split the head dimension), the block takes the softmax, then threads
-// split the head dimension to sum the value rows. Scores go to a global
-// scratch of maxlen floats per (vector, head), so any context fits.
+// split the head dimension), the block takes the softmax, then each warp
+// sums a share of the value rows and the shares are added. Scores go to a
+// global scratch of maxlen floats per (vector, head), so any context fits.
+// Decode attends with few blocks (one per head), so each keeps many loads
+// in flight rather than waiting on one row at a time.
 #include "common.cuh"
 
 template <typename T> __device__ __forceinline__ float ld(const T *p);
 template <> __device__ __forceinline__ float ld<float>(const float *p) { return *p; }
 template <> __device__ __forceinline__ float ld<__half>(const __half *p) { return __half2float(*p); }
 
+#define MAX_HEAD 256 // head dimension bound: MAX_HEAD/32 accumulators per lane
+
 template <typename T>
 __device__ __forceinline__ void attend(float *out, const float *q, const unsigned long long *base, long long koff, long long voff,
 				       int kvd, int heads, int group, int hd, const int *prefix, const int *anc, const int *lo,
 				       const int *hi, float scale, float *scores, int maxlen)
 {
-	extern __shared__ float qs[]; // hd floats
+	extern __shared__ float sh[]; // hd floats of query, then nw*hd partial outputs
 	__shared__ float red[32];
+	float *qs = sh, *part = sh + hd;
 	int h = blockIdx.x, i = blockIdx.y;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	int off = (h / group) * hd;
@@ -35,15 +40,27 @@ __device__ __forceinline__ void attend(float *out, const float *q, const unsigne
 	int len = pre + hi[i] - a0;
 	float *sc = scores + ((size_t)i * heads + h) * maxlen;
 
-	for (int t = warp; t < len; t += nw) {
-		int row = t < pre ? t : anc[a0 + t - pre];
-		const T *kr = K + (size_t)row * kvd;
-		float s = 0.0f;
-		for (int d = lane; d < hd; d += 32)
-			s += qs[d] * ld(kr + d);
-		s = warp_sum(s);
-		if (lane == 0)
-			sc[t] = s * scale;
+	// Scores: a warp per row, lanes across the head; four rows at a time
+	// so that four rows' loads are in flight before the reductions.
+	for (int t0 = 4 * warp; t0 < len; t0 += 4 * nw) {
+		float s[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			s[u] = 0.0f;
+			int t = t0 + u;
+			if (t < len) {
+				int row = t < pre ? t : anc[a0 + t - pre];
+				const T *kr = K + (size_t)row * kvd;
+				for (int d = lane; d < hd; d += 32)
+					s[u] += qs[d] * ld(kr + d);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			float v = warp_sum(s[u]);
+			if (lane == 0 && t0 + u < len)
+				sc[t0 + u] = v * scale;
+		}
 	}
 	__syncthreads();
 
@@ -60,14 +77,32 @@ __device__ __forceinline__ void attend(float *out, const float *q, const unsigne
 	sum = block_sum(sum, red); // its barriers publish sc to the block
 	float inv = 1.0f / sum;
 
+	// Values: each warp sums its share of the rows, lanes across the head
+	// (coalesced row reads), then the warps' partial sums are added.
+	float acc[MAX_HEAD / 32];
+#pragma unroll
+	for (int k = 0; k < MAX_HEAD / 32; k++)
+		acc[k] = 0.0f;
+	for (int t = warp; t < len; t += nw) {
+		int row = t < pre ? t : anc[a0 + t - pre];
+		float p = sc[t] * inv;
+		const T *vr = V + (size_t)row * kvd;
+#pragma unroll
+		for (int k = 0; k < MAX_HEAD / 32; k++)
+			if (lane + 32 * k < hd)
+				acc[k] += p * ld(vr + lane + 32 * k);
+	}
+#pragma unroll
+	for (int k = 0; k < MAX_HEAD / 32; k++)
+		if (lane + 32 * k < hd)
+			part[warp * hd + lane + 32 * k] = acc[k];
+	__syncthreads();
 	float *o = out + ((size_t)i * heads + h) * hd;
 	for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-		float acc = 0.0f;
-		for (int t = 0; t < len; t++) {
-			int row = t < pre ? t : anc[a0 + t - pre];
-			acc += (sc[t] * inv) * ld(V + (size_t)row * kvd + d);
-		}
-		o[d] = acc;
+		float v = 0.0f;
+		for (int w = 0; w < nw; w++)
+			v += part[w * hd + d];
+		o[d] = v;
 	}
 }
 

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -66,6 +67,16 @@ func goKernels(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { kernels.SetBackend(prev) })
+}
+
+// weightsOn copies a GGUF-layout matrix to the device with UploadWeights.
+func weightsOn(t *testing.T, s *Stream, w []byte, wt weights.DType, rows, cols int) Buffer {
+	t.Helper()
+	buf := upload(t, s, make([]byte, len(w)))
+	if err := s.UploadWeights(buf, w, wt, rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	return buf
 }
 
 // upload copies host data to a new device buffer freed with the test.
@@ -176,7 +187,7 @@ func checkMatMul(t *testing.T, s *Stream, pool *kernels.Pool, rng *rand.Rand, wt
 	if err := s.UploadFloat32(out.Slice(int64(n*rows)*4, 4), sentinel); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.MatMul(out, upload(t, s, w), wt, rows, cols, upload(t, s, x), n); err != nil {
+	if err := s.MatMul(out, weightsOn(t, s, w, wt, rows, cols), wt, rows, cols, upload(t, s, x), n); err != nil {
 		t.Fatal(err)
 	}
 	got := download(t, s, out, n*rows+1)
@@ -386,7 +397,7 @@ func TestEmbed(t *testing.T) {
 		table := randomMatrix(t, rng, wt, vocab, dim, false)
 		tokens := []int32{0, 299, 7, 7, 150}
 		out := upload(t, s, make([]float32, len(tokens)*dim))
-		if err := s.Embed(out, upload(t, s, table), wt, upload(t, s, tokens), len(tokens), dim); err != nil {
+		if err := s.Embed(out, weightsOn(t, s, table, wt, vocab, dim), wt, vocab, upload(t, s, tokens), len(tokens), dim); err != nil {
 			t.Fatal(err)
 		}
 		got := download(t, s, out, len(tokens)*dim)
@@ -557,7 +568,7 @@ func TestAttention(t *testing.T) {
 	s := stream(t)
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, f16 := range []bool{false, true} {
-		for _, tc := range []struct{ heads, kvHeads, hd int }{{1, 1, 8}, {6, 2, 24}, {8, 8, 64}, {4, 1, 96}, {16, 4, 128}} {
+		for _, tc := range []struct{ heads, kvHeads, hd int }{{1, 1, 8}, {6, 2, 24}, {8, 8, 64}, {4, 1, 96}, {16, 4, 128}, {2, 1, 256}} {
 			t.Run(fmt.Sprintf("f16=%v/%d-%d-%d", f16, tc.heads, tc.kvHeads, tc.hd), func(t *testing.T) {
 				checkAttention(t, s, rng, f16, tc.heads, tc.kvHeads, tc.hd)
 			})
@@ -715,4 +726,167 @@ func attentionBound(c *kv.Cache, seq, layer int, f16 bool, q []float32, kvd, off
 		tol[d] = rel*V + 1e-30
 	}
 	return tol
+}
+
+// TestGraph records a matmul (with its activation quantizer), a silu and
+// an add, replays the recording on new inputs uploaded into the same
+// buffers, and holds it bit for bit to the same kernels run directly.
+func TestGraph(t *testing.T) {
+	s := stream(t)
+	rng := rand.New(rand.NewPCG(15, 16))
+	rows, cols, n := 67, 96, 3
+	w := weightsOn(t, s, randomMatrix(t, rng, weights.Q8_0, rows, cols, false), weights.Q8_0, rows, cols)
+	x := upload(t, s, make([]float32, n*cols))
+	out := upload(t, s, make([]float32, n*rows))
+	up := upload(t, s, make([]float32, n*rows))
+	acc := upload(t, s, make([]float32, n*rows))
+	run := func() error {
+		return errors.Join(s.MatMul(out, w, weights.Q8_0, rows, cols, x, n), s.SiLUMul(out, up, n*rows), s.Add(acc, out, n*rows))
+	}
+	if err := s.Reserve(MatMulScratch(n, cols)); err != nil {
+		t.Fatal(err)
+	}
+	gen := s.Generation()
+	if err := s.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Upload(x, make([]byte, 4)); err == nil {
+		t.Fatal("an upload during a capture was accepted")
+	}
+	s.err = nil // the refused upload failed the stream; the test goes on
+	g, err := s.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if s.Generation() != gen {
+		t.Fatal("the capture grew the scratch")
+	}
+	inputs := func() {
+		for _, b := range []Buffer{x, up, acc} {
+			if err := s.UploadFloat32(b, randomVector(rng, int(b.Size()/4))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for round := 0; round < 3; round++ {
+		inputs()
+		xs, ups, accs := download(t, s, x, n*cols), download(t, s, up, n*rows), download(t, s, acc, n*rows)
+		if err := s.Launch(g); err != nil {
+			t.Fatal(err)
+		}
+		replayed := download(t, s, acc, n*rows)
+		for _, p := range []struct {
+			b Buffer
+			v []float32
+		}{{x, xs}, {up, ups}, {acc, accs}} {
+			if err := s.UploadFloat32(p.b, p.v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := run(); err != nil {
+			t.Fatal(err)
+		}
+		direct := download(t, s, acc, n*rows)
+		for i := range direct {
+			if math.Float32bits(direct[i]) != math.Float32bits(replayed[i]) {
+				t.Fatalf("round %d [%d]: replayed %g, direct %g", round, i, replayed[i], direct[i])
+			}
+		}
+	}
+}
+
+// TestMatMulReuse: consecutive projections of one input share its
+// quantization, and writing the input (a kernel, an upload, a matmul
+// into it) makes the next one quantize afresh; MatMulAdd adds the
+// product to what out held.
+func TestMatMulReuse(t *testing.T) {
+	goKernels(t)
+	s := stream(t)
+	rng := rand.New(rand.NewPCG(17, 18))
+	pool := kernels.NewPool(2)
+	defer pool.Close()
+	const rows, cols, n = 96, 96, 3 // square: a product can be an input
+	for _, wt := range []weights.DType{weights.Q8_0, weights.Q4_0} {
+		w1, w2 := randomMatrix(t, rng, wt, rows, cols, false), randomMatrix(t, rng, wt, rows, cols, false)
+		d1, d2 := weightsOn(t, s, w1, wt, rows, cols), weightsOn(t, s, w2, wt, rows, cols)
+		x := randomVector(rng, n*cols)
+		xb := upload(t, s, x)
+		out := upload(t, s, make([]float32, n*rows))
+		want := func(w []byte, x []float32) []float32 {
+			o := make([]float32, n*rows)
+			if err := pool.MatMul(o, w, wt, rows, cols, x, n); err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+		check := func(step string, want []float32) {
+			t.Helper()
+			got := download(t, s, out, n*rows)
+			for i := range want {
+				if d := math.Abs(float64(got[i] - want[i])); d > 1e-4*(1+math.Abs(float64(want[i]))) {
+					t.Fatalf("%s %s: out[%d] = %g, go twin %g", wt, step, i, got[i], want[i])
+				}
+			}
+		}
+		mm := func(w Buffer, x Buffer) {
+			t.Helper()
+			if err := s.MatMul(out, w, wt, rows, cols, x, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mm(d1, xb)
+		check("first", want(w1, x))
+		mm(d2, xb) // reuses x's quantization
+		check("second, same input", want(w2, x))
+		y := randomVector(rng, n*cols)
+		if err := s.Add(xb, upload(t, s, y), n*cols); err != nil {
+			t.Fatal(err)
+		}
+		kernels.Add(x, y)
+		mm(d1, xb)
+		check("after an add into the input", want(w1, x))
+		// out as an input (quantized), then rewritten by an F16 matmul,
+		// which quantizes nothing: the next use must not reuse the old
+		// quantization.
+		mm2 := upload(t, s, make([]float32, n*rows))
+		if err := s.MatMul(mm2, d2, wt, rows, cols, out, n); err != nil {
+			t.Fatal(err)
+		}
+		wf := randomMatrix(t, rng, weights.F16, rows, cols, false)
+		if err := s.MatMul(out, weightsOn(t, s, wf, weights.F16, rows, cols), weights.F16, rows, cols, xb, n); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MatMul(mm2, d2, wt, rows, cols, out, n); err != nil {
+			t.Fatal(err)
+		}
+		got := download(t, s, mm2, n*rows)
+		fx := make([]float32, n*rows)
+		if err := pool.MatMul(fx, wf, weights.F16, rows, cols, x, n); err != nil {
+			t.Fatal(err)
+		}
+		exp := want(w2, fx)
+		for i := range exp {
+			// The GPU's and Go's F16 products differ by float rounding,
+			// which can flip a few quantized activations (half a step
+			// each); a stale quantization would be off by the whole value.
+			if d := math.Abs(float64(got[i] - exp[i])); d > 0.05*(1+math.Abs(float64(exp[i]))) {
+				t.Fatalf("%s: product of a rewritten input [%d] = %g, go twin %g", wt, i, got[i], exp[i])
+			}
+		}
+		// MatMulAdd: out = acc + W·x with the roundings of MatMul then Add.
+		acc := randomVector(rng, n*rows)
+		if err := s.UploadFloat32(out, acc); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MatMulAdd(out, d1, wt, rows, cols, xb, n); err != nil {
+			t.Fatal(err)
+		}
+		sum := want(w1, x)
+		kernels.Add(sum, acc)
+		check("MatMulAdd", sum)
+	}
 }

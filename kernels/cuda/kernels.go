@@ -5,6 +5,8 @@ package cuda
 import (
 	"fmt"
 
+	"gorgonia.org/cu"
+
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -18,11 +20,57 @@ const threads = 128 // per block: four warps
 // MatMulTypes are the weight types MatMul has kernels for.
 var MatMulTypes = []weights.DType{weights.F32, weights.F16, weights.BF16, weights.Q8_0, weights.Q4_0}
 
+// UploadWeights copies a matrix of rows rows of cols weights of type wt,
+// raw in GGUF layout, into dst in the layout the kernels read: Q8_0 and
+// Q4_0 blocks are split into all quants, then all scales (see
+// matmul.cu), other types are copied as they are. It waits for the copy.
+func (s *Stream) UploadWeights(dst Buffer, raw []byte, wt weights.DType, rows, cols int) error {
+	rb, err := wt.RowBytes(uint64(cols))
+	if err != nil {
+		return fmt.Errorf("cuda: weights: %w", err)
+	}
+	if uint64(len(raw)) != rb*uint64(rows) || int64(len(raw)) > dst.size {
+		return fmt.Errorf("cuda: weights: %d bytes for %d rows of %d %s (%d expected) into a %d-byte buffer", len(raw), rows, cols, wt, rb*uint64(rows), dst.size)
+	}
+	if wt != weights.Q8_0 && wt != weights.Q4_0 {
+		if err := s.Upload(dst, raw); err != nil {
+			return err
+		}
+		return s.Sync()
+	}
+	tmp, err := s.d.Alloc(int64(len(raw)))
+	if err != nil {
+		return err
+	}
+	defer s.d.Free(tmp)
+	nblocks := int64(len(raw) / wt.TypeSize())
+	if err := s.Upload(tmp, raw); err != nil {
+		return err
+	}
+	if err := s.launch("repack_q", [3]int{blocks(int(nblocks), 256), 1, 1}, 256, 0, dst, tmp, nblocks, wt.TypeSize()); err != nil {
+		return err
+	}
+	return s.Sync() // before tmp is freed
+}
+
 // MatMul computes out[j*rows+r] = Σ_c W[r][c]·x[j*cols+c] for the n
 // float32 vectors in x, as kernels.Pool.MatMul does: w holds rows rows of
-// cols weights of type wt in GGUF layout. Q8_0 and Q4_0 weights multiply
-// activations quantized to int8 blocks, as the host kernels do.
+// cols weights of type wt as UploadWeights lays them out. Q8_0 and Q4_0
+// weights multiply activations quantized to int8 blocks, as the host
+// kernels do; the
+// quantized form is reused by the next MatMul of the same x when nothing
+// else ran in between (the Q, K and V projections of one input).
 func (s *Stream) MatMul(out, w Buffer, wt weights.DType, rows, cols int, x Buffer, n int) error {
+	return s.matmul(out, w, wt, rows, cols, x, n, false)
+}
+
+// MatMulAdd is MatMul adding the product into out: the projection and the
+// residual connection after it in one kernel, with the same roundings.
+func (s *Stream) MatMulAdd(out, w Buffer, wt weights.DType, rows, cols int, x Buffer, n int) error {
+	return s.matmul(out, w, wt, rows, cols, x, n, true)
+}
+
+func (s *Stream) matmul(out, w Buffer, wt weights.DType, rows, cols int, x Buffer, n int, add bool) error {
 	if s.err != nil {
 		return s.err
 	}
@@ -54,13 +102,18 @@ func (s *Stream) MatMul(out, w Buffer, wt weights.DType, rows, cols int, x Buffe
 	}
 	name = fmt.Sprintf("%s_%d", name, nc)
 	grid := [3]int{blocks(rows, threads/32), blocks(n, nc), 1}
+	defer func() {
+		if overlaps(out, s.quantOf) {
+			s.quantOf = Buffer{} // the quantized input is stale now
+		}
+	}()
 	if wt != weights.Q8_0 && wt != weights.Q4_0 {
-		return s.launch(name, grid, threads, 0, out, w, x, rows, cols, n)
+		return s.launch(name, grid, threads, 0, out, w, x, rows, cols, n, add)
 	}
 	// Quantized activations: n*cols int8, a float scale per 32 and an
 	// int32 sum per 16, in one scratch buffer.
 	vals := int64(n) * int64(cols)
-	scratch, err := s.scratchBuf(vals + vals/32*4 + vals/16*4)
+	scratch, err := s.scratchBuf(MatMulScratch(n, cols))
 	if err != nil {
 		return err
 	}
@@ -68,10 +121,17 @@ func (s *Stream) MatMul(out, w Buffer, wt weights.DType, rows, cols int, x Buffe
 	d := scratch.Slice(vals, vals/32*4)
 	sums := scratch.Slice(vals+vals/32*4, vals/16*4)
 	nb := int(vals / 32)
-	if err := s.launch("quantize_q8", [3]int{blocks(nb, threads/32), 1, 1}, threads, 0, x, q, d, sums, nb); err != nil {
-		return err
+	if s.quantOf != x.Slice(0, vals*4) {
+		if err := s.launch("quantize_q8", [3]int{blocks(nb, threads/32), 1, 1}, threads, 0, x, q, d, sums, nb); err != nil {
+			return err
+		}
+		s.quantOf = x.Slice(0, vals*4)
 	}
-	return s.launch(name, grid, threads, 0, out, w, q, d, sums, rows, cols, n)
+	return s.launch(name, grid, threads, 0, out, w, q, d, sums, rows, cols, n, add)
+}
+
+func overlaps(a, b Buffer) bool {
+	return a.size > 0 && b.size > 0 && a.ptr < b.ptr+cu.DevicePtr(b.size) && b.ptr < a.ptr+cu.DevicePtr(a.size)
 }
 
 func matmulKernel(wt weights.DType) (string, error) {
@@ -141,10 +201,11 @@ func (s *Stream) Add(dst, x Buffer, count int) error {
 // EmbedTypes are the embedding table types Embed decodes.
 var EmbedTypes = MatMulTypes
 
-// Embed sets out[j] to row tokens[j] (int32) of table, rows of dim values
-// of type wt, decoded as weights.Dequantize does. The tokens must be rows
-// of the table: the caller validated them.
-func (s *Stream) Embed(out, table Buffer, wt weights.DType, tokens Buffer, n, dim int) error {
+// Embed sets out[j] to row tokens[j] (int32) of table, vocab rows of dim
+// values of type wt laid out by UploadWeights, decoded as
+// weights.Dequantize does. The tokens must be rows of the table: the
+// caller validated them.
+func (s *Stream) Embed(out, table Buffer, wt weights.DType, vocab int, tokens Buffer, n, dim int) error {
 	if _, err := matmulKernel(wt); err != nil {
 		return fmt.Errorf("cuda: embedding: no GPU decoder for %s", wt)
 	}
@@ -152,10 +213,10 @@ func (s *Stream) Embed(out, table Buffer, wt weights.DType, tokens Buffer, n, di
 	if err != nil {
 		return fmt.Errorf("cuda: embedding: %w", err)
 	}
-	if n <= 0 || out.size < int64(n*dim)*4 || tokens.size < int64(n)*4 || table.size < int64(rb) {
-		return fmt.Errorf("cuda: embedding: %d tokens of %d into %d bytes from a %d-byte table", n, dim, out.size, table.size)
+	if n <= 0 || out.size < int64(n*dim)*4 || tokens.size < int64(n)*4 || uint64(table.size) < rb*uint64(vocab) {
+		return fmt.Errorf("cuda: embedding: %d tokens of %d into %d bytes from a %d-byte table of %d rows", n, dim, out.size, table.size, vocab)
 	}
-	return s.launch("embed", [3]int{n, 1, 1}, threads, 0, out, table, int(wt), int64(rb), tokens, dim)
+	return s.launch("embed", [3]int{n, 1, 1}, threads, 0, out, table, int(wt), vocab, tokens, dim)
 }
 
 // KV is the layout of a KV cache's rows on the device: per sequence,
@@ -247,11 +308,16 @@ type Attention struct {
 	Scale                   float32
 }
 
+// maxHead is attention.cu's MAX_HEAD.
+const maxHead = 256
+
 // Attention runs a over layer's planes of kv.
 func (s *Stream) Attention(kv KV, layer int, a *Attention) error {
 	switch {
 	case a.N <= 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.Head <= 0 || a.MaxLen <= 0:
 		return fmt.Errorf("cuda: attention: n %d, heads %d, kv heads %d, head dim %d, max len %d", a.N, a.Heads, a.KVHeads, a.Head, a.MaxLen)
+	case a.Head > maxHead:
+		return fmt.Errorf("cuda: attention: head dimension %d is over the kernel's %d", a.Head, maxHead)
 	case a.KVHeads*a.Head != kv.KVDim || layer < 0 || layer >= kv.Layers:
 		return fmt.Errorf("cuda: attention: %d kv heads of %d do not make the cache's width %d (layer %d of %d)", a.KVHeads, a.Head, kv.KVDim, layer, kv.Layers)
 	case a.Q.size < int64(a.N*a.Heads*a.Head)*4 || a.Out.size < int64(a.N*a.Heads*a.Head)*4:
@@ -259,7 +325,7 @@ func (s *Stream) Attention(kv KV, layer int, a *Attention) error {
 	case a.Bases.size < int64(a.N)*8 || a.Prefix.size < int64(a.N)*4 || a.Lo.size < int64(a.N)*4 || a.Hi.size < int64(a.N)*4:
 		return fmt.Errorf("cuda: attention: per-vector tables too small for %d vectors", a.N)
 	}
-	scores, err := s.scratchBuf(int64(a.N) * int64(a.Heads) * int64(a.MaxLen) * 4)
+	scores, err := s.scratchBuf(AttentionScratch(a.N, a.Heads, a.MaxLen))
 	if err != nil {
 		return err
 	}
@@ -268,6 +334,7 @@ func (s *Stream) Attention(kv KV, layer int, a *Attention) error {
 		name = "attention_f16"
 	}
 	koff, voff := kv.planes(layer)
-	return s.launch(name, [3]int{a.Heads, a.N, 1}, threads, a.Head*4, a.Out, a.Q, a.Bases, koff, voff, kv.KVDim,
+	const block = 256
+	return s.launch(name, [3]int{a.Heads, a.N, 1}, block, (1+block/32)*a.Head*4, a.Out, a.Q, a.Bases, koff, voff, kv.KVDim,
 		a.Heads, a.Heads/a.KVHeads, a.Head, a.Prefix, a.Anc, a.Lo, a.Hi, a.Scale, scores, a.MaxLen)
 }

@@ -10,7 +10,32 @@
 // Q8_0 and Q4_0 weights multiply activations quantized to 32-value int8
 // blocks by quantize_q8 (the same float steps as the host quantizer, so
 // both multiply identical integers), four bytes at a time with dp4a.
+//
+// On the device, Q8_0 and Q4_0 matrices are stored split (repack_q): the
+// quants of every block first, 32 (Q8_0) or 16 (Q4_0) bytes per block in
+// GGUF order, then every block's f16 scale. A lane then loads its block
+// with 16-byte loads, and a warp reads 512 or 1024 contiguous bytes per
+// load instruction, where GGUF's 34- and 18-byte blocks allow only
+// 2-byte loads.
+
 #include "common.cuh"
+
+// repack_q splits nblocks GGUF blocks of bb bytes (2-byte scale, then qb
+// bytes of quants) from src into dst's split layout. One thread a block.
+extern "C" __global__ void repack_q(uint8_t *dst, const uint8_t *src, long long nblocks, int bb)
+{
+	long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+	if (b >= nblocks)
+		return;
+	int qb = bb - 2;
+	const uint8_t *s = src + b * bb;
+	uint8_t *q = dst + b * qb;
+	for (int i = 0; i < qb; i++)
+		q[i] = s[2 + i];
+	uint8_t *d = dst + nblocks * qb + 2 * b;
+	d[0] = s[0];
+	d[1] = s[1];
+}
 
 // quantize_q8 quantizes nblocks blocks of 32 activations: one warp per
 // block. scale = max|x|/127 and q = round-half-even(x/scale), computed as
@@ -50,12 +75,16 @@ extern "C" __global__ void quantize_q8(const float *x, int8_t *q, float *d, int 
 	float acc[NC];                                                                                                     \
 	_Pragma("unroll") for (int j = 0; j < NC; j++) acc[j] = 0.0f;
 
+// With add set, the product is added to out (the residual connection
+// fused into the projection before it).
 #define MM_EPILOGUE                                                                                                    \
 	_Pragma("unroll") for (int j = 0; j < NC; j++)                                                                     \
 	{                                                                                                                  \
 		float v = warp_sum(acc[j]);                                                                                    \
-		if (lane == 0 && j < nj)                                                                                       \
-			out[(size_t)(j0 + j) * rows + r] = v;                                                                      \
+		if (lane == 0 && j < nj) {                                                                                     \
+			float *o = out + (size_t)(j0 + j) * rows + r;                                                              \
+			*o = add ? __fadd_rn(*o, v) : v;                                                                           \
+		}                                                                                                              \
 	}
 
 // load8 reads the 32 quantized activations of block xb as eight words.
@@ -68,19 +97,19 @@ __device__ __forceinline__ void load8(const int8_t *xq, size_t xb, int xi[8])
 }
 
 template <int NC>
-__device__ __forceinline__ void mm_q8_0(float *out, const uint8_t *w, const int8_t *xq, const float *xd, int rows, int cols, int n)
+__device__ __forceinline__ void mm_q8_0(float *out, const uint8_t *w, const int8_t *xq, const float *xd, int rows, int cols, int n, int add)
 {
 	MM_PROLOGUE
 	int nb = cols / QK;
-	const uint8_t *row = w + (size_t)r * nb * Q8_0_BYTES;
+	const int4 *qrow = (const int4 *)(w + (size_t)r * nb * QK);
+	const uint16_t *drow = (const uint16_t *)(w + (size_t)rows * nb * QK) + (size_t)r * nb;
+	// Unrolled so that several blocks' loads are in flight at once: a
+	// decode row is only a few blocks per lane, each a DRAM round trip.
+#pragma unroll 4
 	for (int b = lane; b < nb; b += 32) {
-		// Blocks are 34 bytes, so only 2-byte aligned: read halfwords.
-		const uint16_t *blk = (const uint16_t *)(row + (size_t)b * Q8_0_BYTES);
-		float dw = f16(blk[0]);
-		int wq[8];
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			wq[i] = (int)((uint32_t)blk[1 + 2 * i] | (uint32_t)blk[2 + 2 * i] << 16);
+		int4 a = qrow[2 * b], c = qrow[2 * b + 1];
+		float dw = f16(drow[b]);
+		int wq[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
 		for (int j = 0; j < NC; j++) {
 			if (j < nj) {
@@ -100,21 +129,25 @@ __device__ __forceinline__ void mm_q8_0(float *out, const uint8_t *w, const int8
 }
 
 template <int NC>
-__device__ __forceinline__ void mm_q4_0(float *out, const uint8_t *w, const int8_t *xq, const float *xd, const int *xs, int rows, int cols, int n)
+__device__ __forceinline__ void mm_q4_0(float *out, const uint8_t *w, const int8_t *xq, const float *xd, const int *xs, int rows, int cols, int n, int add)
 {
 	MM_PROLOGUE
 	int nb = cols / QK;
-	const uint8_t *row = w + (size_t)r * nb * Q4_0_BYTES;
+	const int4 *qrow = (const int4 *)(w + (size_t)r * nb * (QK / 2));
+	const uint16_t *drow = (const uint16_t *)(w + (size_t)rows * nb * (QK / 2)) + (size_t)r * nb;
+	// Unrolled so that several blocks' loads are in flight at once: a
+	// decode row is only a few blocks per lane, each a DRAM round trip.
+#pragma unroll 4
 	for (int b = lane; b < nb; b += 32) {
-		const uint16_t *blk = (const uint16_t *)(row + (size_t)b * Q4_0_BYTES);
-		float dw = f16(blk[0]);
+		int4 a = qrow[b];
+		float dw = f16(drow[b]);
 		// Byte i holds weight i (low nibble) and weight i+16 (high).
+		uint32_t v4[4] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w};
 		int lo[4], hi[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t v = (uint32_t)blk[1 + 2 * i] | (uint32_t)blk[2 + 2 * i] << 16;
-			lo[i] = (int)(v & 0x0f0f0f0fu);
-			hi[i] = (int)((v >> 4) & 0x0f0f0f0fu);
+			lo[i] = (int)(v4[i] & 0x0f0f0f0fu);
+			hi[i] = (int)((v4[i] >> 4) & 0x0f0f0f0fu);
 		}
 #pragma unroll
 		for (int j = 0; j < NC; j++) {
@@ -140,10 +173,11 @@ __device__ __forceinline__ void mm_q4_0(float *out, const uint8_t *w, const int8
 // mm_float multiplies F32, F16 or BF16 weights by float activations; lanes
 // take consecutive columns, so each load instruction is coalesced.
 template <int NC, int TYPE>
-__device__ __forceinline__ void mm_float(float *out, const void *w, const float *x, int rows, int cols, int n)
+__device__ __forceinline__ void mm_float(float *out, const void *w, const float *x, int rows, int cols, int n, int add)
 {
 	MM_PROLOGUE
 	const float *x0 = x + (size_t)j0 * cols;
+#pragma unroll 4
 	for (int c = lane; c < cols; c += 32) {
 		float wv;
 		if (TYPE == TYPE_F32)
@@ -162,26 +196,26 @@ __device__ __forceinline__ void mm_float(float *out, const void *w, const float 
 
 #define MM_ENTRIES(NC)                                                                                                 \
 	extern "C" __global__ void matmul_q8_0_##NC(float *out, const uint8_t *w, const int8_t *xq, const float *xd,       \
-						     const int *xs, int rows, int cols, int n)                                  \
+						     const int *xs, int rows, int cols, int n, int add)                                \
 	{                                                                                                                  \
-		mm_q8_0<NC>(out, w, xq, xd, rows, cols, n);                                                                    \
+		mm_q8_0<NC>(out, w, xq, xd, rows, cols, n, add);                                                                    \
 	}                                                                                                                  \
 	extern "C" __global__ void matmul_q4_0_##NC(float *out, const uint8_t *w, const int8_t *xq, const float *xd,       \
-						     const int *xs, int rows, int cols, int n)                                  \
+						     const int *xs, int rows, int cols, int n, int add)                                \
 	{                                                                                                                  \
-		mm_q4_0<NC>(out, w, xq, xd, xs, rows, cols, n);                                                                \
+		mm_q4_0<NC>(out, w, xq, xd, xs, rows, cols, n, add);                                                                \
 	}                                                                                                                  \
-	extern "C" __global__ void matmul_f32_##NC(float *out, const void *w, const float *x, int rows, int cols, int n)  \
+	extern "C" __global__ void matmul_f32_##NC(float *out, const void *w, const float *x, int rows, int cols, int n, int add)  \
 	{                                                                                                                  \
-		mm_float<NC, TYPE_F32>(out, w, x, rows, cols, n);                                                              \
+		mm_float<NC, TYPE_F32>(out, w, x, rows, cols, n, add);                                                              \
 	}                                                                                                                  \
-	extern "C" __global__ void matmul_f16_##NC(float *out, const void *w, const float *x, int rows, int cols, int n)  \
+	extern "C" __global__ void matmul_f16_##NC(float *out, const void *w, const float *x, int rows, int cols, int n, int add)  \
 	{                                                                                                                  \
-		mm_float<NC, TYPE_F16>(out, w, x, rows, cols, n);                                                              \
+		mm_float<NC, TYPE_F16>(out, w, x, rows, cols, n, add);                                                              \
 	}                                                                                                                  \
-	extern "C" __global__ void matmul_bf16_##NC(float *out, const void *w, const float *x, int rows, int cols, int n) \
+	extern "C" __global__ void matmul_bf16_##NC(float *out, const void *w, const float *x, int rows, int cols, int n, int add) \
 	{                                                                                                                  \
-		mm_float<NC, TYPE_BF16>(out, w, x, rows, cols, n);                                                             \
+		mm_float<NC, TYPE_BF16>(out, w, x, rows, cols, n, add);                                                             \
 	}
 
 MM_ENTRIES(1)

@@ -72,35 +72,39 @@ extern "C" __global__ void add(float *dst, const float *x, long long count)
 }
 
 // embed dequantizes row tokens[j] of the embedding table into out[j]. One
-// block per token.
-extern "C" __global__ void embed(float *out, const uint8_t *table, int type, long long row_bytes, const int *tokens, int dim)
+// block per token. Q8_0 and Q4_0 tables are in the split layout of
+// repack_q (matmul.cu), as every quantized matrix on the device is.
+extern "C" __global__ void embed(float *out, const uint8_t *table, int type, int vocab, const int *tokens, int dim)
 {
 	int j = blockIdx.x;
-	const uint8_t *row = table + (size_t)tokens[j] * row_bytes;
+	size_t tok = tokens[j];
+	size_t nb = dim / QK;
 	float *o = out + (size_t)j * dim;
 	for (int c = threadIdx.x; c < dim; c += blockDim.x) {
 		float v;
 		switch (type) {
 		case TYPE_F32:
-			v = ((const float *)row)[c];
+			v = ((const float *)table)[tok * dim + c];
 			break;
 		case TYPE_F16:
-			v = f16(((const uint16_t *)row)[c]);
+			v = f16(((const uint16_t *)table)[tok * dim + c]);
 			break;
 		case TYPE_BF16:
-			v = bf16(((const uint16_t *)row)[c]);
+			v = bf16(((const uint16_t *)table)[tok * dim + c]);
 			break;
 		case TYPE_Q8_0: {
-			const uint8_t *blk = row + (size_t)(c / QK) * Q8_0_BYTES;
-			v = __fmul_rn((float)(int8_t)blk[2 + c % QK], f16((uint16_t)(blk[0] | blk[1] << 8)));
+			size_t b = tok * nb + c / QK;
+			float d = f16(((const uint16_t *)(table + (size_t)vocab * nb * QK))[b]);
+			v = __fmul_rn((float)(int8_t)table[b * QK + c % QK], d);
 			break;
 		}
 		case TYPE_Q4_0: {
-			const uint8_t *blk = row + (size_t)(c / QK) * Q4_0_BYTES;
+			size_t b = tok * nb + c / QK;
+			float d = f16(((const uint16_t *)(table + (size_t)vocab * nb * (QK / 2)))[b]);
 			int e = c % QK;
-			uint8_t b = blk[2 + (e & 15)];
-			int level = e < 16 ? (b & 15) : (b >> 4);
-			v = __fmul_rn((float)(level - 8), f16((uint16_t)(blk[0] | blk[1] << 8)));
+			uint8_t q = table[b * (QK / 2) + (e & 15)];
+			int level = e < 16 ? (q & 15) : (q >> 4);
+			v = __fmul_rn((float)(level - 8), d);
 			break;
 		}
 		default:

@@ -32,7 +32,7 @@ var Modules = []string{"matmul", "ops", "attention"}
 // Entries are the kernels the Go side launches, by module.
 var Entries = map[string][]string{
 	"matmul": {
-		"quantize_q8",
+		"repack_q", "quantize_q8",
 		"matmul_q8_0_1", "matmul_q4_0_1", "matmul_f32_1", "matmul_f16_1", "matmul_bf16_1",
 		"matmul_q8_0_8", "matmul_q4_0_8", "matmul_f32_8", "matmul_f16_8", "matmul_bf16_8",
 	},

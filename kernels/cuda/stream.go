@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -28,6 +29,12 @@ type Stream struct {
 	err               error
 
 	scratch Buffer // activation quants and attention scores, grown
+	gen     int    // counts scratch reallocations (graphs record its address)
+
+	capturing bool
+	// quantOf is the activation buffer whose int8 blocks are at the
+	// start of scratch; any other launch or copy clears it.
+	quantOf Buffer
 	args    []uint64
 	ptrs    []unsafe.Pointer
 }
@@ -52,6 +59,12 @@ func (d *Device) NewStream() (*Stream, error) {
 	return s, nil
 }
 
+var errCapturing = errors.New("cuda: copies and synchronization cannot be recorded in a graph capture")
+
+// Generation changes whenever the stream's scratch memory moves, which
+// invalidates Graphs recorded before.
+func (s *Stream) Generation() int { return s.gen }
+
 // Device is the GPU the stream runs on.
 func (s *Stream) Device() *Device { return s.d }
 
@@ -69,6 +82,9 @@ func (s *Stream) fail(err error) error {
 func (s *Stream) Sync() error {
 	if s.err != nil {
 		return s.err
+	}
+	if s.capturing {
+		return s.fail(errCapturing)
 	}
 	defer s.d.bind()()
 	for _, st := range []cu.Stream{s.up, s.compute, s.down} {
@@ -130,6 +146,9 @@ func (s *Stream) Upload(dst Buffer, src []byte) error {
 	if s.err != nil {
 		return s.err
 	}
+	if s.capturing {
+		return s.fail(errCapturing)
+	}
 	if int64(len(src)) > dst.size {
 		return fmt.Errorf("cuda: upload of %d bytes into a %d-byte buffer", len(src), dst.size)
 	}
@@ -146,6 +165,7 @@ func (s *Stream) Upload(dst Buffer, src []byte) error {
 		return s.fail(err)
 	}
 	copy(buf, src)
+	s.quantOf = Buffer{}
 	if err := s.order(s.compute, s.compDone, s.up); err != nil {
 		return err
 	}
@@ -160,6 +180,9 @@ func (s *Stream) Upload(dst Buffer, src []byte) error {
 func (s *Stream) Download(dst []byte, src Buffer) error {
 	if s.err != nil {
 		return s.err
+	}
+	if s.capturing {
+		return s.fail(errCapturing)
 	}
 	if int64(len(dst)) > src.size {
 		return fmt.Errorf("cuda: download of %d bytes from a %d-byte buffer", len(dst), src.size)
@@ -197,6 +220,23 @@ func (s *Stream) order(prev cu.Stream, ev cu.Event, next cu.Stream) error {
 	return nil
 }
 
+// Copy copies src into dst on the device, in order with the compute work
+// (used to measure the device's memory bandwidth).
+func (s *Stream) Copy(dst, src Buffer) error {
+	if s.err != nil {
+		return s.err
+	}
+	if src.size > dst.size {
+		return fmt.Errorf("cuda: copy of %d bytes into a %d-byte buffer", src.size, dst.size)
+	}
+	s.quantOf = Buffer{}
+	defer s.d.bind()()
+	if err := cu.MemcpyDtoDAsync(dst.ptr, src.ptr, src.size, s.compute); err != nil {
+		return s.fail(fmt.Errorf("cuda: GPU %d: device copy of %d bytes: %w", s.d.Ordinal, src.size, err))
+	}
+	return nil
+}
+
 // UploadFloat32 and the other typed uploads copy a Go slice's bytes.
 func (s *Stream) UploadFloat32(dst Buffer, src []float32) error { return s.Upload(dst, bytesOf(src)) }
 
@@ -221,6 +261,11 @@ func (s *Stream) scratchBuf(n int64) (Buffer, error) {
 	if s.scratch.size >= n {
 		return s.scratch.Slice(0, n), nil
 	}
+	if s.capturing {
+		return Buffer{}, s.fail(fmt.Errorf("cuda: scratch of %d bytes needed during a capture (have %d): Reserve it first", n, s.scratch.size))
+	}
+	s.gen++
+	s.quantOf = Buffer{}
 	if err := s.Sync(); err != nil {
 		return Buffer{}, err
 	}
@@ -248,6 +293,9 @@ func (s *Stream) launch(fn string, grid [3]int, block, shared int, args ...any) 
 	f, ok := s.d.fns[fn]
 	if !ok {
 		return s.fail(fmt.Errorf("cuda: kernel %s is not loaded", fn))
+	}
+	if !strings.HasPrefix(fn, "matmul_") {
+		s.quantOf = Buffer{}
 	}
 	s.args = s.args[:0]
 	for i, a := range args {

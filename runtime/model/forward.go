@@ -141,10 +141,15 @@ func (m *Model) ancestors(b *Batch, cache *kv.Cache) {
 }
 
 func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
-	o := m.ops
-	if err := o.begin(b, cache); err != nil {
+	if err := m.ops.begin(b, cache); err != nil {
 		return err
 	}
+	return m.ops.end(m.pass(b, cache, out))
+}
+
+// pass is the recipe of one Forward: embeddings, the layers, the head.
+func (m *Model) pass(b *Batch, cache *kv.Cache, out *Logits) error {
+	o := m.ops
 	if err := o.embed(b.Tokens); err != nil {
 		return err
 	}
@@ -218,7 +223,7 @@ func (m *Model) head(b *Batch, out *Logits) error {
 		want = bf.want
 	}
 	if rows := out.reset(m.cfg.Vocab, want); rows == 0 {
-		return m.ops.finish()
+		return nil
 	}
 	return m.ops.logits(out, output)
 }

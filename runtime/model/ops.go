@@ -45,9 +45,11 @@ func (c Config) width(a act) int {
 // build tag a GPU backend (ops_cuda.go) that keeps weights, activations
 // and KV rows in device memory. The recipe itself exists once.
 //
-// Forward calls them from one goroutine, in recipe order. Steps with no
-// error result cannot fail on the host; a GPU backend holds its first
-// failure and returns it from the next step that has an error result.
+// Forward calls them from one goroutine, in recipe order, between begin
+// and end. Steps with no error result cannot fail on the host; a GPU
+// backend holds its first failure and returns it from the next step that
+// has an error result, or from end. A backend may also record the steps
+// of a pass and replay them for the next pass of the same shape.
 type ops interface {
 	// begin starts a pass over b: m.buf already holds each slot's KV row,
 	// committed prefix and ancestor rows.
@@ -68,10 +70,10 @@ type ops interface {
 	add(dst, src act)
 	siluMul(gate, up act)
 	// logits sets out's rows (out.reset was called) from actX through
-	// the output norm and w.
+	// the output norm and w, by the time end returns.
 	logits(out *Logits, w *matrix) error
-	// finish ends a pass that produced no logits.
-	finish() error
+	// end finishes the pass begin started; err is the pass's own error.
+	end(err error) error
 	// newCache makes a KV cache whose rows this backend can read.
 	newCache(cfg kv.Config) (*kv.Cache, error)
 	close() error
@@ -261,7 +263,7 @@ func (h *hostOps) logits(out *Logits, w *matrix) error {
 	return m.matmul(out.data, w, bf.xs, rows)
 }
 
-func (h *hostOps) finish() error { return nil }
+func (h *hostOps) end(err error) error { return err }
 
 func (h *hostOps) newCache(cfg kv.Config) (*kv.Cache, error) { return kv.New(cfg) }
 

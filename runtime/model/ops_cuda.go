@@ -18,6 +18,14 @@ import (
 // steps, and KV rows live in device memory owned by the caches that
 // newCache makes (gpuRows): a commit compacts them there. Per pass, the
 // host uploads the batch's small tables once and downloads only logits.
+//
+// A pass of at most graphSlots slots (decode, small trees) is recorded
+// as a CUDA graph the first time its shape is seen and replayed after:
+// its hundreds of small kernels then cost one launch. Recorded passes
+// read everything that varies (tokens, positions, rows, ancestor lists,
+// sequence addresses) from the uploaded tables, and their attention
+// scores use a stride of the whole context, so one recording serves
+// every position.
 type cudaOps struct {
 	m   *Model
 	dev *cuda.Device
@@ -34,13 +42,44 @@ type cudaOps struct {
 	logitsB cuda.Buffer
 
 	// The pass: slot count, its KV store, its tables on the device.
-	n                                          int
-	kv                                         *gpuRows
-	maxLen                                     int
-	tokens, pos, slotRows, prefix, anc, lo, hi cuda.Buffer
-	bases                                      cuda.Buffer
-	host                                       []byte // the tables, packed
-	err                                        error
+	n                                                 int
+	kv                                                *gpuRows
+	stride                                            int // attention scores per (slot, head)
+	tokens, pos, slotRows, prefix, anc, lo, hi, slots cuda.Buffer
+	bases                                             cuda.Buffer
+	host                                              []byte // the tables, packed
+	want                                              []bool
+	out                                               *Logits
+	err                                               error
+
+	// pending is a projection into actTmp not launched yet: the add of
+	// actTmp that follows it in the recipe runs it as a MatMulAdd.
+	pending    *matrix
+	pendingSrc act
+
+	mode   passMode
+	key    graphKey
+	graphs map[graphKey]*cuda.Graph
+	gen    int // counts reallocations of the buffers graphs record
+	recGen [2]int
+}
+
+// graphSlots is the largest pass recorded as a graph: launch costs
+// dominate small passes, while a long prefill is bound by its work.
+const graphSlots = 16
+
+type passMode int
+
+const (
+	eager   passMode = iota // launch each step
+	capture                 // launch and record
+	replay                  // launch the recording at end
+)
+
+// graphKey is what a recording depends on besides the tables' contents.
+type graphKey struct {
+	n, logits int
+	kv        *gpuRows
 }
 
 func newCUDAOps(m *Model, ordinal int) (ops, error) {
@@ -51,7 +90,7 @@ func newCUDAOps(m *Model, ordinal int) (ops, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	o := &cudaOps{m: m, dev: dev, mats: map[*byte]cuda.Buffer{}, norms: map[*float32]cuda.Buffer{}}
+	o := &cudaOps{m: m, dev: dev, mats: map[*byte]cuda.Buffer{}, norms: map[*float32]cuda.Buffer{}, graphs: map[graphKey]*cuda.Graph{}}
 	if o.s, err = dev.NewStream(); err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("model: %w", err)
@@ -85,7 +124,7 @@ func (o *cudaOps) upload() error {
 		if err != nil {
 			return fmt.Errorf("model: %s on the GPU: %w", w.name, err)
 		}
-		if err := o.s.Upload(b, w.data); err != nil {
+		if err := o.s.UploadWeights(b, w.data, w.typ, w.rows, w.cols); err != nil {
 			return fmt.Errorf("model: %s on the GPU: %w", w.name, err)
 		}
 		o.mats[&w.data[0]] = b
@@ -135,13 +174,40 @@ func (o *cudaOps) begin(b *Batch, cache *kv.Cache) error {
 	if o.err != nil {
 		return o.err
 	}
+	cfg := o.m.cfg
+	bf := &o.m.buf
 	n := len(b.Tokens)
-	o.n, o.kv = n, g
+	o.n, o.kv, o.mode, o.out = n, g, eager, nil
+	want := b.Logits
+	if want == nil {
+		o.want = b.defaultLogits(o.want)
+		want = o.want
+	}
+	var slots []int32
+	for i, w := range want {
+		if w {
+			slots = append(slots, int32(i))
+		}
+	}
+	graph := n <= graphSlots
+	o.stride = 0
+	for i := 0; i < n; i++ {
+		o.stride = max(o.stride, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
+	}
+	if graph {
+		o.stride = g.layout.Context
+	}
 	if err := o.growActs(n); err != nil {
 		return err
 	}
-	// One upload of every per-slot table, 8-byte aligned.
-	bf := &o.m.buf
+	if need := int64(len(slots)) * int64(cfg.Vocab) * 4; need > o.logitsB.Size() {
+		if err := o.replace(&o.logitsB, 2*need); err != nil {
+			return err
+		}
+	}
+
+	// One upload of every per-slot table, 8-byte aligned; the ancestor
+	// list, the one table whose length varies, goes last.
 	o.host = o.host[:0]
 	put := func(vals []int32) (off, size int64) {
 		off = int64(len(o.host))
@@ -151,7 +217,7 @@ func (o *cudaOps) begin(b *Batch, cache *kv.Cache) error {
 		}
 		return off, int64(4 * len(vals))
 	}
-	i32 := make([]int32, 0, 4*n)
+	i32 := make([]int32, 0, 3*n)
 	conv := func(v []int) []int32 {
 		start := len(i32)
 		for _, x := range v {
@@ -159,38 +225,88 @@ func (o *cudaOps) begin(b *Batch, cache *kv.Cache) error {
 		}
 		return i32[start:]
 	}
-	o.maxLen = 0
-	for i := 0; i < n; i++ {
-		o.maxLen = max(o.maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
-	}
 	bases := make([]uint64, n)
 	for i, s := range b.Seq {
 		bases[i] = uint64(g.seqs[s].Ptr())
 	}
-	offBases := int64(len(o.host))
 	o.host = append(o.host, bytesOf(bases)...)
-	var lay [7][2]int64
-	lay[0][0], lay[0][1] = put(b.Tokens)
-	lay[1][0], lay[1][1] = put(b.Pos)
-	lay[2][0], lay[2][1] = put(bf.rows)
-	lay[3][0], lay[3][1] = put(conv(bf.prefix))
-	lay[4][0], lay[4][1] = put(bf.anc)
-	lay[5][0], lay[5][1] = put(conv(bf.ancLo))
-	lay[6][0], lay[6][1] = put(conv(bf.ancHi))
+	var lay [8][2]int64
+	for k, t := range [][]int32{b.Tokens, b.Pos, bf.rows, conv(bf.prefix), conv(bf.ancLo), conv(bf.ancHi), slots, bf.anc} {
+		lay[k][0], lay[k][1] = put(t)
+	}
 	if int64(len(o.host)) > o.table.Size() {
-		if err := o.replace(&o.table, int64(2*len(o.host))); err != nil {
+		if err := o.replace(&o.table, int64(2*len(o.host))+4096); err != nil {
 			return err
 		}
 	}
 	if err := o.s.Upload(o.table, o.host); err != nil {
 		return fmt.Errorf("model: cuda: batch tables: %w", err)
 	}
-	o.bases = o.table.Slice(offBases, int64(8*n))
-	dst := []*cuda.Buffer{&o.tokens, &o.pos, &o.slotRows, &o.prefix, &o.anc, &o.lo, &o.hi}
-	for k, p := range dst {
+	o.bases = o.table.Slice(0, int64(8*n))
+	for k, p := range []*cuda.Buffer{&o.tokens, &o.pos, &o.slotRows, &o.prefix, &o.lo, &o.hi, &o.slots, &o.anc} {
 		*p = o.table.Slice(lay[k][0], lay[k][1])
 	}
+	// Scratch for the largest matmul input and the attention scores,
+	// grown now: a recording cannot grow it.
+	need := max(cuda.MatMulScratch(max(n, len(slots)), max(cfg.Dim, cfg.Hidden)), cuda.AttentionScratch(n, cfg.Heads, o.stride))
+	if err := o.s.Reserve(need); err != nil {
+		return fmt.Errorf("model: cuda: %w", err)
+	}
+	if !graph {
+		return nil
+	}
+	if gen := [2]int{o.gen, o.s.Generation()}; gen != o.recGen {
+		o.dropGraphs() // buffers they recorded have moved
+		o.recGen = gen
+	}
+	o.key = graphKey{n: n, logits: len(slots), kv: g}
+	if _, ok := o.graphs[o.key]; ok {
+		o.mode = replay
+		return nil
+	}
+	if err := o.s.BeginCapture(); err != nil {
+		return fmt.Errorf("model: cuda: %w", err)
+	}
+	o.mode = capture
 	return nil
+}
+
+func (o *cudaOps) dropGraphs() {
+	for k, g := range o.graphs {
+		o.fail(g.Close())
+		delete(o.graphs, k)
+	}
+}
+
+// end launches a recorded pass and downloads the logits.
+func (o *cudaOps) end(err error) error {
+	if o.mode != replay {
+		o.flush()
+	}
+	if o.mode == capture {
+		g, cerr := o.s.EndCapture()
+		if err == nil && cerr == nil {
+			if len(o.graphs) >= 4*graphSlots {
+				o.dropGraphs() // many tree shapes: start over
+			}
+			o.graphs[o.key] = g
+		} else {
+			g.Close()
+			o.fail(cerr)
+		}
+	}
+	if o.mode != eager && err == nil && o.err == nil {
+		o.fail(o.s.Launch(o.graphs[o.key]))
+	}
+	o.mode = eager
+	if err != nil {
+		return err
+	}
+	if o.err == nil && o.out != nil {
+		o.fail(o.s.DownloadFloat32(o.out.data[:len(o.out.slots)*o.m.cfg.Vocab], o.logitsB))
+	}
+	o.out = nil
+	return o.err
 }
 
 // replace swaps *b for a new buffer of size bytes once the device is done
@@ -214,6 +330,7 @@ func (o *cudaOps) replace(b *cuda.Buffer, size int64) error {
 		return fmt.Errorf("model: cuda: %w", err)
 	}
 	*b = nb
+	o.gen++
 	return nil
 }
 
@@ -234,24 +351,45 @@ func (o *cudaOps) growActs(n int) error {
 }
 
 func (o *cudaOps) embed(tokens []int32) error {
+	if o.mode == replay {
+		return o.err
+	}
 	m := o.m
-	o.fail(o.s.Embed(o.acts[actX], o.mats[&m.embd.data[0]], m.embd.typ, o.tokens, o.n, m.cfg.Dim))
+	o.fail(o.s.Embed(o.acts[actX], o.mats[&m.embd.data[0]], m.embd.typ, m.cfg.Vocab, o.tokens, o.n, m.cfg.Dim))
 	return o.err
 }
 
 func (o *cudaOps) useLayer(int, *layer) error { return o.err }
 
 func (o *cudaOps) rmsNorm(dst, src act, w []float32) {
+	if o.mode == replay {
+		return
+	}
+	o.flush()
 	o.fail(o.s.RMSNorm(o.acts[dst], o.acts[src], o.norms[&w[0]], cuda.Buffer{}, o.m.cfg.Dim, o.n, o.m.cfg.Eps))
 }
 
 func (o *cudaOps) matmul(dst act, w *matrix, src act) error {
-	o.gemm(o.acts[dst], w, o.acts[src], o.n)
+	o.flush()
+	if dst == actTmp {
+		o.pending, o.pendingSrc = w, src
+		return o.err
+	}
+	o.gemm(o.acts[dst], w, o.acts[src], o.n, false)
 	return o.err
 }
 
-func (o *cudaOps) gemm(out cuda.Buffer, w *matrix, x cuda.Buffer, n int) {
-	if o.err != nil {
+// flush launches a pending projection (only a recipe other than block's
+// leaves one unmatched).
+func (o *cudaOps) flush() {
+	if w := o.pending; w != nil {
+		o.pending = nil
+		o.gemm(o.acts[actTmp], w, o.acts[o.pendingSrc], o.n, false)
+	}
+}
+
+func (o *cudaOps) gemm(out cuda.Buffer, w *matrix, x cuda.Buffer, n int, add bool) {
+	if o.err != nil || o.mode == replay {
 		return
 	}
 	wb, ok := o.mats[&w.data[0]]
@@ -259,65 +397,81 @@ func (o *cudaOps) gemm(out cuda.Buffer, w *matrix, x cuda.Buffer, n int) {
 		o.fail(fmt.Errorf("%s is not on the device", w.name))
 		return
 	}
-	if err := o.s.MatMul(out, wb, w.typ, w.rows, w.cols, x, n); err != nil {
+	mm := o.s.MatMul
+	if add {
+		mm = o.s.MatMulAdd
+	}
+	if err := mm(out, wb, w.typ, w.rows, w.cols, x, n); err != nil {
 		o.fail(fmt.Errorf("%s: %w", w.name, err))
 	}
 }
 
 func (o *cudaOps) rope(pos []int32) {
+	if o.mode == replay {
+		return
+	}
+	o.flush()
 	c := o.m.cfg
 	o.fail(o.s.RoPE(o.acts[actQ], o.acts[actK], o.pos, o.n, c.Heads, c.KVHeads, c.HeadDim, c.RopeTheta))
 }
 
 func (o *cudaOps) storeKV(b *Batch, cache *kv.Cache, layer int) {
+	if o.mode == replay {
+		return
+	}
+	o.flush()
 	o.fail(o.s.KVPut(o.kv.layout, layer, o.acts[actK], o.acts[actV], o.bases, o.slotRows, o.n))
 }
 
 func (o *cudaOps) attention(b *Batch, cache *kv.Cache, layer int) {
+	if o.mode == replay {
+		return
+	}
+	o.flush()
 	c := o.m.cfg
 	o.fail(o.s.Attention(o.kv.layout, layer, &cuda.Attention{
 		Out: o.acts[actAtt], Q: o.acts[actQ], Bases: o.bases,
 		Prefix: o.prefix, Anc: o.anc, Lo: o.lo, Hi: o.hi,
-		N: o.n, Heads: c.Heads, KVHeads: c.KVHeads, Head: c.HeadDim, MaxLen: o.maxLen,
+		N: o.n, Heads: c.Heads, KVHeads: c.KVHeads, Head: c.HeadDim, MaxLen: o.stride,
 		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
 	}))
 }
 
 func (o *cudaOps) add(dst, src act) {
+	if o.mode == replay {
+		return
+	}
+	if w := o.pending; w != nil && src == actTmp {
+		o.pending = nil
+		o.gemm(o.acts[dst], w, o.acts[o.pendingSrc], o.n, true)
+		return
+	}
+	o.flush()
 	o.fail(o.s.Add(o.acts[dst], o.acts[src], o.n*o.m.cfg.width(dst)))
 }
 
 func (o *cudaOps) siluMul(gate, up act) {
+	if o.mode == replay {
+		return
+	}
+	o.flush()
 	o.fail(o.s.SiLUMul(o.acts[gate], o.acts[up], o.n*o.m.cfg.width(gate)))
 }
 
-// logits normalises the wanted slots of actX into actXB (free by now),
-// multiplies by the head and downloads the rows.
+// logits normalises the wanted slots of actX into actXB (free by now)
+// and multiplies them by the head; end downloads the rows.
 func (o *cudaOps) logits(out *Logits, w *matrix) error {
-	m := o.m
-	rows := len(out.slots)
-	slots := make([]int32, rows)
-	for j, i := range out.slots {
-		slots[j] = int32(i)
-	}
-	size := int64(rows) * int64(m.cfg.Vocab) * 4
-	if o.err == nil && size+int64(4*rows) > o.logitsB.Size() {
-		o.fail(o.replace(&o.logitsB, 2*(size+int64(4*rows))))
-	}
-	if o.err != nil {
+	o.out = out
+	if o.mode == replay {
 		return o.err
 	}
-	idx := o.logitsB.Slice(size, int64(4*rows))
-	o.fail(o.s.UploadInt32(idx, slots))
-	o.fail(o.s.RMSNorm(o.acts[actXB], o.acts[actX], o.norms[&m.outNorm[0]], idx, m.cfg.Dim, rows, m.cfg.Eps))
-	o.gemm(o.logitsB, w, o.acts[actXB], rows)
-	if o.err == nil {
-		o.fail(o.s.DownloadFloat32(out.data[:rows*m.cfg.Vocab], o.logitsB))
-	}
+	o.flush()
+	m := o.m
+	rows := len(out.slots)
+	o.fail(o.s.RMSNorm(o.acts[actXB], o.acts[actX], o.norms[&m.outNorm[0]], o.slots, m.cfg.Dim, rows, m.cfg.Eps))
+	o.gemm(o.logitsB, w, o.acts[actXB], rows, false)
 	return o.err
 }
-
-func (o *cudaOps) finish() error { return o.err }
 
 func (o *cudaOps) newCache(cfg kv.Config) (*kv.Cache, error) {
 	g := &gpuRows{o: o, seqs: map[int]cuda.Buffer{},
@@ -335,6 +489,7 @@ func (o *cudaOps) close() error {
 	if o.s == nil {
 		return nil
 	}
+	o.dropGraphs()
 	errs := []error{o.s.Close()}
 	for _, b := range o.owned {
 		errs = append(errs, o.dev.Free(b))
