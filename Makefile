@@ -5,7 +5,7 @@ FUZZTIME ?= 20s
 # Android build uses the pure-Go kernels).
 PURE_GO_PKGS = ./kernels/... ./runtime/... ./tools/...
 
-.PHONY: build test bench bench-stream fuzz cross test-arm64 default-model
+.PHONY: build test bench bench-stream bench-spec fuzz cross test-arm64 default-model cuda cuda-deps cuda-ptx
 
 build:
 	$(GO) build -o bin/tandem ./tools/tandem
@@ -64,3 +64,38 @@ test-arm64:
 # default-model regenerates the embedded random-weight model.
 default-model:
 	$(GO) run ./tools/tandem synth --dims 64,172,4,8,4,512,256 --type q8_0 --seed 1 tools/tandem/defaultmodel/default.gguf
+
+# cuda builds the CUDA backend (build tag cuda, kernels/cuda): it installs
+# Debian's CUDA toolkit when cuda.h is missing (cuda-deps, needs root),
+# vets the tagged code, builds bin/tandem-cuda and compiles the tagged
+# test binaries into bin/cuda/ (run them on a machine with an NVIDIA GPU;
+# see README, "CUDA (Jetson GPU)"). Without a GPU they skip.
+CUDA_TEST_PKGS = ./kernels/cuda ./runtime/model
+cuda:
+	@test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h || $(MAKE) cuda-deps
+	$(GO) vet -tags cuda ./...
+	$(GO) build -tags cuda -o bin/tandem-cuda ./tools/tandem
+	@mkdir -p bin/cuda
+	$(GO) test -tags cuda -c -o bin/cuda/ $(CUDA_TEST_PKGS)
+
+# cuda-deps enables Debian's contrib and non-free components and installs
+# nvcc (CUDA 11.8 in bookworm) and the driver API headers and stubs.
+cuda-deps:
+	sed -i 's/^Components: main$$/Components: main contrib non-free/' /etc/apt/sources.list.d/debian.sources
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nvidia-cuda-toolkit nvidia-cuda-dev
+
+# cuda-ptx regenerates the embedded PTX of kernels/cuda for every
+# architecture in CUDA_ARCHS (kernels/cuda.Archs) and records the digest
+# of the sources it was made from (checked by kernels/cuda's tests).
+NVCC ?= nvcc
+CUDA_ARCHS = 53 62 72 87 90
+CUDA_MODULES = matmul ops attention
+cuda-ptx:
+	@cd kernels/cuda && for m in $(CUDA_MODULES); do for a in $(CUDA_ARCHS); do \
+		echo "nvcc $$m.cu sm_$$a"; \
+		$(NVCC) -ptx -arch=compute_$$a -o ptx/$$m.sm_$$a.ptx $$m.cu || exit 1; \
+	done; done
+	@cd kernels/cuda && for f in $$(ls *.cu *.cuh | LC_ALL=C sort); do \
+		printf '%s\0' "$$f"; cat "$$f"; printf '\0'; \
+	done | sha256sum | cut -d' ' -f1 > ptx/SOURCES

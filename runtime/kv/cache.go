@@ -42,6 +42,26 @@ type Config struct {
 	// MaxSeqs bounds the live sequences (0: no bound), so that a server
 	// cannot allocate past its memory plan.
 	MaxSeqs int
+	// Rows, when set, holds the rows instead of host memory (a GPU's
+	// memory: runtime/model makes such caches for models that compute
+	// there). Put, K, V, K16 and V16 are then unused and return nil.
+	Rows Rows
+}
+
+// Rows keeps a cache's K and V rows outside host memory. The Cache keeps
+// the bookkeeping (committed and tentative rows, the tentative tree) and
+// calls Rows to allocate a sequence's rows and to compact them on Commit;
+// the model that computes with the cache writes and reads them.
+type Rows interface {
+	// Alloc makes room for Context rows of every layer of sequence id
+	// (called by NewSeq, for new and reused ids).
+	Alloc(id int) error
+	// Free releases sequence id's rows (called by Free).
+	Free(id int)
+	// Move copies row src[i] to row dst[i] (absolute row indices) in
+	// every layer of sequence id, for i in order: a later copy reads what
+	// an earlier one wrote. Called by Commit and CommitKeep.
+	Move(id int, dst, src []int) error
 }
 
 // SeqBytes is the memory one sequence takes: Context × Layers × KVDim for
@@ -116,21 +136,34 @@ func (c *Cache) NewSeq() (int, error) {
 	} else {
 		s = &seq{}
 		elems := c.cfg.Context * c.cfg.Layers * c.cfg.KVDim * 2
-		if c.cfg.Type == weights.F16 {
+		switch {
+		case c.cfg.Rows != nil:
+		case c.cfg.Type == weights.F16:
 			s.f16 = make([]uint16, elems)
-		} else {
+		default:
 			s.f32 = make([]float32, elems)
 		}
 	}
-	c.live++
-	for id, old := range c.seqs {
+	id := len(c.seqs)
+	for i, old := range c.seqs {
 		if old == nil {
-			c.seqs[id] = s
-			return id, nil
+			id = i
+			break
 		}
 	}
-	c.seqs = append(c.seqs, s)
-	return len(c.seqs) - 1, nil
+	if c.cfg.Rows != nil {
+		if err := c.cfg.Rows.Alloc(id); err != nil {
+			c.spares = append(c.spares, s)
+			return 0, fmt.Errorf("kv: new sequence %d: %w", id, err)
+		}
+	}
+	c.live++
+	if id == len(c.seqs) {
+		c.seqs = append(c.seqs, s)
+	} else {
+		c.seqs[id] = s
+	}
+	return id, nil
 }
 
 // Free releases a sequence. Its buffer is kept for the next NewSeq.
@@ -141,6 +174,9 @@ func (c *Cache) Free(id int) error {
 	}
 	c.seqs[id] = nil
 	c.spares = append(c.spares, s)
+	if c.cfg.Rows != nil {
+		c.cfg.Rows.Free(id)
+	}
 	c.live--
 	return nil
 }
@@ -238,8 +274,13 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 		}
 	}
 	kvd, ctx := c.cfg.KVDim, c.cfg.Context
+	var dsts, srcs []int // the moves, for Rows
 	move := func(dst, src int) {
 		if dst == src {
+			return
+		}
+		if c.cfg.Rows != nil {
+			dsts, srcs = append(dsts, dst), append(srcs, src)
 			return
 		}
 		for plane := 0; plane < 2*c.cfg.Layers; plane++ {
@@ -272,6 +313,15 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 			s.parent[n], s.depth[n] = -1, 0
 		}
 		kept++
+	}
+	if len(dsts) > 0 {
+		if err := c.cfg.Rows.Move(id, dsts, srcs); err != nil {
+			// Moves write only tentative rows: dropping them all leaves
+			// the sequence consistent.
+			s.tentative = 0
+			s.parent, s.depth = s.parent[:0], s.depth[:0]
+			return nil, fmt.Errorf("kv: commit sequence %d: %w", id, err)
+		}
 	}
 	s.committed += len(rows)
 	s.tentative = kept

@@ -2,12 +2,9 @@ package model
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
-	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/kv"
-	"github.com/tandem-llm/tandem/weights"
 )
 
 // buffers are the activations of one Forward, grown to the largest batch
@@ -63,10 +60,7 @@ func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	if err := m.validate(b, cache); err != nil {
 		return err
 	}
-	cfg := m.cfg
-	n := len(b.Tokens)
 	bf := &m.buf
-	bf.grow(n, cfg)
 
 	// Rows: validation checked the room, so Reserve cannot fail here.
 	count := map[int]int{}
@@ -147,30 +141,27 @@ func (m *Model) ancestors(b *Batch, cache *kv.Cache) {
 }
 
 func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
-	cfg := m.cfg
-	bf := &m.buf
-	dim := cfg.Dim
-
-	embRow, err := m.embd.typ.RowBytes(uint64(dim))
-	if err != nil {
-		return fmt.Errorf("model: %s: %w", m.embd.name, err)
+	if err := m.ops.begin(b, cache); err != nil {
+		return err
 	}
-	for i, tok := range b.Tokens {
-		src, err := m.embedRow(tok, embRow)
-		if err != nil {
-			return err
-		}
-		if err := weights.Dequantize(m.embd.typ, src, bf.x[i*dim:(i+1)*dim]); err != nil {
-			return fmt.Errorf("model: %s row %d: %w", m.embd.name, tok, err)
-		}
-	}
+	return m.ops.end(m.pass(b, cache, out))
+}
 
+// pass is the recipe of one Forward: embeddings, the layers, the head.
+func (m *Model) pass(b *Batch, cache *kv.Cache, out *Logits) error {
+	o := m.ops
+	if err := o.embed(b.Tokens); err != nil {
+		return err
+	}
 	for li := range m.layers {
 		L, release, err := m.acquireLayer(li)
 		if err != nil {
 			return err
 		}
-		err = m.block(b, cache, li, L)
+		err = o.useLayer(li, L)
+		if err == nil {
+			err = m.block(b, cache, li, L)
+		}
 		release()
 		if err != nil {
 			return err
@@ -179,50 +170,40 @@ func (m *Model) forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	return m.head(b, out)
 }
 
-// block runs one transformer layer over the batch's activations.
+// block runs one transformer layer over the batch's activations: the one
+// recipe every backend computes (see ops).
 func (m *Model) block(b *Batch, cache *kv.Cache, li int, L *layer) error {
-	cfg := m.cfg
-	n := len(b.Tokens)
-	bf := &m.buf
-	dim, kvd, hid := cfg.Dim, cfg.KVDim(), cfg.Hidden
-	for i := 0; i < n; i++ {
-		kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.attnNorm, cfg.Eps)
-	}
-	if err := m.matmul(bf.q, &L.wq, bf.xb, n); err != nil {
+	o := m.ops
+	o.rmsNorm(actXB, actX, L.attnNorm)
+	if err := o.matmul(actQ, &L.wq, actXB); err != nil {
 		return err
 	}
-	if err := m.matmul(bf.k, &L.wk, bf.xb, n); err != nil {
+	if err := o.matmul(actK, &L.wk, actXB); err != nil {
 		return err
 	}
-	if err := m.matmul(bf.v, &L.wv, bf.xb, n); err != nil {
+	if err := o.matmul(actV, &L.wv, actXB); err != nil {
 		return err
 	}
-	for i := 0; i < n; i++ {
-		pos := int(b.Pos[i])
-		kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, pos, cfg.RopeTheta)
-		kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, pos, cfg.RopeTheta)
-		cache.Put(b.Seq[i], li, int(bf.rows[i]), bf.k[i*kvd:(i+1)*kvd], bf.v[i*kvd:(i+1)*kvd])
-	}
-	m.attention(b, cache, li)
-	if err := m.matmul(bf.tmp, &L.wo, bf.att, n); err != nil {
+	o.rope(b.Pos)
+	o.storeKV(b, cache, li)
+	o.attention(b, cache, li)
+	if err := o.matmul(actTmp, &L.wo, actAtt); err != nil {
 		return err
 	}
-	kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+	o.add(actX, actTmp)
 
-	for i := 0; i < n; i++ {
-		kernels.RMSNorm(bf.xb[i*dim:(i+1)*dim], bf.x[i*dim:(i+1)*dim], L.ffnNorm, cfg.Eps)
-	}
-	if err := m.matmul(bf.hb, &L.gate, bf.xb, n); err != nil {
+	o.rmsNorm(actXB, actX, L.ffnNorm)
+	if err := o.matmul(actHB, &L.gate, actXB); err != nil {
 		return err
 	}
-	if err := m.matmul(bf.hb2, &L.up, bf.xb, n); err != nil {
+	if err := o.matmul(actHB2, &L.up, actXB); err != nil {
 		return err
 	}
-	kernels.SiLUMul(bf.hb[:n*hid], bf.hb2[:n*hid])
-	if err := m.matmul(bf.tmp, &L.down, bf.hb, n); err != nil {
+	o.siluMul(actHB, actHB2)
+	if err := o.matmul(actTmp, &L.down, actHB); err != nil {
 		return err
 	}
-	kernels.Add(bf.x[:n*dim], bf.tmp[:n*dim])
+	o.add(actX, actTmp)
 	return nil
 }
 
@@ -230,9 +211,7 @@ func (m *Model) block(b *Batch, cache *kv.Cache, li int, L *layer) error {
 // acquired even when no slot does, so every pass reads the groups in the
 // one order the streamer prefetches.
 func (m *Model) head(b *Batch, out *Logits) error {
-	cfg := m.cfg
 	bf := &m.buf
-	dim := cfg.Dim
 	output, release, err := m.acquireHead()
 	if err != nil {
 		return err
@@ -243,15 +222,10 @@ func (m *Model) head(b *Batch, out *Logits) error {
 		bf.want = b.defaultLogits(bf.want)
 		want = bf.want
 	}
-	rows := out.reset(cfg.Vocab, want)
-	if rows == 0 {
+	if rows := out.reset(m.cfg.Vocab, want); rows == 0 {
 		return nil
 	}
-	bf.xs = grow(bf.xs, rows*dim)
-	for j, i := range out.slots {
-		kernels.RMSNorm(bf.xs[j*dim:(j+1)*dim], bf.x[i*dim:(i+1)*dim], m.outNorm, cfg.Eps)
-	}
-	return m.matmul(out.data, output, bf.xs, rows)
+	return m.ops.logits(out, output)
 }
 
 // embedRow returns token tok's embedding row: a view of the file, of a
@@ -314,53 +288,4 @@ func (m *Model) acquireHead() (*matrix, func(), error) {
 	w := m.output
 	w.data = views[0]
 	return &w, func() { m.stream.Release(g) }, nil
-}
-
-// matmul computes out = W·x for n input columns, reading W once.
-func (m *Model) matmul(out []float32, w *matrix, x []float32, n int) error {
-	if err := m.pool.MatMul(out[:n*w.rows], w.data, w.typ, w.rows, w.cols, x[:n*w.cols], n); err != nil {
-		return fmt.Errorf("model: %s: %w", w.name, err)
-	}
-	return nil
-}
-
-// attention runs every (slot, head) pair of one layer on the pool. Query
-// head h reads KV head h/(Heads/KVHeads) (grouped-query attention).
-func (m *Model) attention(b *Batch, cache *kv.Cache, layer int) {
-	cfg := m.cfg
-	bf := &m.buf
-	n := len(b.Tokens)
-	dim, kvd, hd := cfg.Dim, cfg.KVDim(), cfg.HeadDim
-	group := cfg.Heads / cfg.KVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
-
-	maxLen := 0
-	for i := 0; i < n; i++ {
-		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
-	}
-	tasks := n * cfg.Heads
-	// Each chunk owns one scores buffer; a few chunks per thread balance
-	// slots whose attention spans differ.
-	chunks := min(tasks, 4*max(1, m.pool.Threads()))
-	bf.scores = grow(bf.scores, chunks*maxLen)
-	f16 := cache.Config().Type == weights.F16
-
-	m.pool.Run(chunks, func(lo, hi int) {
-		for c := lo; c < hi; c++ {
-			sc := bf.scores[c*maxLen : (c+1)*maxLen]
-			for t := c * tasks / chunks; t < (c+1)*tasks/chunks; t++ {
-				i, h := t/cfg.Heads, t%cfg.Heads
-				seq := b.Seq[i]
-				off := (h / group) * hd
-				q := bf.q[i*dim+h*hd : i*dim+(h+1)*hd]
-				o := bf.att[i*dim+h*hd : i*dim+(h+1)*hd]
-				extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
-				if f16 {
-					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
-				} else {
-					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
-				}
-			}
-		}
-	})
 }

@@ -4,6 +4,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -29,6 +30,11 @@ type Options struct {
 	// the cores (the draft of a speculative pair) computes only in this
 	// model's IO gaps and the two never compete for a core.
 	Lane sync.Locker
+	// Device is where the model computes: "" or "cpu" for the CPU
+	// kernels, "cuda" or "cuda:N" for GPU N, which holds the weights,
+	// activations and the KV rows of caches made by NewCache (binaries
+	// built with -tags cuda; others return an error).
+	Device string
 }
 
 // matrix is a weight matrix of rows × cols as stored in the file: row r is
@@ -62,6 +68,7 @@ type Model struct {
 
 	buf  buffers
 	lane sync.Locker
+	ops  ops // the backend the forward recipe computes on
 
 	// stream is set when weights stream under a budget: group i < Layers
 	// is layer i, then the output head, then (untied) the embedding.
@@ -131,6 +138,10 @@ func Load(f *weights.File, opt Options) (*Model, error) {
 		m.pool = kernels.NewPool(opt.Threads)
 		m.ownPool = true
 	}
+	if m.ops, err = newOps(m, opt.Device); err != nil {
+		m.Close()
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -146,16 +157,20 @@ func (m *Model) Pool() *kernels.Pool { return m.pool }
 // Close releases the kernel pool if Load made it. It does not close the
 // file, which the caller opened.
 func (m *Model) Close() error {
+	var errs []error
+	if m.ops != nil {
+		errs = append(errs, m.ops.close())
+		m.ops = nil
+	}
 	if m.ownPool && m.pool != nil {
 		m.pool.Close()
 		m.pool = nil
 	}
 	if m.stream != nil {
-		err := m.stream.Close()
+		errs = append(errs, m.stream.Close())
 		m.stream = nil
-		return err
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // streamGroups are the units weights stream in, in compute order: each
@@ -216,7 +231,7 @@ func (m *Model) NewCache(context int, typ weights.DType) (*kv.Cache, error) {
 	if context < 0 || context > m.cfg.Context {
 		return nil, fmt.Errorf("model: cache context %d is outside 1..%d (the model's context length)", context, m.cfg.Context)
 	}
-	return kv.New(kv.Config{Layers: m.cfg.Layers, KVDim: m.cfg.KVDim(), Context: context, Type: typ})
+	return m.ops.newCache(kv.Config{Layers: m.cfg.Layers, KVDim: m.cfg.KVDim(), Context: context, Type: typ})
 }
 
 // loadMatrix checks a tensor's shape (GGML order [cols, rows]), type and

@@ -180,41 +180,49 @@ func TestParity(t *testing.T) {
 					{weights.F16, 0.5, 20},
 				} {
 					t.Run(ct.typ.String(), func(t *testing.T) {
-						cache, err := m.NewCache(200, ct.typ)
-						if err != nil {
-							t.Fatal(err)
-						}
-						var worst float64
-						for ri, r := range recs {
-							ids, first := greedy(t, m, cache, r.PromptIDs)
-							if len(first) != len(r.FirstLogits) {
-								t.Fatalf("record %d: %d logits, reference has %d", ri, len(first), len(r.FirstLogits))
-							}
-							for i := range first {
-								d := math.Abs(float64(first[i] - r.FirstLogits[i]))
-								worst = max(worst, d)
-								if tol := ct.logitTo + 1e-5*math.Abs(float64(r.FirstLogits[i])); !(d <= tol) {
-									t.Fatalf("record %d (%q): first logit %d = %v, reference %v (|diff| %.3g > %.3g)", ri, r.Prompt, i, first[i], r.FirstLogits[i], d, tol)
-								}
-							}
-							want := r.GeneratedIDs
-							if ct.tokens > 0 {
-								want = want[:min(len(want), ct.tokens)]
-								ids = ids[:min(len(ids), ct.tokens)]
-							}
-							if len(ids) != len(want) {
-								t.Fatalf("record %d (%q): %d tokens, reference %d\n got %v\nwant %v", ri, r.Prompt, len(ids), len(want), ids, want)
-							}
-							for i := range want {
-								if ids[i] != want[i] {
-									t.Fatalf("record %d (%q): token %d is %d, reference %d\n got %v\nwant %v", ri, r.Prompt, i, ids[i], want[i], ids, want)
-								}
-							}
-						}
-						t.Logf("%d records, worst first-logit |diff| %.3g", len(recs), worst)
+						checkRecords(t, m, recs, ct.typ, ct.logitTo, ct.tokens)
 					})
 				}
 			})
 		})
 	}
+}
+
+// checkRecords runs every record greedily on m with a cache of type typ
+// and holds the first-step logits to logitTo + 1e-5·|reference| and the
+// first tokens ids (all when 0) to the reference.
+func checkRecords(t *testing.T, m *Model, recs []record, typ weights.DType, logitTo float64, tokens int) {
+	t.Helper()
+	cache, err := m.NewCache(200, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var worst float64
+	for ri, r := range recs {
+		ids, first := greedy(t, m, cache, r.PromptIDs)
+		if len(first) != len(r.FirstLogits) {
+			t.Fatalf("record %d: %d logits, reference has %d", ri, len(first), len(r.FirstLogits))
+		}
+		for i := range first {
+			d := math.Abs(float64(first[i] - r.FirstLogits[i]))
+			worst = max(worst, d)
+			if tol := logitTo + 1e-5*math.Abs(float64(r.FirstLogits[i])); !(d <= tol) {
+				t.Fatalf("record %d (%q): first logit %d = %v, reference %v (|diff| %.3g > %.3g)", ri, r.Prompt, i, first[i], r.FirstLogits[i], d, tol)
+			}
+		}
+		want := r.GeneratedIDs
+		if tokens > 0 {
+			want = want[:min(len(want), tokens)]
+			ids = ids[:min(len(ids), tokens)]
+		}
+		if len(ids) != len(want) {
+			t.Fatalf("record %d (%q): %d tokens, reference %d\n got %v\nwant %v", ri, r.Prompt, len(ids), len(want), ids, want)
+		}
+		for i := range want {
+			if ids[i] != want[i] {
+				t.Fatalf("record %d (%q): token %d is %d, reference %d\n got %v\nwant %v", ri, r.Prompt, i, ids[i], want[i], ids, want)
+			}
+		}
+	}
+	t.Logf("%d records, worst first-logit |diff| %.3g", len(recs), worst)
 }

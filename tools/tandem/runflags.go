@@ -146,7 +146,7 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 	}
 	if !rc.mode.stream {
 		if *r.budget != "" || bw > 0 || lat > 0 || *r.io != "pread" {
-			return rc, fmt.Errorf("%w: --mode %s computes on the whole mapped file; --io, --io-bandwidth and --io-latency need --budget (or --mode std or stdpl)", errUsage, rc.mode.name)
+			return rc, fmt.Errorf("%w: --mode %s computes on the whole mapped file; --budget, --io, --io-bandwidth and --io-latency need a streaming mode (--mode std or stdpl alone, tree, sd or bild with --draft)", errUsage, rc.mode.name)
 		}
 		return rc, nil
 	}

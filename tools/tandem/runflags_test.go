@@ -90,9 +90,9 @@ func TestGenerateRunFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--budget", "1KiB"}, 1, "needs at least"},
 		{[]string{"--budget", "lots"}, 2, "--budget"},
-		{[]string{"--mode", "turbo"}, 2, "resident|std|stdpl"},
-		{[]string{"--mode", "resident", "--budget", "1MiB"}, 2, "need --mode std or stdpl"},
-		{[]string{"--io-bandwidth", "400MB/s"}, 2, "need --mode std or stdpl"},
+		{[]string{"--mode", "turbo"}, 2, "want one of resident|target|std|stdpl|sd|bild|tree"},
+		{[]string{"--mode", "resident", "--budget", "1MiB"}, 2, "need a streaming mode"},
+		{[]string{"--io-bandwidth", "400MB/s"}, 2, "need a streaming mode"},
 		{[]string{"--budget", "min", "--io-bandwidth", "fast"}, 2, "--io-bandwidth"},
 		{[]string{"--budget", "min", "--io-latency", "soon"}, 2, "--io-latency"},
 		{[]string{"--budget", "min", "--io", "dma"}, 2, "pread or mmap"},

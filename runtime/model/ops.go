@@ -1,0 +1,270 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// act names an activation of the forward recipe: one vector per slot of
+// the batch (Dim wide unless said).
+type act int
+
+const (
+	actX   act = iota // the residual stream
+	actXB             // normalised input of attention or the FFN
+	actQ              // queries
+	actK              // keys (KVDim)
+	actV              // values (KVDim)
+	actAtt            // attention output
+	actTmp            // a projection back to Dim, added into actX
+	actHB             // FFN gate (Hidden)
+	actHB2            // FFN up (Hidden)
+	numActs
+)
+
+// width is the length of one slot's vector of a.
+func (c Config) width(a act) int {
+	switch a {
+	case actK, actV:
+		return c.KVDim()
+	case actHB, actHB2:
+		return c.Hidden
+	}
+	return c.Dim
+}
+
+// ops are the steps of the forward recipe (forward, block, head), each
+// over every slot of the batch begin was given. Backends implement them:
+// hostOps with package kernels on the Model's buffers, and under the cuda
+// build tag a GPU backend (ops_cuda.go) that keeps weights, activations
+// and KV rows in device memory. The recipe itself exists once.
+//
+// Forward calls them from one goroutine, in recipe order, between begin
+// and end. Steps with no error result cannot fail on the host; a GPU
+// backend holds its first failure and returns it from the next step that
+// has an error result, or from end. A backend may also record the steps
+// of a pass and replay them for the next pass of the same shape.
+type ops interface {
+	// begin starts a pass over b: m.buf already holds each slot's KV row,
+	// committed prefix and ancestor rows.
+	begin(b *Batch, cache *kv.Cache) error
+	// embed sets actX to the tokens' embedding rows.
+	embed(tokens []int32) error
+	// useLayer is called with each layer once its weights are readable,
+	// before block computes it (a GPU backend copies streamed ones over).
+	useLayer(li int, L *layer) error
+	rmsNorm(dst, src act, w []float32)
+	matmul(dst act, w *matrix, src act) error
+	// rope rotates actQ and actK at the slots' positions.
+	rope(pos []int32)
+	// storeKV writes actK and actV into each slot's row of layer.
+	storeKV(b *Batch, cache *kv.Cache, layer int)
+	// attention sets actAtt from actQ and layer's KV rows.
+	attention(b *Batch, cache *kv.Cache, layer int)
+	add(dst, src act)
+	siluMul(gate, up act)
+	// logits sets out's rows (out.reset was called) from actX through
+	// the output norm and w, by the time end returns.
+	logits(out *Logits, w *matrix) error
+	// end finishes the pass begin started; err is the pass's own error.
+	end(err error) error
+	// newCache makes a KV cache whose rows this backend can read.
+	newCache(cfg kv.Config) (*kv.Cache, error)
+	close() error
+}
+
+// newOps returns the backend that opt.Device names: "" or "cpu" for the
+// host kernels, "cuda" or "cuda:N" for GPU N (builds with -tags cuda).
+func newOps(m *Model, device string) (ops, error) {
+	switch {
+	case device == "" || device == "cpu":
+		return &hostOps{m: m}, nil
+	case device == "cuda" || strings.HasPrefix(device, "cuda:"):
+		ord := 0
+		if rest, ok := strings.CutPrefix(device, "cuda:"); ok {
+			var err error
+			if ord, err = strconv.Atoi(rest); err != nil || ord < 0 {
+				return nil, fmt.Errorf("model: device %q: want cuda:N with N a GPU number (0 is the first)", device)
+			}
+		}
+		return newCUDAOps(m, ord)
+	}
+	return nil, fmt.Errorf("model: unknown device %q (want cpu, cuda or cuda:N)", device)
+}
+
+// hostOps computes on the CPU with package kernels (C or pure Go) and the
+// Model's pool, on the activations in m.buf.
+type hostOps struct {
+	m *Model
+	n int
+}
+
+func (h *hostOps) buf(a act) []float32 {
+	bf := &h.m.buf
+	switch a {
+	case actX:
+		return bf.x
+	case actXB:
+		return bf.xb
+	case actQ:
+		return bf.q
+	case actK:
+		return bf.k
+	case actV:
+		return bf.v
+	case actAtt:
+		return bf.att
+	case actTmp:
+		return bf.tmp
+	case actHB:
+		return bf.hb
+	case actHB2:
+		return bf.hb2
+	}
+	panic(fmt.Sprintf("model: activation %d", a))
+}
+
+func (h *hostOps) begin(b *Batch, cache *kv.Cache) error {
+	if cache.Config().Rows != nil {
+		return fmt.Errorf("model: forward: the KV cache keeps its rows on a device, and this model computes on the CPU; make the cache with this model's NewCache")
+	}
+	h.n = len(b.Tokens)
+	h.m.buf.grow(h.n, h.m.cfg)
+	return nil
+}
+
+func (h *hostOps) embed(tokens []int32) error {
+	m := h.m
+	dim := m.cfg.Dim
+	embRow, err := m.embd.typ.RowBytes(uint64(dim))
+	if err != nil {
+		return fmt.Errorf("model: %s: %w", m.embd.name, err)
+	}
+	for i, tok := range tokens {
+		src, err := m.embedRow(tok, embRow)
+		if err != nil {
+			return err
+		}
+		if err := weights.Dequantize(m.embd.typ, src, m.buf.x[i*dim:(i+1)*dim]); err != nil {
+			return fmt.Errorf("model: %s row %d: %w", m.embd.name, tok, err)
+		}
+	}
+	return nil
+}
+
+func (h *hostOps) useLayer(int, *layer) error { return nil }
+
+func (h *hostOps) rmsNorm(dst, src act, w []float32) {
+	dim := h.m.cfg.Dim
+	d, s := h.buf(dst), h.buf(src)
+	for i := 0; i < h.n; i++ {
+		kernels.RMSNorm(d[i*dim:(i+1)*dim], s[i*dim:(i+1)*dim], w, h.m.cfg.Eps)
+	}
+}
+
+// matmul computes dst = W·src for every slot, reading W once.
+func (h *hostOps) matmul(dst act, w *matrix, src act) error {
+	return h.m.matmul(h.buf(dst), w, h.buf(src), h.n)
+}
+
+func (m *Model) matmul(out []float32, w *matrix, x []float32, n int) error {
+	if err := m.pool.MatMul(out[:n*w.rows], w.data, w.typ, w.rows, w.cols, x[:n*w.cols], n); err != nil {
+		return fmt.Errorf("model: %s: %w", w.name, err)
+	}
+	return nil
+}
+
+func (h *hostOps) rope(pos []int32) {
+	cfg := h.m.cfg
+	bf := &h.m.buf
+	dim, kvd := cfg.Dim, cfg.KVDim()
+	for i := 0; i < h.n; i++ {
+		p := int(pos[i])
+		kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, p, cfg.RopeTheta)
+		kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, p, cfg.RopeTheta)
+	}
+}
+
+func (h *hostOps) storeKV(b *Batch, cache *kv.Cache, layer int) {
+	bf := &h.m.buf
+	kvd := h.m.cfg.KVDim()
+	for i := 0; i < h.n; i++ {
+		cache.Put(b.Seq[i], layer, int(bf.rows[i]), bf.k[i*kvd:(i+1)*kvd], bf.v[i*kvd:(i+1)*kvd])
+	}
+}
+
+// attention runs every (slot, head) pair of one layer on the pool. Query
+// head h reads KV head h/(Heads/KVHeads) (grouped-query attention).
+func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
+	m := h.m
+	cfg := m.cfg
+	bf := &m.buf
+	n := h.n
+	dim, kvd, hd := cfg.Dim, cfg.KVDim(), cfg.HeadDim
+	group := cfg.Heads / cfg.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+
+	maxLen := 0
+	for i := 0; i < n; i++ {
+		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
+	}
+	tasks := n * cfg.Heads
+	// Each chunk owns one scores buffer; a few chunks per thread balance
+	// slots whose attention spans differ.
+	chunks := min(tasks, 4*max(1, m.pool.Threads()))
+	bf.scores = grow(bf.scores, chunks*maxLen)
+	f16 := cache.Config().Type == weights.F16
+
+	m.pool.Run(chunks, func(lo, hi int) {
+		for c := lo; c < hi; c++ {
+			sc := bf.scores[c*maxLen : (c+1)*maxLen]
+			for t := c * tasks / chunks; t < (c+1)*tasks/chunks; t++ {
+				i, h := t/cfg.Heads, t%cfg.Heads
+				seq := b.Seq[i]
+				off := (h / group) * hd
+				q := bf.q[i*dim+h*hd : i*dim+(h+1)*hd]
+				o := bf.att[i*dim+h*hd : i*dim+(h+1)*hd]
+				extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
+				if f16 {
+					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+				} else {
+					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+				}
+			}
+		}
+	})
+}
+
+func (h *hostOps) add(dst, src act) {
+	w := h.m.cfg.width(dst)
+	kernels.Add(h.buf(dst)[:h.n*w], h.buf(src)[:h.n*w])
+}
+
+func (h *hostOps) siluMul(gate, up act) {
+	w := h.m.cfg.width(gate)
+	kernels.SiLUMul(h.buf(gate)[:h.n*w], h.buf(up)[:h.n*w])
+}
+
+func (h *hostOps) logits(out *Logits, w *matrix) error {
+	m := h.m
+	bf := &m.buf
+	dim := m.cfg.Dim
+	rows := len(out.slots)
+	bf.xs = grow(bf.xs, rows*dim)
+	for j, i := range out.slots {
+		kernels.RMSNorm(bf.xs[j*dim:(j+1)*dim], bf.x[i*dim:(i+1)*dim], m.outNorm, m.cfg.Eps)
+	}
+	return m.matmul(out.data, w, bf.xs, rows)
+}
+
+func (h *hostOps) end(err error) error { return err }
+
+func (h *hostOps) newCache(cfg kv.Config) (*kv.Cache, error) { return kv.New(cfg) }
+
+func (h *hostOps) close() error { return nil }
