@@ -106,8 +106,9 @@ func KernelPeak(pool *kernels.Pool, wt weights.DType, rows, cols, runs int) (Ker
 		return KernelRate{}, err
 	}
 	x, out := vals[:cols], make([]float32, rows)
-	// Calls per timing: enough for about 4 ms at 10 GB/s.
-	calls := max(1, 40<<20/len(w))
+	// Calls per timing: about 40 MiB of weights, at most 1000 calls (a
+	// tiny matrix would time the pool's dispatch, not the kernel).
+	calls := min(1000, max(1, 40<<20/len(w)))
 	if err := pool.MatMul(out, w, wt, rows, cols, x, 1); err != nil { // warm the cache
 		return KernelRate{}, err
 	}
