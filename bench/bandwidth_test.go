@@ -1,6 +1,13 @@
 package bench
 
-import "testing"
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/weights"
+)
 
 func TestMedian(t *testing.T) {
 	tests := []struct {
@@ -35,12 +42,62 @@ func TestMemoryBandwidthReportsWhatItMeasured(t *testing.T) {
 	}
 }
 
-func BenchmarkMemcpy(b *testing.B) {
-	const size = 256 << 20
-	src := make([]byte, size)
-	dst := make([]byte, size)
-	b.SetBytes(2 * size)
+func BenchmarkMemoryBandwidth(b *testing.B) {
 	for b.Loop() {
-		copy(dst, src)
+		bw := MemoryBandwidth(1, 256<<20, 1)
+		b.ReportMetric(bw.BytesPerSec/1e9, "GB/s")
+	}
+}
+
+func TestMeanSD(t *testing.T) {
+	tests := []struct {
+		in       []float64
+		mean, sd float64
+	}{
+		{nil, 0, 0},
+		{[]float64{4}, 4, 0},
+		{[]float64{2, 4, 4, 4, 5, 5, 7, 9}, 5, 2.138089935299395},
+	}
+	for _, tt := range tests {
+		m, sd := MeanSD(tt.in)
+		if math.Abs(m-tt.mean) > 1e-12 || math.Abs(sd-tt.sd) > 1e-12 {
+			t.Errorf("MeanSD(%v) = %v, %v; want %v, %v", tt.in, m, sd, tt.mean, tt.sd)
+		}
+	}
+}
+
+func TestKernelPeak(t *testing.T) {
+	pool := kernels.NewPool(2)
+	defer pool.Close()
+	for _, wt := range []weights.DType{weights.Q4_0, weights.Q8_0, weights.F16} {
+		k, err := KernelPeak(pool, wt, 16, 64, 2)
+		if err != nil {
+			t.Fatalf("%s: %v", wt, err)
+		}
+		if k.Type != wt || k.Threads != 2 || !(k.BytesPerSec > 0) {
+			t.Errorf("%s: got %+v", wt, k)
+		}
+	}
+	if _, err := KernelPeak(pool, weights.Q4_0, 16, 33, 1); err == nil {
+		t.Error("Q4_0 with 33 columns: want an error")
+	}
+}
+
+func TestDecodeTable(t *testing.T) {
+	r := DecodeResult{Type: "Q4_0", Threads: 2, WeightBytesPerToken: 1 << 20,
+		Decode: []float64{9, 11}, DecodeTokPerS: 10, Prefill: []float64{100}, PrefillTokPerS: 100}
+	got := DecodeTable([]DecodeResult{r}, map[int]float64{2: 20 << 20}, map[PeakKey]float64{{"Q4_0", 2}: 40 << 20})
+	for _, want := range []string{
+		"| Q4_0 | 2 | 1.0 | 10.00 ± 1.41 | 20.00 | 50% | 40.00 | 25% | 100.0 ± 0.0 | 10.0x |",
+		"| type | threads |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	// No bounds measured: dashes, not division by zero.
+	got = DecodeTable([]DecodeResult{r}, nil, nil)
+	if !strings.Contains(got, "| - | - | - | - |") {
+		t.Errorf("missing bounds not dashed:\n%s", got)
 	}
 }

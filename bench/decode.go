@@ -26,8 +26,10 @@ type DecodeResult struct {
 	// WeightBytesPerToken is what one decode step must read: every matrix
 	// except the embedding table (one row of it is looked up).
 	WeightBytesPerToken uint64
-	PrefillTokPerS      float64 // median over runs
-	DecodeTokPerS       float64 // median over runs
+	PrefillTokPerS      float64   // median over runs
+	DecodeTokPerS       float64   // median over runs
+	Prefill, Decode     []float64 // every run's tok/s
+	PromptTokens        int
 }
 
 // Bound is the decode speed the memory system allows at bw bytes/s:
@@ -122,6 +124,7 @@ func Decode(f *weights.File, cfg DecodeConfig) (DecodeResult, error) {
 		}
 	}
 	res.PrefillTokPerS, res.DecodeTokPerS = Median(prefill), Median(decode)
+	res.Prefill, res.Decode, res.PromptTokens = prefill, decode, cfg.PromptTokens
 	return res, nil
 }
 
@@ -142,15 +145,34 @@ func argmax(x []float32) int32 {
 	return int32(best)
 }
 
-// DecodeTable formats results with the memory bound at bandwidth bw
-// (bytes/s, per thread count).
-func DecodeTable(rs []DecodeResult, bw map[int]float64) string {
+// PeakKey names a kernel rate measurement: weight type and threads.
+type PeakKey struct {
+	Type    string
+	Threads int
+}
+
+// DecodeTable formats results as a markdown table (mean ± sd over the
+// runs) next to both bounds: memory, read bandwidth bw[threads] ÷ weight
+// bytes per token, and compute, the cache-resident kernel rate
+// peak[{type, threads}] ÷ the same bytes. A missing bound prints "-".
+func DecodeTable(rs []DecodeResult, bw map[int]float64, peak map[PeakKey]float64) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-8s %3s %10s %11s %11s %11s %8s %9s\n", "type", "thr", "MiB/token", "decode t/s", "bound t/s", "of bound", "prefill", "speedup")
+	sb.WriteString("| type | threads | MiB/token | decode t/s | memory bound t/s | of memory bound | compute bound t/s | of compute bound | prefill t/s | prefill/decode |\n")
+	sb.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	bound := func(rate float64, r DecodeResult) (string, string) {
+		if rate <= 0 {
+			return "-", "-"
+		}
+		b := rate / float64(r.WeightBytesPerToken)
+		return fmt.Sprintf("%.2f", b), fmt.Sprintf("%.0f%%", 100*r.DecodeTokPerS/b)
+	}
 	for _, r := range rs {
-		bound := r.Bound(bw[r.Threads])
-		fmt.Fprintf(&sb, "%-8s %3d %10.1f %11.2f %11.2f %10.0f%% %8.1f %8.1fx\n", r.Type, r.Threads,
-			float64(r.WeightBytesPerToken)/(1<<20), r.DecodeTokPerS, bound, 100*r.DecodeTokPerS/bound, r.PrefillTokPerS, r.PrefillSpeedup())
+		mb, mp := bound(bw[r.Threads], r)
+		cb, cp := bound(peak[PeakKey{r.Type, r.Threads}], r)
+		dm, dsd := MeanSD(r.Decode)
+		pm, psd := MeanSD(r.Prefill)
+		fmt.Fprintf(&sb, "| %s | %d | %.1f | %.2f ± %.2f | %s | %s | %s | %s | %.1f ± %.1f | %.1fx |\n", r.Type, r.Threads,
+			float64(r.WeightBytesPerToken)/(1<<20), dm, dsd, mb, mp, cb, cp, pm, psd, r.PrefillSpeedup())
 	}
 	return sb.String()
 }

@@ -52,3 +52,15 @@ func Backends() []string {
 	}
 	return []string{"go"}
 }
+
+// cLevelName names the C kernels' instruction set (set by cgo.go).
+var cLevelName = func() string { return "" }
+
+// Level names the instruction set the active backend runs: for C,
+// "avx512-vnni", "avx2", "neon-dot", "neon" or "scalar"; "go" for Go.
+func Level() string {
+	if backend == cImpl {
+		return cLevelName()
+	}
+	return "go"
+}

@@ -25,6 +25,10 @@ var cLevel = detectLevel()
 func detectLevel() C.int {
 	switch runtime.GOARCH {
 	case "amd64":
+		avx2 := cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+		if avx2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI {
+			return C.TK_AVX512
+		}
 		if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C {
 			return C.TK_AVX2
 		}
@@ -42,6 +46,8 @@ func cLevels() []C.int {
 	switch cLevel {
 	case C.TK_NEON_DOT:
 		return []C.int{C.TK_NEON_DOT, C.TK_NEON, C.TK_SCALAR}
+	case C.TK_AVX512:
+		return []C.int{C.TK_AVX512, C.TK_AVX2, C.TK_SCALAR}
 	case C.TK_SCALAR:
 		return []C.int{C.TK_SCALAR}
 	}
@@ -49,6 +55,19 @@ func cLevels() []C.int {
 }
 
 func init() {
+	cLevelName = func() string {
+		switch cLevel {
+		case C.TK_AVX512:
+			return "avx512-vnni"
+		case C.TK_AVX2:
+			return "avx2"
+		case C.TK_NEON_DOT:
+			return "neon-dot"
+		case C.TK_NEON:
+			return "neon"
+		}
+		return "scalar"
+	}
 	cImpl = &impl{name: "c", matmul: cMatMul, quantize: cQuantize, attention: cAttention, attentionF16: cAttentionF16}
 	backend = cImpl
 }
@@ -67,14 +86,17 @@ func cQuantize(x []float32, q []int8, d []float32, s []int32, block int) {
 func cMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int) {
 	var q *C.int8_t
 	var d *C.float
-	var s *C.int32_t
+	var s, o *C.int32_t
 	if xq != nil {
 		q = (*C.int8_t)(unsafe.Pointer(&xq.q[0]))
 		d = (*C.float)(unsafe.Pointer(&xq.d[0]))
 		s = (*C.int32_t)(unsafe.Pointer(&xq.s[0]))
+		if len(xq.o) > 0 {
+			o = (*C.int32_t)(unsafe.Pointer(&xq.o[0]))
+		}
 	}
 	C.tk_matmul(cLevel, C.int(wt), (*C.float)(unsafe.Pointer(&out[0])), (*C.uint8_t)(unsafe.Pointer(&w[0])), C.int64_t(rowBytes),
-		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, C.int64_t(n))
+		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, o, C.int64_t(n))
 }
 
 // cAttention: Attention checked the rows (mustAttention).

@@ -9,7 +9,7 @@
 
 void tk_quantize(int level, const float *x, int8_t *q, float *d, int32_t *s, int64_t n, int64_t block) {
 #if defined(__x86_64__)
-	if (level == TK_AVX2) {
+	if (level == TK_AVX2 || level == TK_AVX512) {
 		tk_quantize_avx2(x, q, d, n, block);
 		goto sums;
 	}
@@ -43,9 +43,17 @@ sums:
 
 void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
+	const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xo, int64_t n) {
+	(void)xo;
 	switch (level) {
 #if defined(__x86_64__)
+	case TK_AVX512:
+		if (wt == TK_Q8_0 || wt == TK_Q4_0 || wt == TK_F16) {
+			tk_matmul_avx512(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xo, n);
+			return;
+		}
+		tk_matmul_avx2(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
+		return;
 	case TK_AVX2:
 		tk_matmul_avx2(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
 		return;
@@ -189,6 +197,7 @@ static float dot_row(int level, int f16, const float *q, const void *k, int64_t 
 	switch (level) {
 #if defined(__x86_64__)
 	case TK_AVX2:
+	case TK_AVX512:
 		return tk_dot_avx2(f16, q, k, hd);
 #endif
 #if defined(__aarch64__)
@@ -210,6 +219,7 @@ static void axpy_row(int level, int f16, float *out, float p, const void *v, int
 	switch (level) {
 #if defined(__x86_64__)
 	case TK_AVX2:
+	case TK_AVX512:
 		tk_axpy_avx2(f16, out, p, v, hd);
 		return;
 #endif

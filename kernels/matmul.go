@@ -89,6 +89,7 @@ type quantized struct {
 	q     []int8
 	d     []float32 // one per block
 	s     []int32   // sum of q over each 16 values
+	o     []int32   // minus the sum of q over each 32-value block (32-value blocks only)
 }
 
 var quantizedPool = sync.Pool{New: func() any { return new(quantized) }}
@@ -114,6 +115,13 @@ func quantizeActivations(x []float32, block int) *quantized {
 	xq.d = growSlice(xq.d, nb)
 	xq.s = growSlice(xq.s, len(x)/16)
 	backend.quantize(x, xq.q, xq.d, xq.s, block)
+	xq.o = xq.o[:0]
+	if block == weights.QK {
+		xq.o = growSlice(xq.o, nb)
+		for b := range xq.o {
+			xq.o[b] = -(xq.s[2*b] + xq.s[2*b+1])
+		}
+	}
 	return xq
 }
 

@@ -30,10 +30,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
 		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+
-			"decode, --runs times (medians), and prints each next to the memory-traffic\n"+
-			"bound: measured copy bandwidth ÷ weight bytes read per token. Without --model\n"+
-			"it synthesizes a model of --shape for each of --types in a temporary\n"+
-			"directory (removed afterwards).", stdout, stderr,
+			"decode, --runs times, and prints a markdown table (mean ± sd) with each\n"+
+			"decode figure next to two bounds measured in the same run: memory, read\n"+
+			"bandwidth (a buffer far larger than cache) ÷ weight bytes read per token,\n"+
+			"and compute, tandem's own matrix-vector kernel on a cache-resident matrix\n"+
+			"÷ the same bytes. Whichever bound is lower is the wall decode runs into.\n"+
+			"Without --model it synthesizes a model of --shape for each of --types in\n"+
+			"a temporary directory (removed afterwards; --dir keeps them).", stdout, stderr,
 		"tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2",
 		"tandem bench decode --model model.gguf --threads 2 --runs 3")
 	modelPath := fs.String("model", "", "benchmark this model instead of synthetic ones")
@@ -65,8 +68,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	for _, t := range thr {
 		b := bench.MemoryBandwidth(t, 512<<20, 5)
 		bw[t] = b.BytesPerSec
-		fmt.Fprintf(stdout, "memory copy bandwidth, %d thread(s): %.1f GB/s\n", t, b.BytesPerSec/1e9)
+		fmt.Fprintf(stdout, "memory read bandwidth, %d thread(s): %.1f GB/s\n", t, b.BytesPerSec/1e9)
 	}
+	peak := map[bench.PeakKey]float64{}
 
 	var models []string
 	if *modelPath != "" {
@@ -109,6 +113,19 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		for _, t := range thr {
+			_, typ := bench.WeightBytesPerToken(f)
+			if dt, err := weights.ParseDType(typ); err == nil {
+				key := bench.PeakKey{Type: typ, Threads: t}
+				if _, ok := peak[key]; !ok {
+					pool := kernels.NewPool(t)
+					k, err := bench.KernelPeak(pool, dt, 256, 2048, 5)
+					pool.Close()
+					if err == nil {
+						peak[key] = k.BytesPerSec
+						fmt.Fprintf(stdout, "%s kernel on a cache-resident matrix, %d thread(s): %.1f GB/s of weights\n", typ, t, k.BytesPerSec/1e9)
+					}
+				}
+			}
 			r, err := bench.Decode(f, bench.DecodeConfig{Threads: t, PromptTokens: *prompt, DecodeTokens: *gen, Runs: *runs})
 			if err != nil {
 				f.Close()
@@ -119,7 +136,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		f.Close()
 	}
-	fmt.Fprintf(stdout, "\nkernels: %s; %d-token prefill, %d decoded tokens, median of %d runs\n", kernels.Backend(), *prompt, *gen, *runs)
-	fmt.Fprint(stdout, bench.DecodeTable(results, bw))
+	fmt.Fprintf(stdout, "\nkernels: %s (%s); %d-token prefill, %d decoded tokens, %d runs (mean ± sd)\n\n", kernels.Backend(), kernels.Level(), *prompt, *gen, *runs)
+	fmt.Fprint(stdout, bench.DecodeTable(results, bw, peak))
 	return nil
 }

@@ -1,0 +1,401 @@
+//go:build cgo
+
+// x86-64 kernels for AVX-512 with VNNI (F, BW, VL, VNNI, plus FMA and
+// F16C): Q8_0, Q4_0 and F16, where decode and prefill spend their time.
+// Other weight types fall back to the AVX2 kernels. Compiled with target
+// attributes; Go selects this level only after checking the CPU.
+//
+// Q8_0 and Q4_0 multiply with vpdpbusd (unsigned 8-bit × signed 8-bit,
+// four products summed into each 32-bit lane, exact). The weights are
+// made the unsigned side: Q4_0 levels are 0..15 already (the true weight
+// is level-8), Q8_0 weights get 128 added (w ^ 0x80). Each dot product
+// then carries an offset of c·Σx (c = 8 or 128) over the block, which is
+// taken out by starting the accumulator at -c·(sums of x over each
+// lane's four bytes): one vpdpbusd per 64 weights, no sign tricks.
+//
+// A tile of R weight rows × C activation columns is computed together:
+// each unpacked weight block is used for C columns and each activation
+// block for R rows. Two blocks fill a 512-bit register; block scales are
+// gathered eight at a time and spread to the two 256-bit halves by a
+// permute.
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+AVX512 INLINE float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// scales8 converts the f16 scales at the start of 8 consecutive blocks
+// of bb bytes to float.
+AVX512 INLINE __m256 scales8(const uint8_t *blk, int bb) {
+	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
+	__m256i g = _mm256_i32gather_epi32((const int *)blk, idx, 1);
+	return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+}
+
+// weights64 unpacks blocks b and b+1 of a Q8_0 (bb 34) or Q4_0 (bb 18)
+// row into 64 unsigned bytes in activation order.
+AVX512 INLINE __m512i weights64(const int bb, const uint8_t *blk) {
+	if (bb == 34) {
+		__m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+			_mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
+		return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+	}
+	// [qs0 qs0 qs1 qs1], then the odd 128-bit lanes shift to the high
+	// nibbles: weights 0..15 and 16..31 of each block.
+	__m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 2)));
+	v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)(blk + 20)));
+	const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+	return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(15));
+}
+
+// weights32 is weights64 for a single block (the odd tail).
+AVX512 INLINE __m256i weights32(const int bb, const uint8_t *blk) {
+	if (bb == 34) {
+		return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+	}
+	__m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+	v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+	return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+// q32_tile computes an R×C tile of a Q8_0/Q4_0 matmul: rows r0..r0+R-1,
+// columns j0..j0+C-1. R and C are constants at every call site.
+AVX512 INLINE void q32_tile(const int bb, const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t r0, int64_t nb, const int8_t *xq, const float *xd, int64_t j0, int64_t rows) {
+	const int off = bb == 34 ? 128 : 8;
+	const __m512i offs = _mm512_set1_epi8((char)off);
+	const __m256i offs256 = _mm256_set1_epi8((char)off);
+	__m512 acc[4][4];
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < C; c++) {
+			acc[r][c] = _mm512_setzero_ps();
+		}
+	}
+	const uint8_t *row[4];
+	const int8_t *x[4];
+	const float *dx[4];
+	for (int r = 0; r < R; r++) {
+		row[r] = w + (r0 + r) * row_bytes;
+	}
+	for (int c = 0; c < C; c++) {
+		x[c] = xq + (j0 + c) * nb * 32;
+		dx[c] = xd + (j0 + c) * nb;
+	}
+	// permutes spreading scales 2p and 2p+1 over the two halves
+	const __m512i spread[4] = {
+		_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+		_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+		_mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+		_mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
+	};
+	int64_t b = 0;
+	for (; b + 8 <= nb; b += 8) {
+		__m512 sw[4], sx[4];
+		for (int r = 0; r < R; r++) {
+			sw[r] = _mm512_castps256_ps512(scales8(row[r] + b * bb, bb));
+		}
+		for (int c = 0; c < C; c++) {
+			sx[c] = _mm512_castps256_ps512(_mm256_loadu_ps(dx[c] + b));
+		}
+		for (int p = 0; p < 4; p++) {
+			__m512i wv[4], xv[4], neg[4];
+			__m512 swp[4];
+			for (int r = 0; r < R; r++) {
+				wv[r] = weights64(bb, row[r] + (b + 2 * p) * bb);
+				swp[r] = _mm512_permutexvar_ps(spread[p], sw[r]);
+			}
+			for (int c = 0; c < C; c++) {
+				xv[c] = _mm512_loadu_si512((const void *)(x[c] + (b + 2 * p) * 32));
+				neg[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offs, xv[c]));
+			}
+			for (int c = 0; c < C; c++) {
+				__m512 sxp = _mm512_permutexvar_ps(spread[p], sx[c]);
+				for (int r = 0; r < R; r++) {
+					__m512i d = _mm512_dpbusd_epi32(neg[c], wv[r], xv[c]);
+					acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(swp[r], sxp), acc[r][c]);
+				}
+			}
+		}
+	}
+	// Fewer than 8 blocks left: one block at a time, scalar scales.
+	__m256 tail[4][4];
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < C; c++) {
+			tail[r][c] = _mm256_setzero_ps();
+		}
+	}
+	for (; b < nb; b++) {
+		__m256i wv[4];
+		float dw[4];
+		for (int r = 0; r < R; r++) {
+			const uint8_t *blk = row[r] + b * bb;
+			wv[r] = weights32(bb, blk);
+			dw[r] = _cvtsh_ss(tk_le16(blk));
+		}
+		for (int c = 0; c < C; c++) {
+			__m256i xv = _mm256_loadu_si256((const __m256i *)(x[c] + b * 32));
+			__m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offs256, xv));
+			for (int r = 0; r < R; r++) {
+				__m256i d = _mm256_dpbusd_epi32(neg, wv[r], xv);
+				tail[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(dw[r] * dx[c][b]), tail[r][c]);
+			}
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < C; c++) {
+			__m512 t = _mm512_add_ps(acc[r][c], _mm512_castps256_ps512(tail[r][c]));
+			out[(j0 + c) * rows + r0 + r] = hsum512(t);
+		}
+	}
+}
+
+// f16_tile: R rows × C columns of an F16 matmul, 16 weights per step,
+// the tail under a mask.
+AVX512 INLINE void f16_tile(const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t r0, int64_t cols, const float *x, int64_t j0, int64_t rows) {
+	__m512 acc[4][4];
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < C; c++) {
+			acc[r][c] = _mm512_setzero_ps();
+		}
+	}
+	const uint16_t *row[4];
+	const float *xc[4];
+	for (int r = 0; r < R; r++) {
+		row[r] = (const uint16_t *)(w + (r0 + r) * row_bytes);
+	}
+	for (int c = 0; c < C; c++) {
+		xc[c] = x + (j0 + c) * cols;
+	}
+	int64_t i = 0;
+	for (; i + 16 <= cols; i += 16) {
+		__m512 wv[4];
+		for (int r = 0; r < R; r++) {
+			wv[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row[r] + i)));
+		}
+		for (int c = 0; c < C; c++) {
+			__m512 xv = _mm512_loadu_ps(xc[c] + i);
+			for (int r = 0; r < R; r++) {
+				acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+			}
+		}
+	}
+	if (i < cols) {
+		__mmask16 m = (__mmask16)((1u << (cols - i)) - 1);
+		__m512 wv[4];
+		for (int r = 0; r < R; r++) {
+			wv[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[r] + i));
+		}
+		for (int c = 0; c < C; c++) {
+			__m512 xv = _mm512_maskz_loadu_ps(m, xc[c] + i);
+			for (int r = 0; r < R; r++) {
+				acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+			}
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < C; c++) {
+			out[(j0 + c) * rows + r0 + r] = hsum512(acc[r][c]);
+		}
+	}
+}
+
+
+// The batched path (n >= GEMM_MIN columns) repacks a tile of 16 weight
+// rows, GEMM_KC blocks at a time, into a scratch buffer where each 32-bit
+// lane of a 512-bit register is one row: per block, eight registers of
+// 16 rows × 4 unsigned weights, then the 16 row scales as floats. One
+// broadcast of 4 activation bytes then feeds 64 multiply-adds
+// (vpdpbusd), and per block and column the rows' scales apply in one
+// vector step. The repacking is paid once per tile and reused by every
+// column.
+#define GEMM_MIN 4
+#define GEMM_KC 64
+#define GEMM_C 8
+#define PACK_BLOCK 576 // 8 × 64 weight bytes + 16 float scales
+
+// transpose8x8 transposes, within each 256-bit half, an 8×8 matrix of
+// 32-bit values held one row per register.
+AVX512 INLINE void transpose8x8(__m512i v[8]) {
+	__m512i t[8];
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+		t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+	}
+	__m512i u[8];
+	for (int i = 0; i < 8; i += 4) {
+		u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+		u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+		u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+		u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+	}
+	// u[i] holds, in each 128-bit lane, column i%4 of rows 4·(i/4)..+3;
+	// lanes 0 and 2 come from the low 128 bits of the row halves.
+	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	for (int i = 0; i < 4; i++) {
+		v[i] = _mm512_permutex2var_epi64(u[i], lo, u[i + 4]);
+		v[i + 4] = _mm512_permutex2var_epi64(u[i], hi, u[i + 4]);
+	}
+}
+
+// pack16 repacks blocks k0..k0+kc-1 of rows r0..r0+nr-1 (nr <= 16; the
+// missing rows get zero weights and scales).
+AVX512 INLINE void pack16(const int bb, uint8_t *buf, const uint8_t *w, int64_t row_bytes, int64_t r0, int nr,
+	int64_t k0, int64_t kc) {
+	for (int64_t k = 0; k < kc; k++) {
+		uint8_t *dst = buf + k * PACK_BLOCK;
+		float *sc = (float *)(dst + 512);
+		__m512i v[8];
+		// v[i] = [row i | row i+8], each 8 dwords of 4 weights
+		for (int i = 0; i < 8; i++) {
+			__m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+			if (i < nr) {
+				const uint8_t *blk = w + (r0 + i) * row_bytes + (k0 + k) * bb;
+				a = weights32(bb, blk);
+				sc[i] = _cvtsh_ss(tk_le16(blk));
+			} else {
+				sc[i] = 0;
+			}
+			if (i + 8 < nr) {
+				const uint8_t *blk = w + (r0 + i + 8) * row_bytes + (k0 + k) * bb;
+				b = weights32(bb, blk);
+				sc[i + 8] = _cvtsh_ss(tk_le16(blk));
+			} else {
+				sc[i + 8] = 0;
+			}
+			v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+		}
+		transpose8x8(v);
+		for (int t = 0; t < 8; t++) {
+			_mm512_storeu_si512((void *)(dst + 64 * t), v[t]);
+		}
+	}
+}
+
+// gemm_kernel multiplies a packed tile (16 rows, kc blocks from k0) with
+// C columns from j0, adding into acc (or setting it when first).
+AVX512 INLINE void gemm_kernel(const int off_shift, const int C, const uint8_t *buf, int64_t kc, int64_t k0, int64_t nb,
+	const int8_t *xq, const float *xd, const int32_t *xo, int64_t j0, __m512 acc[GEMM_C]) {
+	for (int c = 0; c < C; c++) {
+		acc[c] = _mm512_setzero_ps();
+	}
+	for (int64_t k = 0; k < kc; k++) {
+		const uint8_t *p = buf + k * PACK_BLOCK;
+		const int64_t b = k0 + k;
+		__m512i ai[GEMM_C];
+		for (int c = 0; c < C; c++) {
+			// start at -off·Σx so the unsigned weights' offset cancels
+			ai[c] = _mm512_slli_epi32(_mm512_set1_epi32(xo[(j0 + c) * nb + b]), off_shift);
+		}
+		for (int t = 0; t < 8; t++) {
+			const __m512i wv = _mm512_loadu_si512((const void *)(p + 64 * t));
+			for (int c = 0; c < C; c++) {
+				int32_t x4;
+				__builtin_memcpy(&x4, xq + ((j0 + c) * nb + b) * 32 + 4 * t, 4);
+				ai[c] = _mm512_dpbusd_epi32(ai[c], wv, _mm512_set1_epi32(x4));
+			}
+		}
+		const __m512 sw = _mm512_loadu_ps((const float *)(p + 512));
+		for (int c = 0; c < C; c++) {
+			acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[c]), _mm512_mul_ps(sw, _mm512_set1_ps(xd[(j0 + c) * nb + b])), acc[c]);
+		}
+	}
+}
+
+AVX512 INLINE void gemm_cols(const int off_shift, const int C, float *out, const uint8_t *buf, int64_t kc, int64_t k0,
+	int64_t nb, const int8_t *xq, const float *xd, const int32_t *xo, int64_t j0, int64_t rows, int64_t r0,
+	__mmask16 m, int first) {
+	__m512 acc[GEMM_C];
+	gemm_kernel(off_shift, C, buf, kc, k0, nb, xq, xd, xo, j0, acc);
+	for (int c = 0; c < C; c++) {
+		float *o = out + (j0 + c) * rows + r0;
+		if (!first) {
+			acc[c] = _mm512_add_ps(acc[c], _mm512_maskz_loadu_ps(m, o));
+		}
+		_mm512_mask_storeu_ps(o, m, acc[c]);
+	}
+}
+
+AVX512 static void q32_gemm(const int bb, float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
+	int64_t rows, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xo, int64_t n) {
+	_Alignas(64) uint8_t buf[GEMM_KC * PACK_BLOCK];
+	const int off_shift = bb == 34 ? 7 : 3; // offsets 128 and 8
+	for (int64_t r0 = lo; r0 < hi; r0 += 16) {
+		int nr = hi - r0 < 16 ? (int)(hi - r0) : 16;
+		__mmask16 m = (__mmask16)((1u << nr) - 1);
+		for (int64_t k0 = 0; k0 < nb; k0 += GEMM_KC) {
+			int64_t kc = nb - k0 < GEMM_KC ? nb - k0 : GEMM_KC;
+			pack16(bb, buf, w, row_bytes, r0, nr, k0, kc);
+			int64_t j = 0;
+			for (; j + GEMM_C <= n; j += GEMM_C) {
+				gemm_cols(off_shift, GEMM_C, out, buf, kc, k0, nb, xq, xd, xo, j, rows, r0, m, k0 == 0);
+			}
+			switch (n - j) {
+#define TAIL(c) case c: gemm_cols(off_shift, c, out, buf, kc, k0, nb, xq, xd, xo, j, rows, r0, m, k0 == 0); break;
+			TAIL(7) TAIL(6) TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
+#undef TAIL
+			}
+		}
+	}
+}
+
+AVX512 INLINE void tile(int wt, const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t r0, int64_t cols, const float *x, const int8_t *xq, const float *xd, int64_t j0, int64_t rows) {
+	switch (wt) {
+	case TK_Q8_0:
+		q32_tile(34, R, C, out, w, row_bytes, r0, cols / 32, xq, xd, j0, rows);
+		break;
+	case TK_Q4_0:
+		q32_tile(18, R, C, out, w, row_bytes, r0, cols / 32, xq, xd, j0, rows);
+		break;
+	default:
+		f16_tile(R, C, out, w, row_bytes, r0, cols, x, j0, rows);
+	}
+}
+
+// TILE_C: columns per tile in batched calls (prefill, verification).
+#define TILE_C 4
+
+// rows_r runs R rows against every column, in tiles of TILE_C columns.
+AVX512 INLINE void rows_r(int wt, const int R, float *out, const uint8_t *w, int64_t row_bytes, int64_t r0,
+	int64_t cols, const float *x, const int8_t *xq, const float *xd, int64_t n, int64_t rows) {
+	int64_t j = 0;
+	for (; j + TILE_C <= n; j += TILE_C) {
+		tile(wt, R, TILE_C, out, w, row_bytes, r0, cols, x, xq, xd, j, rows);
+	}
+	switch (n - j) {
+	case 3:
+		tile(wt, R, 3, out, w, row_bytes, r0, cols, x, xq, xd, j, rows);
+		break;
+	case 2:
+		tile(wt, R, 2, out, w, row_bytes, r0, cols, x, xq, xd, j, rows);
+		break;
+	case 1:
+		tile(wt, R, 1, out, w, row_bytes, r0, cols, x, xq, xd, j, rows);
+		break;
+	}
+}
+
+// tk_matmul_avx512 handles Q8_0, Q4_0 and F16 (see tk_has_avx512).
+AVX512 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_bytes,
+	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
+	const int8_t *xq, const float *xd, const int32_t *xo, int64_t n) {
+	if (n >= GEMM_MIN && (wt == TK_Q8_0 || wt == TK_Q4_0)) {
+		q32_gemm(wt == TK_Q8_0 ? 34 : 18, out, w, row_bytes, lo, hi, rows, cols / 32, xq, xd, xo, n);
+		return;
+	}
+	int64_t r = lo;
+	for (; r + 4 <= hi; r += 4) {
+		rows_r(wt, 4, out, w, row_bytes, r, cols, x, xq, xd, n, rows);
+	}
+	for (; r < hi; r++) {
+		rows_r(wt, 1, out, w, row_bytes, r, cols, x, xq, xd, n, rows);
+	}
+}
+
+#endif
