@@ -1,0 +1,385 @@
+package sched
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// agingSteps scales how fast a request past the slack clamp gains
+// priority: after this many decode steps' worth of lateness its priority
+// has doubled, so a long request overtakes fresh short ones within a
+// bounded wait and nothing starves.
+const agingSteps = 64
+
+// before reports whether a is served before b: the strict priority class
+// first, then the policy's rank, then arrival order.
+func before(a, b *task) bool {
+	if a.req.Priority != b.req.Priority {
+		return a.req.Priority > b.req.Priority
+	}
+	if a.pri != b.pri {
+		return a.pri > b.pri
+	}
+	return a.seqNo < b.seqNo
+}
+
+// rank is the policy's priority of t (higher first), computed with l's
+// measured costs at now.
+func (s *Scheduler) rank(t *task, l *lane, now time.Time) float64 {
+	switch s.cfg.Policy {
+	case FIFO:
+		return 0 // arrival order breaks the tie
+	case LUF:
+		return -math.Max(t.score-float64(len(t.generated)), 0)
+	case EDF:
+		return -s.deadlineOf(t, l).Sub(s.started).Seconds()
+	case RTLM:
+		return t.static
+	}
+	return s.tandemPriority(t, l, now)
+}
+
+// deadlineOf is t's deadline, or RT-LM's implicit one: r + φ·prompt
+// length.
+func (s *Scheduler) deadlineOf(t *task, l *lane) time.Time {
+	if !t.deadline.IsZero() {
+		return t.deadline
+	}
+	return t.arrival.Add(time.Duration(t.promptLen) * s.phi(l))
+}
+
+func (s *Scheduler) phi(l *lane) time.Duration {
+	if s.cfg.Phi > 0 {
+		return s.cfg.Phi
+	}
+	return 8 * l.cost.perToken(1)
+}
+
+func (s *Scheduler) minSlack(eta time.Duration) time.Duration {
+	if s.cfg.MinSlack > 0 {
+		return s.cfg.MinSlack
+	}
+	return max(2*eta, time.Microsecond)
+}
+
+// uNorm is the score that normalises û to 1: the 99th percentile of
+// recent scores.
+func (s *Scheduler) uNorm(score float64) float64 {
+	return math.Max(1, s.quant.at(0.99, score))
+}
+
+// tandemPriority is p = β·(1-α·û) / max(d - now - η·u_rest, m) with û the
+// score normalised to [0,1] (so the numerator stays positive) and the
+// slack clamped to m, a couple of decode steps. Past the clamp the
+// priority keeps growing with the shortfall (aging), doubling every
+// agingSteps decode steps, so a long request waits a bounded time behind
+// short ones. β is the request's utility value.
+func (s *Scheduler) tandemPriority(t *task, l *lane, now time.Time) float64 {
+	eta := l.cost.perToken(len(l.running) + 1)
+	rest := math.Max(t.score-float64(len(t.generated)), 1)
+	uhat := math.Min(1, t.score/s.uNorm(t.score))
+	ref := now
+	if !s.feat.aging {
+		ref = t.arrival
+	}
+	slack := s.deadlineOf(t, l).Sub(ref) - time.Duration(rest*float64(eta))
+	m := s.minSlack(eta)
+	num := 1 - s.cfg.Alpha*uhat
+	beta, _ := t.req.Utility.resolved(t.relDL)
+	if slack >= m {
+		return beta * num / slack.Seconds()
+	}
+	short := (m - slack).Seconds()
+	return beta * num / m.Seconds() * (1 + short/(agingSteps*eta.Seconds()))
+}
+
+// rtlmPriority is RT-LM's published priority on raw token counts,
+// p = (1-α'·u) / (d - r - η·u), computed once at arrival. α' = α/u_norm
+// makes it agree with the normalised form while u stays below u_norm; a
+// longer request turns the numerator negative, and a slack below zero
+// turns the denominator negative: both flip the order.
+func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
+	if s.cfg.Policy != RTLM {
+		return 0
+	}
+	eta := l.cost.perToken(len(l.running) + 1)
+	alpha := s.cfg.Alpha / s.uNorm(t.score)
+	slack := s.deadlineOf(t, l).Sub(now) - time.Duration(t.score*float64(eta))
+	if slack == 0 {
+		slack = time.Nanosecond
+	}
+	return (1 - alpha*t.score) / slack.Seconds()
+}
+
+// admit moves waiting requests into l's batch: up to b·C candidates in
+// priority order, consolidated by u, each passing admission control and
+// finding a sequence slot (evicting a parked sequence if needed). It
+// reports whether admission control refused a candidate (overload).
+func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
+	free := s.cfg.MaxBatch - len(l.running)
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	q := s.queues[qi]
+	if free <= 0 || len(q) == 0 {
+		return false
+	}
+	k := int(math.Ceil(s.cfg.Lookahead * float64(s.cfg.MaxBatch)))
+	cands := s.topK(q, l, now, k)
+	if len(cands) == 0 {
+		return false
+	}
+	if s.feat.consolidation {
+		cands = s.consolidate(cands)
+	}
+	for _, t := range cands {
+		if free == 0 {
+			break
+		}
+		if s.feat.admission && !s.admissible(l, t, now) {
+			refused = true
+			s.stats.deferred++
+			continue
+		}
+		if !t.hasSeq && l.held >= l.info.MaxSeqs && !s.evict(l) {
+			break
+		}
+		s.queues[qi] = removeTask(s.queues[qi], t)
+		t.state = running
+		t.lane = l.idx
+		l.running = append(l.running, t)
+		if !t.hasSeq {
+			t.starting = true
+			l.held++
+		}
+		free--
+	}
+	return refused
+}
+
+// topK returns the k most urgent waiting requests this lane can run, in
+// service order. It computes each priority once per plan.
+func (s *Scheduler) topK(q []*task, l *lane, now time.Time, k int) []*task {
+	top := make([]*task, 0, k+1)
+	for _, t := range q {
+		if t.hasSeq && t.lane != l.idx {
+			continue // resumed, its sequence lives on another lane
+		}
+		t.pri = s.rank(t, l, now)
+		if len(top) == k && !before(t, top[k-1]) {
+			continue
+		}
+		i := len(top)
+		top = append(top, t)
+		for i > 0 && before(t, top[i-1]) {
+			top[i] = top[i-1]
+			i--
+		}
+		top[i] = t
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	return top
+}
+
+// consolidate implements RT-LM's dynamic consolidation on the candidates
+// (in priority order): sorted by u, cut into groups where u grows by more
+// than λ× from one to the next or a group reaches C, and the group that
+// holds the most urgent candidate is taken, in priority order. The rest
+// stay queued for a later step.
+func (s *Scheduler) consolidate(cands []*task) []*task {
+	byU := slices.Clone(cands)
+	slices.SortStableFunc(byU, func(a, b *task) int {
+		switch {
+		case a.score < b.score:
+			return -1
+		case a.score > b.score:
+			return 1
+		}
+		return 0
+	})
+	first := cands[0]
+	start := 0
+	for i := 1; i <= len(byU); i++ {
+		cut := i == len(byU) || i-start >= s.cfg.MaxBatch ||
+			byU[i].score > s.cfg.Lambda*math.Max(byU[i-1].score, 1)
+		if !cut {
+			continue
+		}
+		group := byU[start:i]
+		if slices.Contains(group, first) {
+			out := cands[:0:0]
+			for _, t := range cands {
+				if slices.Contains(group, t) {
+					out = append(out, t)
+				}
+			}
+			return out
+		}
+		start = i
+	}
+	return cands[:1]
+}
+
+// remaining predicts the tokens t still generates: what the estimate
+// leaves, at least a quarter of what it generated already (a request that
+// outlived its estimate is probably long), within its limits.
+func remaining(t *task) float64 {
+	g := float64(len(t.generated))
+	r := math.Max(t.score-g, math.Max(g/4, 1))
+	r = math.Max(r, float64(t.req.MinTokens)-g)
+	return math.Min(r, math.Max(float64(t.maxTokens)-g, 1))
+}
+
+// admissible is TimelyLLM's admission control: t may join only if every
+// running request that meets its deadline now still meets it with one
+// more member (and t's prefill) at the measured step time.
+func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
+	n := len(l.running)
+	if n == 0 {
+		return true
+	}
+	ctx := t.promptLen + len(t.generated)
+	if t.hasSeq {
+		ctx = 0
+	}
+	stepNow := l.cost.step(n, 0)
+	stepMore := l.cost.step(n+1, 0)
+	tps := math.Max(l.cost.tokPerStep, 1e-3)
+	pre := l.cost.prefill(ctx)
+	for _, m := range l.running {
+		if m.deadline.IsZero() {
+			continue
+		}
+		steps := remaining(m) / tps
+		if now.Add(time.Duration(steps * float64(stepNow))).After(m.deadline) {
+			continue // misses anyway: t's admission does not change that
+		}
+		if now.Add(pre + time.Duration(steps*float64(stepMore))).After(m.deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// shed is imprecise computation under overload: when a running request
+// is predicted to miss its deadline, or admission control refused a
+// waiting one, or the most urgent waiting request with a deadline will
+// miss it, the request with the least utility that has optional tokens
+// left (MinTokens set, MaxTokens not reached) is cut to what it has, or
+// to its MinTokens. One request per step, so shedding stays gradual. It
+// reports whether it shed anything.
+func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
+	if !refused && !s.missing(l, now) {
+		return false
+	}
+	var victim *task
+	better := func(a, b *task) bool { // a is a better victim than b
+		va, _ := a.req.Utility.resolved(a.relDL)
+		vb, _ := b.req.Utility.resolved(b.relDL)
+		if a.req.Priority != b.req.Priority {
+			return a.req.Priority < b.req.Priority
+		}
+		if va != vb {
+			return va < vb
+		}
+		return optional(a) > optional(b)
+	}
+	consider := func(t *task) {
+		if optional(t) > 0 && (victim == nil || better(t, victim)) {
+			victim = t
+		}
+	}
+	for _, t := range l.running {
+		consider(t)
+	}
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	for _, t := range s.queues[qi] {
+		consider(t)
+	}
+	if victim == nil {
+		return false
+	}
+	victim.maxTokens = max(victim.req.MinTokens, len(victim.generated))
+	victim.shed = true
+	victim.score = math.Min(victim.score, float64(victim.maxTokens))
+	s.stats.shedRequests++
+	if victim.state == running && len(victim.generated) >= victim.maxTokens {
+		var ev Event
+		s.flushText(victim, &ev, now)
+		if victim.state == running {
+			s.end(victim, ReasonShed, nil, &ev, now)
+		}
+	}
+	return true
+}
+
+// optional is how many optional tokens t could still shed.
+func optional(t *task) int {
+	if t.req.MinTokens <= 0 || t.shed {
+		return 0
+	}
+	return t.maxTokens - max(t.req.MinTokens, len(t.generated))
+}
+
+// missing reports whether a deadline in l is predicted to be missed: a
+// running request at the current batch, or the most urgent waiting one
+// given the wait for a free slot.
+func (s *Scheduler) missing(l *lane, now time.Time) bool {
+	n := len(l.running)
+	step := l.cost.step(max(n, 1), 0)
+	tps := math.Max(l.cost.tokPerStep, 1e-3)
+	soonest := time.Duration(math.MaxInt64)
+	for _, m := range l.running {
+		d := time.Duration(remaining(m) / tps * float64(step))
+		soonest = min(soonest, d)
+		if !m.deadline.IsZero() && m.deadline.After(now) && now.Add(d).After(m.deadline) {
+			return true
+		}
+	}
+	wait := time.Duration(0)
+	if n >= s.cfg.MaxBatch {
+		wait = soonest
+	}
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	var urgent *task
+	for _, t := range s.queues[qi] {
+		if !t.deadline.IsZero() && t.deadline.After(now) && (urgent == nil || t.deadline.Before(urgent.deadline)) {
+			urgent = t
+		}
+	}
+	if urgent == nil {
+		return false
+	}
+	need := wait + l.cost.prefill(urgent.promptLen) + time.Duration(remaining(urgent)/tps*float64(l.cost.step(min(n+1, s.cfg.MaxBatch), 0)))
+	return now.Add(need).After(urgent.deadline)
+}
+
+// evict frees the KV of the parked request least worth keeping (lowest
+// class, then parked longest), which will be rebuilt by prefill if
+// resumed. It reports whether a slot was freed.
+func (s *Scheduler) evict(l *lane) bool {
+	var victim *task
+	for _, t := range l.parked {
+		if victim == nil || t.req.Priority < victim.req.Priority ||
+			(t.req.Priority == victim.req.Priority && t.parkedAt.Before(victim.parkedAt)) {
+			victim = t
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	l.parked = removeTask(l.parked, victim)
+	s.releaseSeq(victim)
+	s.stats.evicted++
+	return true
+}
