@@ -43,8 +43,14 @@ func (m *MLP) Validate() error {
 	if in == 0 || len(m.InMean) != in || len(m.InStd) != in {
 		return fmt.Errorf("mlp: %d inputs but %d means and %d deviations", in, len(m.InMean), len(m.InStd))
 	}
+	if in > maxWidth || len(m.Layers) > 8 {
+		return fmt.Errorf("mlp: %d inputs and %d layers; at most %d and 8", in, len(m.Layers), maxWidth)
+	}
 	width := in
 	for li, l := range m.Layers {
+		if len(l.W) > maxWidth {
+			return fmt.Errorf("mlp: layer %d has %d outputs, at most %d", li, len(l.W), maxWidth)
+		}
 		if len(l.W) == 0 || len(l.B) != len(l.W) {
 			return fmt.Errorf("mlp: layer %d has %d rows and %d biases", li, len(l.W), len(l.B))
 		}
@@ -79,9 +85,12 @@ func (m *MLP) Validate() error {
 	return nil
 }
 
+// maxWidth bounds every layer, so Predict runs on the stack.
+const maxWidth = 32
+
 // Predict returns the predicted output length in tokens (>= 0).
 func (m *MLP) Predict(x []float64) float64 {
-	var buf [2][32]float64
+	var buf [2][maxWidth]float64
 	cur := buf[0][:0]
 	for i, v := range x {
 		cur = append(cur, (v-m.InMean[i])/m.InStd[i])
@@ -132,8 +141,8 @@ func TrainMLP(xs [][]float64, ys []float64, opt TrainOptions) (*MLP, error) {
 		opt.Hidden = []int{16, 8}
 	}
 	for _, h := range opt.Hidden {
-		if h <= 0 || h > 32 {
-			return nil, fmt.Errorf("mlp: train: hidden width %d outside 1..32", h)
+		if h <= 0 || h > maxWidth {
+			return nil, fmt.Errorf("mlp: train: hidden width %d outside 1..%d", h, maxWidth)
 		}
 	}
 	if opt.Epochs <= 0 {

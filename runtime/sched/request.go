@@ -167,8 +167,7 @@ func NewSegmenter(name string) (*Segmenter, error) {
 }
 
 // NewRegexSegmenter ends a segment at the end of the first match of expr
-// (RE2 syntax). An expression that can match the empty string is refused:
-// it would end every segment before it began.
+// (RE2 syntax). An expression that can match the empty string is refused.
 func NewRegexSegmenter(expr string) (*Segmenter, error) {
 	if len(expr) > 1024 {
 		return nil, fmt.Errorf("%w: segment regex is %d bytes, at most 1024", ErrInvalid, len(expr))
@@ -177,8 +176,12 @@ func NewRegexSegmenter(expr string) (*Segmenter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: segment regex: %v", ErrInvalid, err)
 	}
-	if re.MatchString("") {
-		return nil, fmt.Errorf("%w: segment regex %q matches the empty string; it must consume at least one character", ErrInvalid, expr)
+	// Probe for empty matches: a zero-width match (^, \b, a*) would end a
+	// segment before it began.
+	for _, probe := range []string{"", "a", " ", "ab cd", "\n", "x.y", "1", "A!"} {
+		if loc := re.FindStringIndex(probe); loc != nil && loc[0] == loc[1] {
+			return nil, fmt.Errorf("%w: segment regex %q can match the empty string; it must consume at least one character", ErrInvalid, expr)
+		}
 	}
 	return &Segmenter{kind: SegmentRegex, re: re}, nil
 }
