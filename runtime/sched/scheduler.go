@@ -38,9 +38,10 @@ type Scheduler struct {
 	stats   counters
 	started time.Time
 
-	wg      sync.WaitGroup
-	janitor *time.Ticker
-	stopJan chan struct{}
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	janitor  *time.Ticker
+	stopJan  chan struct{}
 }
 
 type taskState int
@@ -474,7 +475,8 @@ func (s *Scheduler) dropParked(t *task) {
 // Shutdown stops accepting requests and waits for the in-flight ones to
 // finish; when ctx ends first it cancels the rest (their streams end with
 // ReasonCancelled). Parked requests are dropped. The lanes stop and
-// every sequence is freed before it returns.
+// every sequence is freed before it returns. Calling it again is
+// harmless.
 func (s *Scheduler) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
@@ -513,8 +515,10 @@ wait:
 	s.mu.Unlock()
 	if !s.cfg.Manual {
 		s.wg.Wait()
-		s.janitor.Stop()
-		close(s.stopJan)
+		s.stopOnce.Do(func() {
+			s.janitor.Stop()
+			close(s.stopJan)
+		})
 	}
 	return err
 }
