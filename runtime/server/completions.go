@@ -24,79 +24,66 @@ type job struct {
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	b, aerr := s.backend()
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req completionRequest
-	if aerr := decode(w, r, s.cfg.MaxBodyBytes, &req); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	switch {
-	case req.Echo:
-		aerr = badRequest("echo", "echo is not supported")
-	case req.Suffix != nil && *req.Suffix != "":
-		aerr = badRequest("suffix", "suffix (insertion) is not supported")
-	case req.BestOf != nil && *req.BestOf != 1:
-		aerr = badRequest("best_of", "best_of=%d: tandem returns one choice; send 1 or leave it out", *req.BestOf)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	j := &job{promptParam: "prompt"}
-	if aerr := s.common(&req.commonRequest, &j.req); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	text, ids, aerr := parsePrompt(req.Prompt)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	if aerr := s.tokens(b.tok, text, ids, &j.req, "prompt"); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	j.explicitMax = req.MaxTokens != nil || req.MaxCompletionTokens != nil
-	j.stream = req.Stream
-	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	j.req.ID = newID(completionPrefix)
-	s.submit(w, r, b, j)
+	s.generate(w, r, &req, &req.commonRequest, false, func() (string, []int32, *apiError) {
+		switch {
+		case req.Echo:
+			return "", nil, badRequest("echo", "echo is not supported")
+		case req.Suffix != nil && *req.Suffix != "":
+			return "", nil, badRequest("suffix", "suffix (insertion) is not supported")
+		case req.BestOf != nil && *req.BestOf != 1:
+			return "", nil, badRequest("best_of", "best_of=%d: tandem returns one choice; send 1 or leave it out", *req.BestOf)
+		}
+		return parsePrompt(req.Prompt)
+	})
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	s.generate(w, r, &req, &req.commonRequest, true, func() (string, []int32, *apiError) {
+		text, aerr := renderChat(req.Messages)
+		return text, nil, aerr
+	})
+}
+
+// generate serves both endpoints: decode the body into body (whose shared
+// fields are c), validate, build the prompt with prompt, and submit.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, body any, c *commonRequest, chat bool,
+	prompt func() (string, []int32, *apiError)) {
 	b, aerr := s.backend()
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	var req chatRequest
-	if aerr := decode(w, r, s.cfg.MaxBodyBytes, &req); aerr != nil {
+	if aerr := decode(w, r, s.cfg.MaxBodyBytes, body); aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	j := &job{chat: true, promptParam: "messages"}
-	if aerr := s.common(&req.commonRequest, &j.req); aerr != nil {
+	j := &job{chat: chat, promptParam: "prompt"}
+	if chat {
+		j.promptParam = "messages"
+	}
+	if aerr := s.common(c, &j.req); aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	text, aerr := renderChat(req.Messages)
+	text, ids, aerr := prompt()
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	if aerr := s.tokens(b.tok, text, nil, &j.req, "messages"); aerr != nil {
+	if aerr := s.tokens(b.tok, text, ids, &j.req, j.promptParam); aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	j.req.StopText = append(j.req.StopText, chatStop)
-	j.explicitMax = req.MaxTokens != nil || req.MaxCompletionTokens != nil
-	j.stream = req.Stream
-	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	j.req.ID = newID(chatPrefix)
+	j.explicitMax = c.MaxTokens != nil || c.MaxCompletionTokens != nil
+	j.stream = c.Stream
+	j.includeUsage = c.StreamOptions != nil && c.StreamOptions.IncludeUsage
+	j.req.ID = newID(completionPrefix)
+	if chat {
+		j.req.StopText = append(j.req.StopText, chatStop)
+		j.req.ID = newID(chatPrefix)
+	}
 	s.submit(w, r, b, j)
 }
 
