@@ -193,15 +193,21 @@ func ranks(v []float64) []float64 {
 type quantiles struct {
 	win    []float64
 	next   int
-	full   bool
 	sorted []float64
-	dirty  bool
+	stale  int // adds since the last sort
 }
 
-const quantileWindow = 512
+const (
+	quantileWindow = 512
+	// quantileResort: the sorted copy is refreshed after this many adds
+	// (or when it is still small). A few new scores barely move the
+	// quantiles of 512, and sorting on every arrival cost more than the
+	// rest of Submit.
+	quantileResort = 16
+)
 
 func newQuantiles(seed []float64) *quantiles {
-	q := &quantiles{win: make([]float64, 0, quantileWindow), dirty: true}
+	q := &quantiles{win: make([]float64, 0, quantileWindow)}
 	for _, s := range seed {
 		q.add(s)
 	}
@@ -215,20 +221,18 @@ func (q *quantiles) add(x float64) {
 		q.win[q.next] = x
 		q.next = (q.next + 1) % quantileWindow
 	}
-	q.dirty = true
+	q.stale++
 }
 
-// at returns the p-quantile, or def when nothing was seen. Sorting is
-// deferred to the first query after a change, so a burst of arrivals
-// sorts once.
+// at returns the p-quantile of the window, or def when nothing was seen.
 func (q *quantiles) at(p, def float64) float64 {
 	if len(q.win) == 0 {
 		return def
 	}
-	if q.dirty {
+	if q.stale >= quantileResort || (q.stale > 0 && len(q.win) < 4*quantileResort) {
 		q.sorted = append(q.sorted[:0], q.win...)
 		slices.Sort(q.sorted)
-		q.dirty = false
+		q.stale = 0
 	}
 	return quantileSorted(q.sorted, p)
 }

@@ -24,92 +24,101 @@ func before(a, b *task) bool {
 	return a.seqNo < b.seqNo
 }
 
-// rank is the policy's priority of t (higher first), computed with l's
-// measured costs at now.
-func (s *Scheduler) rank(t *task, l *lane, now time.Time) float64 {
-	switch s.cfg.Policy {
+// ranker computes priorities for one plan of one lane: the lane's
+// measured costs and the score normalisation are read once, not per
+// request.
+type ranker struct {
+	s        *Scheduler
+	now      time.Time
+	eta      time.Duration // η: time per token per member, at one more member than now
+	minSlack time.Duration
+	phi      time.Duration
+	uNorm    float64 // the score that normalises û to 1: the 99th percentile of recent scores
+}
+
+func (s *Scheduler) ranker(l *lane, now time.Time) ranker {
+	eta := l.cost.perToken(len(l.running) + 1)
+	r := ranker{s: s, now: now, eta: eta, minSlack: s.cfg.MinSlack, phi: s.cfg.Phi,
+		uNorm: math.Max(1, s.quant.at(0.99, 1))}
+	if r.minSlack <= 0 {
+		r.minSlack = max(2*eta, time.Microsecond)
+	}
+	if r.phi <= 0 {
+		r.phi = 8 * l.cost.perToken(1)
+	}
+	return r
+}
+
+// rank is the policy's priority of t (higher first).
+func (r ranker) rank(t *task) float64 {
+	switch r.s.cfg.Policy {
 	case FIFO:
 		return 0 // arrival order breaks the tie
 	case LUF:
 		return -math.Max(t.score-float64(len(t.generated)), 0)
 	case EDF:
-		return -s.deadlineOf(t, l).Sub(s.started).Seconds()
+		return -r.deadline(t).Sub(r.s.started).Seconds()
 	case RTLM:
 		return t.static
 	}
-	return s.tandemPriority(t, l, now)
+	return r.tandem(t)
 }
 
-// deadlineOf is t's deadline, or RT-LM's implicit one: r + φ·prompt
-// length.
-func (s *Scheduler) deadlineOf(t *task, l *lane) time.Time {
+// deadline is t's deadline, or RT-LM's implicit one: r + φ·prompt length.
+func (r ranker) deadline(t *task) time.Time {
 	if !t.deadline.IsZero() {
 		return t.deadline
 	}
-	return t.arrival.Add(time.Duration(t.promptLen) * s.phi(l))
+	return t.arrival.Add(time.Duration(t.promptLen) * r.phi)
 }
 
-func (s *Scheduler) phi(l *lane) time.Duration {
-	if s.cfg.Phi > 0 {
-		return s.cfg.Phi
-	}
-	return 8 * l.cost.perToken(1)
-}
-
-func (s *Scheduler) minSlack(eta time.Duration) time.Duration {
-	if s.cfg.MinSlack > 0 {
-		return s.cfg.MinSlack
-	}
-	return max(2*eta, time.Microsecond)
-}
-
-// uNorm is the score that normalises û to 1: the 99th percentile of
-// recent scores.
-func (s *Scheduler) uNorm(score float64) float64 {
-	return math.Max(1, s.quant.at(0.99, score))
-}
-
-// tandemPriority is p = β·(1-α·û) / max(d - now - η·u_rest, m) with û the
-// score normalised to [0,1] (so the numerator stays positive) and the
-// slack clamped to m, a couple of decode steps. Past the clamp the
-// priority keeps growing with the shortfall (aging), doubling every
-// agingSteps decode steps, so a long request waits a bounded time behind
-// short ones. β is the request's utility value.
-func (s *Scheduler) tandemPriority(t *task, l *lane, now time.Time) float64 {
-	eta := l.cost.perToken(len(l.running) + 1)
+// tandem is p = β·(1-α·û) / max(d - now - η·u_rest, m) with û the score
+// normalised to [0,1] (so the numerator stays positive) and the slack
+// clamped to m, a couple of decode steps. Past the clamp the priority
+// keeps growing with the shortfall (aging), doubling every agingSteps
+// decode steps, so a long request waits a bounded time behind short ones.
+// β is the request's utility value.
+func (r ranker) tandem(t *task) float64 {
 	rest := math.Max(t.score-float64(len(t.generated)), 1)
-	uhat := math.Min(1, t.score/s.uNorm(t.score))
-	ref := now
-	if !s.feat.aging {
+	uhat := math.Min(1, t.score/r.uNorm)
+	ref := r.now
+	if !r.s.feat.aging {
 		ref = t.arrival
 	}
-	slack := s.deadlineOf(t, l).Sub(ref) - time.Duration(rest*float64(eta))
-	m := s.minSlack(eta)
-	num := 1 - s.cfg.Alpha*uhat
+	slack := r.deadline(t).Sub(ref) - time.Duration(rest*float64(r.eta))
+	num := 1 - r.s.cfg.Alpha*uhat
 	beta, _ := t.req.Utility.resolved(t.relDL)
-	if slack >= m {
+	if slack >= r.minSlack {
 		return beta * num / slack.Seconds()
 	}
-	short := (m - slack).Seconds()
-	return beta * num / m.Seconds() * (1 + short/(agingSteps*eta.Seconds()))
+	short := (r.minSlack - slack).Seconds()
+	return beta * num / r.minSlack.Seconds() * (1 + short/(agingSteps*r.eta.Seconds()))
 }
 
-// rtlmPriority is RT-LM's published priority on raw token counts,
-// p = (1-α'·u) / (d - r - η·u), computed once at arrival. α' = α/u_norm
-// makes it agree with the normalised form while u stays below u_norm; a
-// longer request turns the numerator negative, and a slack below zero
-// turns the denominator negative: both flip the order.
-func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
-	if s.cfg.Policy != RTLM {
-		return 0
-	}
-	eta := l.cost.perToken(len(l.running) + 1)
-	alpha := s.cfg.Alpha / s.uNorm(t.score)
-	slack := s.deadlineOf(t, l).Sub(now) - time.Duration(t.score*float64(eta))
+// rtlm is RT-LM's published priority on raw token counts,
+// p = (1-α'·u) / (d - r - η·u), computed once at arrival (r.now). α' =
+// α/u_norm makes it agree with the normalised form while u stays below
+// u_norm; a longer request turns the numerator negative, and a slack
+// below zero turns the denominator negative: both flip the order.
+func (r ranker) rtlm(t *task) float64 {
+	alpha := r.s.cfg.Alpha / r.uNorm
+	slack := r.deadline(t).Sub(r.now) - time.Duration(t.score*float64(r.eta))
 	if slack == 0 {
 		slack = time.Nanosecond
 	}
 	return (1 - alpha*t.score) / slack.Seconds()
+}
+
+// tandemPriority and rtlmPriority compute one priority (tests, arrival).
+func (s *Scheduler) tandemPriority(t *task, l *lane, now time.Time) float64 {
+	return s.ranker(l, now).tandem(t)
+}
+
+func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
+	if s.cfg.Policy != RTLM {
+		return 0
+	}
+	return s.ranker(l, now).rtlm(t)
 }
 
 // admit moves waiting requests into l's batch: up to b·C candidates in
@@ -127,7 +136,7 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 		return false
 	}
 	k := int(math.Ceil(s.cfg.Lookahead * float64(s.cfg.MaxBatch)))
-	cands := s.topK(q, l, now, k)
+	cands := s.topK(q, l, s.ranker(l, now), k)
 	if len(cands) == 0 {
 		return false
 	}
@@ -161,13 +170,13 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 
 // topK returns the k most urgent waiting requests this lane can run, in
 // service order. It computes each priority once per plan.
-func (s *Scheduler) topK(q []*task, l *lane, now time.Time, k int) []*task {
+func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
 	top := make([]*task, 0, k+1)
 	for _, t := range q {
 		if t.hasSeq && t.lane != l.idx {
 			continue // resumed, its sequence lives on another lane
 		}
-		t.pri = s.rank(t, l, now)
+		t.pri = r.rank(t)
 		if len(top) == k && !before(t, top[k-1]) {
 			continue
 		}

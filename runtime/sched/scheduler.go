@@ -199,18 +199,22 @@ func (s *Scheduler) Context() int {
 // ErrInvalid (bad fields), ErrContextFull (the prompt leaves no room),
 // ErrQueueFull (retry after RetryAfter), ErrClosed.
 func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
-	wall := time.Now()
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	if ctxLen := s.Context(); len(r.Prompt) >= ctxLen {
 		return nil, fmt.Errorf("prompt has %d tokens, the context is %d and one more is needed to generate: %w", len(r.Prompt), ctxLen, ErrContextFull)
 	}
+	t0 := time.Now()
 	score := s.est.Score(r.Text, len(r.Prompt))
+	scoring := time.Since(t0)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer func() { s.stats.schedWall += time.Since(wall) }()
+	// Overhead counts the scoring and the time holding the lock, not the
+	// wait for it (concurrent submitters would count each other's work).
+	wall := time.Now()
+	defer func() { s.stats.schedWall += scoring + time.Since(wall) }()
 	if s.closing {
 		return nil, ErrClosed
 	}
@@ -271,9 +275,9 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 	if opt.MaxTokens < 0 {
 		return nil, fmt.Errorf("%w: max_tokens %d is negative", ErrInvalid, opt.MaxTokens)
 	}
-	wall := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	wall := time.Now()
 	defer func() { s.stats.schedWall += time.Since(wall) }()
 	if s.closing {
 		return nil, ErrClosed
