@@ -48,6 +48,10 @@ type commonRequest struct {
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+	// Obfuscation pads chunks against size side channels on the
+	// internet; on loopback there is nothing to hide, so it is accepted
+	// and ignored.
+	IncludeObfuscation *bool `json:"include_obfuscation"`
 }
 
 type utilityField struct {
