@@ -13,10 +13,14 @@ import (
 const agingSteps = 64
 
 // before reports whether a is served before b: the strict priority class
-// first, then the policy's rank, then arrival order.
+// first, then (tandem) whether a deadline is still at stake, then the
+// policy's rank, then arrival order.
 func before(a, b *task) bool {
 	if a.req.Priority != b.req.Priority {
 		return a.req.Priority > b.req.Priority
+	}
+	if a.atStake != b.atStake {
+		return a.atStake
 	}
 	if a.pri != b.pri {
 		return a.pri > b.pri
@@ -64,6 +68,19 @@ func (r ranker) rank(t *task) float64 {
 	return r.tandem(t)
 }
 
+// atStake reports whether t has a deadline it can still meet if served
+// now (TimelyLLM's view: its utility is at stake, while a request without
+// a deadline loses nothing by waiting a step). Tandem serves these first;
+// a request whose deadline can no longer be met falls back among the rest
+// and ages like them.
+func (r ranker) atStake(t *task) bool {
+	if r.s.cfg.Policy != Tandem || t.deadline.IsZero() {
+		return false
+	}
+	rest := math.Max(t.score-float64(len(t.generated)), 1)
+	return !r.now.Add(time.Duration(rest * float64(r.eta))).After(t.deadline)
+}
+
 // deadline is t's deadline, or RT-LM's implicit one: r + φ·prompt length.
 func (r ranker) deadline(t *task) time.Time {
 	if !t.deadline.IsZero() {
@@ -85,14 +102,14 @@ func (r ranker) tandem(t *task) float64 {
 	if !r.s.feat.aging {
 		ref = t.arrival
 	}
-	slack := r.deadline(t).Sub(ref) - time.Duration(rest*float64(r.eta))
+	d := r.deadline(t)
+	slack := d.Sub(ref) - time.Duration(rest*float64(r.eta))
 	num := 1 - r.s.cfg.Alpha*uhat
-	beta, _ := t.req.Utility.resolved(t.relDL)
 	if slack >= r.minSlack {
-		return beta * num / slack.Seconds()
+		return num / slack.Seconds()
 	}
 	short := (r.minSlack - slack).Seconds()
-	return beta * num / r.minSlack.Seconds() * (1 + short/(agingSteps*r.eta.Seconds()))
+	return num / r.minSlack.Seconds() * (1 + short/(agingSteps*r.eta.Seconds()))
 }
 
 // rtlm is RT-LM's published priority on raw token counts,
@@ -131,8 +148,14 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 	if len(s.queues) > 1 {
 		qi = l.idx
 	}
+	if free <= 0 {
+		return false
+	}
+	if len(s.queues) > 1 {
+		qi = s.source(l)
+	}
 	q := s.queues[qi]
-	if free <= 0 || len(q) == 0 {
+	if len(q) == 0 {
 		return false
 	}
 	k := int(math.Ceil(s.cfg.Lookahead * float64(s.cfg.MaxBatch)))
@@ -168,6 +191,44 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 	return refused
 }
 
+// source picks the queue a routed lane admits from: its own, unless its
+// own is empty, or (secondary lanes only) another lane's backlog takes
+// more than twice as long to drain at each lane's measured full-batch
+// speed. Routing keeps long requests off the primary lane; this keeps it
+// from leaving the secondary idle or the primary drowning (the τ quantile
+// sends most requests to the primary). The primary takes long requests
+// only when it has nothing else.
+func (s *Scheduler) source(l *lane) int {
+	if l.idx == 0 && len(s.queues[0]) > 0 {
+		return 0
+	}
+	own := s.drain(l.idx)
+	best, worst := l.idx, own
+	for j := range s.queues {
+		if j == l.idx {
+			continue
+		}
+		if d := s.drain(j); d > worst {
+			best, worst = j, d
+		}
+	}
+	if best != l.idx && (len(s.queues[l.idx]) == 0 || worst > 2*own) {
+		return best
+	}
+	return l.idx
+}
+
+// drain is the time lane i needs to serve its queue at full batch.
+func (s *Scheduler) drain(i int) time.Duration {
+	var tokens float64
+	for _, t := range s.queues[i] {
+		tokens += remaining(t)
+	}
+	l := s.lanes[i]
+	c := s.cfg.MaxBatch
+	return time.Duration(tokens / (float64(c) * math.Max(l.cost.tokPerStep, 1e-3)) * float64(l.cost.step(c, 0)))
+}
+
 // topK returns the k most urgent waiting requests this lane can run, in
 // service order. It computes each priority once per plan.
 func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
@@ -177,6 +238,7 @@ func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
 			continue // resumed, its sequence lives on another lane
 		}
 		t.pri = r.rank(t)
+		t.atStake = r.atStake(t)
 		if len(top) == k && !before(t, top[k-1]) {
 			continue
 		}
@@ -277,12 +339,12 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 // shed is imprecise computation under overload: when a running request
 // is predicted to miss its deadline, or admission control refused a
 // waiting one, or the most urgent waiting request with a deadline will
-// miss it, the request with the least utility that has optional tokens
+// miss it, or the queue is backlogged, the request with the least utility that has optional tokens
 // left (MinTokens set, MaxTokens not reached) is cut to what it has, or
 // to its MinTokens. One request per step, so shedding stays gradual. It
 // reports whether it shed anything.
 func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
-	if !refused && !s.missing(l, now) {
+	if !refused && !s.missing(l, now) && !s.backlogged(l) {
 		return false
 	}
 	var victim *task
@@ -335,6 +397,21 @@ func optional(t *task) int {
 		return 0
 	}
 	return t.maxTokens - max(t.req.MinTokens, len(t.generated))
+}
+
+// shedHorizon is the backlog, in full-batch steps, past which a lane
+// counts as overloaded: its queue would take this long to drain even if
+// nothing else arrived.
+const shedHorizon = 128
+
+// backlogged reports whether l's queue takes longer than shedHorizon
+// full-batch steps to drain: sustained overload, not a burst.
+func (s *Scheduler) backlogged(l *lane) bool {
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	return s.drain(qi) > shedHorizon*l.cost.step(s.cfg.MaxBatch, 0)
 }
 
 // missing reports whether a deadline in l is predicted to be missed: a

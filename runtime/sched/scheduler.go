@@ -89,6 +89,7 @@ type task struct {
 	firstTok   time.Time
 	parkedAt   time.Time
 	pri        float64 // cached priority for the current plan
+	atStake    bool    // cached: a deadline it can still meet (tandem)
 }
 
 type lane struct {

@@ -250,13 +250,18 @@ func TestRoutingSendsLongRequestsToSecondaryLane(t *testing.T) {
 	lanes := map[int]int{}
 	for i, st := range streams {
 		_, _, r := collect(t, st)
-		lanes[r.Lane]++
-		if long := i%10 == 9; long && r.Lane != 1 && i > 10 {
-			t.Errorf("request %d (score %.0f) ran on lane %d, want the secondary lane", i, r.Score, r.Lane)
+		if long := i%10 == 9; long {
+			if r.Lane != 1 {
+				t.Errorf("request %d (score %.0f) ran on lane %d, want the secondary lane", i, r.Score, r.Lane)
+			}
+		} else {
+			lanes[r.Lane]++
 		}
 	}
-	if lanes[1] == 0 || lanes[0] < 15 {
-		t.Errorf("lane use %v: want most on lane 0 and the long ones on lane 1", lanes)
+	// Work conservation: the secondary lane, done with its long requests,
+	// takes short ones from the primary's queue instead of idling.
+	if lanes[1] == 0 || lanes[0] == 0 {
+		t.Errorf("short requests per lane %v: want both lanes used", lanes)
 	}
 }
 

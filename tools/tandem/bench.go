@@ -15,9 +15,13 @@ import (
 )
 
 func runBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "sched" {
+		return runBenchSched(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "decode" {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			fmt.Fprintln(stdout, "Usage: tandem bench decode [flags]\n\nBenchmarks:\n  decode   single-sequence decode and prefill speed against the memory bound")
+			fmt.Fprintln(stdout, "  sched    the request scheduler: policies under load, real engine and simulator (tandem bench sched --help)")
 			return nil
 		}
 		return fmt.Errorf("%w: want a benchmark name: tandem bench decode [flags]", errUsage)

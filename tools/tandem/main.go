@@ -34,6 +34,10 @@ func init() {
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
 		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
 		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
+
+		// The scheduler's verbs (a block of their own keeps the alignment above).
+		"serve":     {"serve a model over an OpenAI-compatible HTTP API with the scheduler", runServe},
+		"calibrate": {"train the scheduler's uncertainty estimator for a model", runCalibrate},
 	}
 }
 
