@@ -68,3 +68,48 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	run.Engine = after.EngineWall - before.EngineWall
 	return run, nil
 }
+
+// LiveCapacity measures a running scheduler as the benchmark sees it
+// (goroutines, wakeups and all): the time per token of one request alone,
+// and the tokens per second of a saturating burst (every lane's batch
+// full). The real-engine runs set their deadlines and offered loads from
+// these, since per-step costs measured in isolation miss the live
+// system's overheads.
+func LiveCapacity(ctx context.Context, s *sched.Scheduler, prompt []int32, lanes, batch int) (tokenTime time.Duration, tokPerS float64, err error) {
+	const n = 64
+	run := func(count int) (time.Duration, int, error) {
+		var streams []*sched.Stream
+		start := time.Now()
+		for range count {
+			st, err := s.Submit(ctx, sched.Request{Prompt: prompt, MaxTokens: n})
+			if err != nil {
+				return 0, 0, err
+			}
+			streams = append(streams, st)
+		}
+		tokens := 0
+		for _, st := range streams {
+			res, err := st.Wait(ctx)
+			if err != nil {
+				return 0, 0, err
+			}
+			tokens += res.TotalGenerated
+		}
+		return time.Since(start), tokens, nil
+	}
+	var best time.Duration
+	for range 3 { // the fastest of three: a one-off stall is not the engine
+		d, k, err := run(1)
+		if err != nil {
+			return 0, 0, err
+		}
+		if per := d / time.Duration(max(k, 1)); best == 0 || per < best {
+			best = per
+		}
+	}
+	d, k, err := run(4 * lanes * batch)
+	if err != nil {
+		return 0, 0, err
+	}
+	return best, float64(k) / d.Seconds(), nil
+}

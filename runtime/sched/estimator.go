@@ -37,7 +37,10 @@ func (e *Estimator) Score(text string, promptTokens int) float64 {
 		return float64(max(promptTokens, 1))
 	}
 	f := Extract(text, promptTokens)
-	return e.mlp.Predict(f[:])
+	if u := e.mlp.Predict(f[:]); finite(u) {
+		return u
+	}
+	return float64(max(promptTokens, 1))
 }
 
 // CalibrationFormat is the format tag of calibration files.
@@ -189,25 +192,18 @@ func ranks(v []float64) []float64 {
 
 // quantiles tracks recent scores for the online τ quantile and the
 // normalisation of û: a window of the last scores, seeded with the
-// calibration's percentiles.
+// calibration's percentiles, kept sorted as scores come and go (a binary
+// search and a short copy per score, instead of a sort per query).
 type quantiles struct {
-	win    []float64
+	win    []float64 // ring of the last scores, oldest at next once full
 	next   int
 	sorted []float64
-	stale  int // adds since the last sort
 }
 
-const (
-	quantileWindow = 512
-	// quantileResort: the sorted copy is refreshed after this many adds
-	// (or when it is still small). A few new scores barely move the
-	// quantiles of 512, and sorting on every arrival cost more than the
-	// rest of Submit.
-	quantileResort = 16
-)
+const quantileWindow = 512
 
 func newQuantiles(seed []float64) *quantiles {
-	q := &quantiles{win: make([]float64, 0, quantileWindow)}
+	q := &quantiles{win: make([]float64, 0, quantileWindow), sorted: make([]float64, 0, quantileWindow)}
 	for _, s := range seed {
 		q.add(s)
 	}
@@ -218,21 +214,20 @@ func (q *quantiles) add(x float64) {
 	if len(q.win) < quantileWindow {
 		q.win = append(q.win, x)
 	} else {
+		old := q.win[q.next]
 		q.win[q.next] = x
 		q.next = (q.next + 1) % quantileWindow
+		i, _ := slices.BinarySearch(q.sorted, old)
+		q.sorted = slices.Delete(q.sorted, i, i+1)
 	}
-	q.stale++
+	i, _ := slices.BinarySearch(q.sorted, x)
+	q.sorted = slices.Insert(q.sorted, i, x)
 }
 
 // at returns the p-quantile of the window, or def when nothing was seen.
 func (q *quantiles) at(p, def float64) float64 {
-	if len(q.win) == 0 {
+	if len(q.sorted) == 0 {
 		return def
-	}
-	if q.stale >= quantileResort || (q.stale > 0 && len(q.win) < 4*quantileResort) {
-		q.sorted = append(q.sorted[:0], q.win...)
-		slices.Sort(q.sorted)
-		q.stale = 0
 	}
 	return quantileSorted(q.sorted, p)
 }

@@ -178,7 +178,7 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 		if !t.hasSeq && l.held >= l.info.MaxSeqs && !s.evict(l) {
 			break
 		}
-		s.queues[qi] = removeTask(s.queues[qi], t)
+		s.removeWaiting(t)
 		t.state = running
 		t.lane = l.idx
 		l.running = append(l.running, t)
@@ -220,10 +220,7 @@ func (s *Scheduler) source(l *lane) int {
 
 // drain is the time lane i needs to serve its queue at full batch.
 func (s *Scheduler) drain(i int) time.Duration {
-	var tokens float64
-	for _, t := range s.queues[i] {
-		tokens += remaining(t)
-	}
+	tokens := s.qtokens[i]
 	l := s.lanes[i]
 	c := s.cfg.MaxBatch
 	return time.Duration(tokens / (float64(c) * math.Max(l.cost.tokPerStep, 1e-3)) * float64(l.cost.step(c, 0)))
@@ -232,7 +229,8 @@ func (s *Scheduler) drain(i int) time.Duration {
 // topK returns the k most urgent waiting requests this lane can run, in
 // service order. It computes each priority once per plan.
 func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
-	top := make([]*task, 0, k+1)
+	top := l.top[:0]
+	defer func() { l.top = top[:0] }()
 	for _, t := range q {
 		if t.hasSeq && t.lane != l.idx {
 			continue // resumed, its sequence lives on another lane
@@ -344,7 +342,7 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 // to its MinTokens. One request per step, so shedding stays gradual. It
 // reports whether it shed anything.
 func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
-	if !refused && !s.missing(l, now) && !s.backlogged(l) {
+	if !refused && !s.backlogged(l) && !s.missing(l, now) {
 		return false
 	}
 	var victim *task
@@ -380,6 +378,11 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 	victim.maxTokens = max(victim.req.MinTokens, len(victim.generated))
 	victim.shed = true
 	victim.score = math.Min(victim.score, float64(victim.maxTokens))
+	if victim.state == waiting {
+		rest := remaining(victim)
+		s.qtokens[victim.qi] += rest - victim.qtok
+		victim.qtok = rest
+	}
 	s.stats.shedRequests++
 	if victim.state == running && len(victim.generated) >= victim.maxTokens {
 		var ev Event

@@ -28,6 +28,7 @@ type Scheduler struct {
 
 	mu      sync.Mutex
 	queues  [][]*task // routed: one per lane; shared: queues[0]
+	qtokens []float64 // per queue: the predicted tokens its requests still need
 	tasks   map[string]*task
 	parked  int
 	quant   *quantiles
@@ -88,6 +89,8 @@ type task struct {
 	prefilling bool // started, no token yet
 	firstTok   time.Time
 	parkedAt   time.Time
+	qi         int     // its queue while waiting
+	qtok       float64 // its share of qtokens[qi]
 	pri        float64 // cached priority for the current plan
 	atStake    bool    // cached: a deadline it can still meet (tandem)
 }
@@ -104,6 +107,8 @@ type lane struct {
 	toFree  []SeqID
 	cond    *sync.Cond
 	busy    bool // between Begin and End
+	step    Step    // the step in flight; its buffers are reused
+	top     []*task // topK's buffer
 
 	steps      uint64
 	engineWall time.Duration
@@ -144,6 +149,7 @@ func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
 	} else {
 		s.queues = make([][]*task, 1)
 	}
+	s.qtokens = make([]float64, len(s.queues))
 	if !cfg.Manual {
 		for _, l := range s.lanes {
 			s.wg.Add(1)
@@ -365,6 +371,8 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	}
 	t.static = s.rtlmPriority(t, s.laneFor(t), now)
 	s.queues[q] = append(s.queues[q], t)
+	t.qi, t.qtok = q, remaining(t)
+	s.qtokens[q] += t.qtok
 	s.wake(t)
 }
 
@@ -425,8 +433,13 @@ func (s *Scheduler) waitingCount() int {
 }
 
 func (s *Scheduler) removeWaiting(t *task) {
-	for i, q := range s.queues {
-		s.queues[i] = removeTask(q, t)
+	q := s.queues[t.qi]
+	s.queues[t.qi] = removeTask(q, t)
+	if len(s.queues[t.qi]) < len(q) {
+		s.qtokens[t.qi] -= t.qtok
+		if len(s.queues[t.qi]) == 0 {
+			s.qtokens[t.qi] = 0 // no rounding drift across busy periods
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sample"
@@ -47,7 +48,8 @@ func (st *Step) EngineWall() time.Duration { return st.engineWall }
 
 // Begin plans lane i's next step, or returns nil when the lane has nothing
 // to do. For simulators (Config.Manual); the lane goroutines call it
-// otherwise.
+// otherwise. A lane has one step at a time: call End before the lane's
+// next Begin (the Step's memory is reused).
 func (s *Scheduler) Begin(i int) *Step {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -75,8 +77,13 @@ func (s *Scheduler) begin(l *lane) *Step {
 	if len(l.running) == 0 && len(l.toFree) == 0 {
 		return nil
 	}
-	st := &Step{s: s, l: l, begin: now, frees: l.toFree}
-	l.toFree = nil
+	// A lane has one step in flight: its buffers are reused.
+	st := &l.step
+	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...),
+		tasks: st.tasks[:0], seqs: st.seqs[:0], limits: st.limits[:0], starting: st.starting[:0],
+		startTok: st.startTok[:0], samplers: st.samplers[:0], tags: st.tags[:0],
+		startIDs: st.startIDs[:0], startErr: st.startErr[:0], mem: st.mem[:0], memIdx: st.memIdx[:0], out: st.out[:0]}
+	l.toFree = l.toFree[:0]
 	for _, t := range l.running {
 		st.tasks = append(st.tasks, t)
 		st.seqs = append(st.seqs, t.seq)
@@ -105,8 +112,9 @@ func (st *Step) Run(ctx context.Context) error {
 		}
 	}
 	n := len(st.tasks)
-	st.startIDs = make([]SeqID, n)
-	st.startErr = make([]error, n)
+	st.startIDs = slices.Grow(st.startIDs[:0], n)[:n]
+	st.startErr = slices.Grow(st.startErr[:0], n)[:n]
+	clear(st.startErr)
 	st.mem, st.memIdx = st.mem[:0], st.memIdx[:0]
 	for i := range st.tasks {
 		seq := st.seqs[i]
@@ -124,7 +132,7 @@ func (st *Step) Run(ctx context.Context) error {
 	if len(st.mem) == 0 {
 		return nil
 	}
-	st.out = make([]StepOut, len(st.mem))
+	st.out = slices.Grow(st.out[:0], len(st.mem))[:len(st.mem)]
 	t0 := time.Now()
 	st.err = eng.Step(ctx, st.mem, st.out)
 	st.engineWall = time.Since(t0)

@@ -216,19 +216,16 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	if calPath == "" {
-		fmt.Fprintln(b.stderr, "no calibration for this model: calibrating it now (tandem calibrate)")
+		// Calibrated in memory only: a benchmark writes nothing beside
+		// the model (run tandem calibrate to keep one).
+		fmt.Fprintln(b.stderr, "no calibration for this model: calibrating in memory (tandem calibrate saves one)")
 		cal, err := calibrate(ctx, f, tok, bench.CalibrationPrompts(300, bench.VarianceNormal, 448, b.seed+1000),
 			calibrateOptions{threads: onePerCore(), temperature: 0.8, seed: b.seed, epochs: 1500, maxTokens: 448, modelPath: modelPath}, b.stderr)
 		if err != nil {
 			return nil, "", err
 		}
-		if calPath, err = calibrationPath(modelPath); err == nil {
-			os.MkdirAll(filepath.Dir(calPath), 0o755)
-			if err := cal.Save(calPath); err != nil {
-				return nil, "", err
-			}
-		}
 		est = sched.NewEstimator(cal)
+		calPath = fmt.Sprintf("calibrated now (validation MAE %.1f tokens, fallback %.1f)", cal.Validation.MAE, cal.Validation.FallbackMAE)
 	}
 	fmt.Fprintf(b.stderr, "measuring step costs of %s with %d thread(s)\n", filepath.Base(f.Path), threads[0])
 	cost, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads[0], Batches: []int{1, 2, 4, b.maxBatch}})
@@ -241,11 +238,23 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	defer closeLanes()
+	encode := func(s string) ([]int32, error) { return tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true}) }
+	probe, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: 1024}, est, lanes...)
+	if err != nil {
+		return nil, "", err
+	}
+	ids, _ := encode("Once upon a time")
+	tokTime, capacity, err := bench.LiveCapacity(ctx, probe, ids, len(lanes), b.maxBatch)
+	probe.Shutdown(context.Background())
+	if err != nil {
+		return nil, "", err
+	}
+	// One lane of the live capacity, so rate() sums it back.
 	costs := make([]bench.StepCosts, len(lanes))
 	for i := range costs {
-		costs[i] = cost
+		per := time.Duration(float64(b.maxBatch) / (capacity / float64(len(lanes))) * float64(time.Second))
+		costs[i] = bench.StepCosts{A: per, MaxSeqs: 16, Context: ctxLen}
 	}
-	encode := func(s string) ([]int32, error) { return tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true}) }
 	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
 	v := b.variances[0]
 	total := len(b.adversarial) * len(b.loads) * len(b.policies)
@@ -255,9 +264,9 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	done := uint64(0)
 	for _, adv := range b.adversarial {
 		for _, load := range b.loads {
-			rate := b.rate(load, costs, adv, v, cost.TokenTime())
+			rate := b.rate(load, costs, adv, v, tokTime)
 			reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
-				TokenTime: cost.TokenTime(), MaxTokens: ctxLen - 64, Seed: b.seed})
+				TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed})
 			for _, p := range b.policies {
 				s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
 				if err != nil {
@@ -279,9 +288,9 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			}
 		}
 	}
-	note := fmt.Sprintf("%s: %d lane(s) of %v threads; measured step = %v + %v/member + %v/prefill token (one sequence: %.0f tok/s); estimator %s",
-		name, len(lanes), threads, cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond), cost.C.Round(100*time.Nanosecond),
-		1/cost.TokenTime().Seconds(), calPath)
+	note := fmt.Sprintf("%s: %d lane(s) of %v threads; live capacity %.0f tok/s (all lanes, full batches), one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
+		name, len(lanes), threads, capacity, 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
+		cost.C.Round(100*time.Nanosecond), calPath)
 	return rows, note, nil
 }
 

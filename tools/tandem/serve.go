@@ -85,6 +85,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+
 	// Listen first: a busy port fails at once, and /healthz answers
 	// (503, loading) while the model loads.
 	ln, err := net.Listen("tcp", *addr)
@@ -133,9 +137,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, policy %s, context %d, estimator %s\n",
 		len(lanes), threads, policy, sc.Context(), estimator)
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sig)
 	select {
 	case err := <-serveErr:
 		sc.Shutdown(context.Background())
