@@ -106,7 +106,7 @@ type lane struct {
 	held    int     // allocated sequences (running, parked, waiting with KV)
 	toFree  []SeqID
 	cond    *sync.Cond
-	busy    bool // between Begin and End
+	busy    bool    // between Begin and End
 	step    Step    // the step in flight; its buffers are reused
 	top     []*task // topK's buffer
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,23 +99,11 @@ func TestParseLanes(t *testing.T) {
 		{"3,1", []int{3, 1}, true}, {"cpu:2", []int{2}, true}, {"0", nil, false}, {"gpu", nil, false}, {"a", nil, false},
 	} {
 		got, err := parseLanes(tc.in)
-		if (err == nil) != tc.ok || (tc.ok && !equalInts(got, tc.want)) {
+		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
 			t.Errorf("parseLanes(%q) = %v, %v", tc.in, got, err)
 		}
 	}
 	if got, err := parseLanes(""); err != nil || len(got) != 1 || got[0] < 1 {
 		t.Errorf("default lanes %v, %v", got, err)
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
