@@ -15,18 +15,27 @@ import (
 )
 
 func runBench(args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "stream" {
-		return runBenchStream(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "spec" {
-		return runBenchSpec(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "stream":
+			return runBenchStream(args[1:], stdout, stderr)
+		case "spec":
+			return runBenchSpec(args[1:], stdout, stderr)
+		case "sched":
+			return runBenchSched(args[1:], stdout, stderr)
+		}
 	}
 	if len(args) == 0 || args[0] != "decode" {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintln(stdout, "Usage: tandem bench decode|stream|spec [flags]\n\nBenchmarks:\n  decode   single-sequence decode and prefill speed against the memory bound\n  stream   per-token latency with weights streamed under a budget, against the IO bound\n  spec     speculative decoding (tree, sd, bild, ablations) against the target alone, streamed")
+			fmt.Fprintln(stdout, "Usage: tandem bench decode|stream|spec|sched [flags]\n\nBenchmarks:\n"+
+				"  decode   single-sequence decode and prefill speed against the memory bound\n"+
+				"  stream   per-token latency with weights streamed under a budget, against the IO bound\n"+
+				"  spec     speculative decoding (tree, sd, bild, ablations) against the target alone, streamed\n"+
+				"  sched    the request scheduler: policies under load, real engine and simulator\n\n"+
+				"tandem bench NAME --help explains each.")
 			return nil
 		}
-		return fmt.Errorf("%w: want a benchmark name: tandem bench decode|stream|spec [flags]", errUsage)
+		return fmt.Errorf("%w: want a benchmark name: tandem bench decode|stream|spec|sched [flags]", errUsage)
 	}
 	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
 		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+

@@ -53,7 +53,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
 	}
-	prompts, err := readPrompts(*promptsPath)
+	prompts, err := readPromptIDs(*promptsPath)
 	if err != nil {
 		return err
 	}
@@ -275,8 +275,8 @@ func storageName(bw, disk float64) string {
 	return fmt.Sprintf("disk (%.0f MB/s)", disk/1e6)
 }
 
-// readPrompts reads prompt_ids from JSON lines.
-func readPrompts(path string) ([][]int32, error) {
+// readPromptIDs reads prompt_ids from JSON lines.
+func readPromptIDs(path string) ([][]int32, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--prompts: %w", err)

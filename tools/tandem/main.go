@@ -35,6 +35,10 @@ func init() {
 		"inflate":  {"embed a real small model in a large shape, output unchanged (for benchmarks)", runInflate},
 		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
 		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
+
+		// The scheduler's verbs (a block of their own keeps the alignment above).
+		"serve":     {"serve a model over an OpenAI-compatible HTTP API with the scheduler", runServe},
+		"calibrate": {"train the scheduler's uncertainty estimator for a model", runCalibrate},
 	}
 }
 

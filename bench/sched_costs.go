@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// CostConfig configures MeasureStepCosts.
+type CostConfig struct {
+	Threads int
+	Batches []int // decode batch sizes to time (default 1, 2, 4, 8)
+	Reps    int   // timed steps per batch size (default 5; the median counts)
+	Context int   // KV context per sequence (default 512)
+}
+
+// MeasureStepCosts times the plain engine on the model in f: prefill
+// steps of a 64-token chunk and decode steps at each batch size, and fits
+// the step model A + B·members + C·prefill tokens the simulator uses.
+// Medians of Reps steps are fitted, so a noisy neighbour moves little.
+func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
+	if len(cfg.Batches) == 0 {
+		cfg.Batches = []int{1, 2, 4, 8}
+	}
+	if cfg.Reps <= 0 {
+		cfg.Reps = 5
+	}
+	if cfg.Context <= 0 {
+		cfg.Context = 512
+	}
+	m, err := model.Load(f, model.Options{Threads: cfg.Threads})
+	if err != nil {
+		return StepCosts{}, err
+	}
+	defer m.Close()
+	maxB := slices.Max(cfg.Batches)
+	const chunk = 64
+	e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{MaxSeqs: maxB, Context: min(cfg.Context, m.Config().Context), PrefillChunk: chunk})
+	if err != nil {
+		return StepCosts{}, err
+	}
+	prompt := make([]int32, chunk)
+	for i := range prompt {
+		prompt[i] = int32(1 + i%(m.Config().Vocab-1))
+	}
+	ctx := context.Background()
+	var members []sched.Member
+	var prefills []time.Duration
+	for range maxB {
+		id, err := e.Start(prompt, nil, "")
+		if err != nil {
+			return StepCosts{}, err
+		}
+		mb := []sched.Member{{Seq: id, Limit: 1}}
+		t0 := time.Now()
+		if err := e.Step(ctx, mb, make([]sched.StepOut, 1)); err != nil {
+			return StepCosts{}, err
+		}
+		prefills = append(prefills, time.Since(t0))
+		members = append(members, mb[0])
+	}
+	out := make([]sched.StepOut, maxB)
+	var xs []float64
+	var ys []float64
+	for _, n := range cfg.Batches {
+		var d []time.Duration
+		for range cfg.Reps {
+			t0 := time.Now()
+			if err := e.Step(ctx, members[:n], out[:n]); err != nil {
+				return StepCosts{}, err
+			}
+			d = append(d, time.Since(t0))
+		}
+		xs = append(xs, float64(n))
+		ys = append(ys, schedMedianSeconds(d))
+	}
+	a, b := schedLineFit(xs, ys)
+	if b <= 0 {
+		return StepCosts{}, fmt.Errorf("bench: decode step time does not grow with the batch (%v s at %v); the measurement is too noisy, retry on a quieter machine", ys, xs)
+	}
+	a = max(a, 0)
+	c := max((schedMedianSeconds(prefills)-a-b)/chunk, 0)
+	sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	return StepCosts{A: sec(a), B: sec(b), C: sec(c), MaxSeqs: 16, Context: m.Config().Context}, nil
+}
+
+// schedMedianSeconds is the median of durations, in seconds.
+func schedMedianSeconds(d []time.Duration) float64 {
+	s := make([]float64, len(d))
+	for i, x := range d {
+		s[i] = x.Seconds()
+	}
+	return Median(s)
+}
+
+// schedLineFit is the least-squares line y = a + b·x.
+func schedLineFit(xs, ys []float64) (a, b float64) {
+	var mx, my float64
+	for i := range xs {
+		mx += xs[i]
+		my += ys[i]
+	}
+	n := float64(len(xs))
+	mx, my = mx/n, my/n
+	var sxy, sxx float64
+	for i := range xs {
+		sxy += (xs[i] - mx) * (ys[i] - my)
+		sxx += (xs[i] - mx) * (xs[i] - mx)
+	}
+	if sxx == 0 {
+		return my, 0
+	}
+	b = sxy / sxx
+	return my - b*mx, b
+}

@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+// SchedRow summarizes one run.
+type SchedRow struct {
+	Engine      string  // "real" or "sim <shape>"
+	Policy      string  // policy, with a suffix for ablations
+	Load        float64 // offered load: arrival rate × mean tokens ÷ capacity
+	Rate        float64 // arrivals per second
+	Adversarial float64
+	Variance    string
+	Requests    int
+
+	Mean, P50, P99 time.Duration // response time, arrival to last token
+	Throughput     float64       // finished requests per second
+	TokPerS        float64
+	Deadlines      int     // requests with a deadline
+	Attainment     float64 // share of them that finished by it (%)
+	Utility        float64 // achieved ÷ attainable time-utility (%)
+	ShedTokens     int
+	Overhead       float64 // scheduler wall time ÷ engine time (%)
+}
+
+// Summarize computes a run's row.
+func Summarize(run Run) SchedRow {
+	r := SchedRow{Policy: run.Policy, Requests: len(run.Outcomes)}
+	var resp []float64
+	var tokens, met int
+	var util, maxUtil float64
+	for _, o := range run.Outcomes {
+		res := o.Result
+		resp = append(resp, o.Response.Seconds())
+		tokens += res.TotalGenerated
+		r.ShedTokens += res.ShedTokens
+		maxUtil += o.Req.Utility
+		util += res.Utility
+		if res.HasDeadline {
+			r.Deadlines++
+			if res.DeadlineMet {
+				met++
+			}
+		}
+	}
+	if len(resp) > 0 {
+		slices.Sort(resp)
+		var sum float64
+		for _, x := range resp {
+			sum += x
+		}
+		sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+		r.Mean = sec(sum / float64(len(resp)))
+		r.P50 = sec(schedPercentile(resp, 0.50))
+		r.P99 = sec(schedPercentile(resp, 0.99))
+	}
+	if s := run.Makespan.Seconds(); s > 0 {
+		r.Throughput = float64(len(run.Outcomes)) / s
+		r.TokPerS = float64(tokens) / s
+	}
+	if r.Deadlines > 0 {
+		r.Attainment = 100 * float64(met) / float64(r.Deadlines)
+	}
+	if maxUtil > 0 {
+		r.Utility = 100 * util / maxUtil
+	}
+	if run.Engine > 0 {
+		r.Overhead = 100 * run.SchedWall.Seconds() / run.Engine.Seconds()
+	}
+	return r
+}
+
+// percentile interpolates the q-quantile of ascending s.
+func schedPercentile(s []float64, q float64) float64 {
+	pos := q * float64(len(s)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(s)-1)
+	return s[lo] + (s[hi]-s[lo])*(pos-float64(lo))
+}
+
+// SchedTable renders rows as a markdown table.
+func SchedTable(rows []SchedRow) string {
+	var b strings.Builder
+	b.WriteString("| engine | adv. | var. | load | req/s | policy | mean s | p50 s | p99 s | done/s | tok/s | deadlines met | utility | shed tok | sched overhead |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.2f | %.0f | %.1f%% (%d) | %.1f%% | %d | %.3f%% |\n",
+			r.Engine, 100*r.Adversarial, r.Variance, r.Load, r.Rate, r.Policy, r.Mean.Seconds(), r.P50.Seconds(), r.P99.Seconds(),
+			r.Throughput, r.TokPerS, r.Attainment, r.Deadlines, r.Utility, r.ShedTokens, r.Overhead)
+	}
+	return b.String()
+}
+
+// SchedGoal compares tandem with FIFO in the rows of one setting at its
+// highest load: p99 reduction (%) and deadline attainment gain (points).
+type SchedGoal struct {
+	Engine, Variance          string
+	Adversarial, Load         float64
+	FIFOP99, TandemP99        time.Duration
+	P99Reduction              float64
+	FIFOAttain, TandemAttain  float64
+	AttainmentGain            float64
+	MaxOverhead               float64
+	MetP99Goal, MetAttainGoal bool
+}
+
+// Goals finds, per (engine, adversarial share, variance), the highest
+// load and compares tandem with FIFO there. The goal: >= 30%
+// lower p99 and >= 20 points more deadline attainment at overload.
+func Goals(rows []SchedRow) []SchedGoal {
+	type key struct {
+		engine, variance string
+		adv              float64
+	}
+	top := map[key]float64{}
+	var keys []key
+	for _, r := range rows {
+		k := key{r.Engine, r.Variance, r.Adversarial}
+		if _, ok := top[k]; !ok {
+			keys = append(keys, k)
+		}
+		top[k] = math.Max(top[k], r.Load)
+	}
+	var out []SchedGoal
+	for _, k := range keys {
+		var g SchedGoal
+		var fifo, tandem *SchedRow
+		for i := range rows {
+			r := &rows[i]
+			if r.Engine != k.engine || r.Variance != k.variance || r.Adversarial != k.adv {
+				continue
+			}
+			g.MaxOverhead = math.Max(g.MaxOverhead, r.Overhead)
+			if r.Load != top[k] {
+				continue
+			}
+			switch r.Policy {
+			case sched.FIFO.String():
+				fifo = r
+			case sched.Tandem.String():
+				tandem = r
+			}
+		}
+		if fifo == nil || tandem == nil {
+			continue
+		}
+		g.Engine, g.Variance, g.Adversarial, g.Load = k.engine, k.variance, k.adv, top[k]
+		g.FIFOP99, g.TandemP99 = fifo.P99, tandem.P99
+		if fifo.P99 > 0 {
+			g.P99Reduction = 100 * (1 - tandem.P99.Seconds()/fifo.P99.Seconds())
+		}
+		g.FIFOAttain, g.TandemAttain = fifo.Attainment, tandem.Attainment
+		g.AttainmentGain = tandem.Attainment - fifo.Attainment
+		g.MetP99Goal = g.P99Reduction >= 30
+		g.MetAttainGoal = g.AttainmentGain >= 20
+		out = append(out, g)
+	}
+	return out
+}
+
+// GoalTable renders Goals as markdown.
+func GoalTable(gs []SchedGoal) string {
+	var b strings.Builder
+	b.WriteString("| engine | adv. | var. | load | p99 FIFO → tandem | p99 reduction (goal ≥ 30%) | deadlines met FIFO → tandem | gain (goal ≥ 20 pts) | max sched overhead (goal < 1%) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	mark := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "missed"
+	}
+	for _, g := range gs {
+		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.3f s → %.3f s | %.1f%% %s | %.1f%% → %.1f%% | %+.1f pts %s | %.3f%% %s |\n",
+			g.Engine, 100*g.Adversarial, g.Variance, g.Load, g.FIFOP99.Seconds(), g.TandemP99.Seconds(), g.P99Reduction, mark(g.MetP99Goal),
+			g.FIFOAttain, g.TandemAttain, g.AttainmentGain, mark(g.MetAttainGoal), g.MaxOverhead, mark(g.MaxOverhead < 1))
+	}
+	return b.String()
+}

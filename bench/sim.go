@@ -1,0 +1,281 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+// StepCosts is a lane's step time: A + B·decoding members + C·prefill
+// tokens, measured on the real engine (MeasureStepCosts).
+type StepCosts struct {
+	Name    string        `json:"name"`
+	A       time.Duration `json:"a"` // per step
+	B       time.Duration `json:"b"` // per decoding member
+	C       time.Duration `json:"c"` // per prefill token
+	MaxSeqs int           `json:"max_seqs"`
+	Context int           `json:"context"`
+}
+
+// Step is the duration of a step.
+func (c StepCosts) Step(decode, prefill int) time.Duration {
+	return c.A + time.Duration(decode)*c.B + time.Duration(prefill)*c.C
+}
+
+// TokenTime is one sequence's time per token decoding alone.
+func (c StepCosts) TokenTime() time.Duration { return c.Step(1, 0) }
+
+// Capacity is the most tokens per second a lane yields, at batch n.
+func (c StepCosts) Capacity(n int) float64 { return float64(n) / c.Step(n, 0).Seconds() }
+
+const simEOS = 2
+
+// simEngine is a sched.Engine that computes nothing: each step yields a
+// token per decoding member (EOS once the request's natural length is
+// reached) and costs what the measured StepCosts say.
+type simEngine struct {
+	costs   StepCosts
+	natural map[string]int
+	emitted map[string]int // by request, across evictions
+	seqs    map[sched.SeqID]*simSeq
+	next    sched.SeqID
+	chunk   int
+	last    time.Duration // the cost of the last Step
+	busy    time.Duration // total simulated step time
+	out     []int32
+}
+
+type simSeq struct {
+	tag     string
+	pending int
+	tok     [1]int32
+}
+
+func newSimEngine(c StepCosts, natural map[string]int) *simEngine {
+	if c.MaxSeqs <= 0 {
+		c.MaxSeqs = 16
+	}
+	if c.Context <= 0 {
+		c.Context = 2048
+	}
+	return &simEngine{costs: c, natural: natural, emitted: map[string]int{}, seqs: map[sched.SeqID]*simSeq{}, chunk: 64}
+}
+
+func (e *simEngine) Info() sched.EngineInfo {
+	return sched.EngineInfo{Name: e.costs.Name, MaxSeqs: e.costs.MaxSeqs, Context: e.costs.Context, SeqBytes: 1}
+}
+
+func (e *simEngine) Start(tokens []int32, _ *sample.Sampler, tag string) (sched.SeqID, error) {
+	if len(e.seqs) >= e.costs.MaxSeqs {
+		return 0, fmt.Errorf("sim: all %d sequences in use", e.costs.MaxSeqs)
+	}
+	e.next++
+	e.seqs[e.next] = &simSeq{tag: tag, pending: len(tokens)}
+	return e.next, nil
+}
+
+func (e *simEngine) Free(id sched.SeqID) error {
+	delete(e.seqs, id)
+	return nil
+}
+
+func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.StepOut) error {
+	budget := e.chunk
+	decode, prefill := 0, 0
+	for i, m := range members {
+		s := e.seqs[m.Seq]
+		out[i] = sched.StepOut{}
+		if s == nil {
+			out[i].Err = fmt.Errorf("sim: unknown sequence %d", m.Seq)
+			continue
+		}
+		if s.pending > 1 {
+			n := min(s.pending, budget)
+			budget -= n
+			s.pending -= n
+			out[i].Prefilled = n
+			prefill += n
+			if s.pending > 0 || n == 0 {
+				continue
+			}
+		} else if s.pending == 1 {
+			s.pending = 0
+			out[i].Prefilled = 1
+			prefill++
+		} else {
+			decode++
+		}
+		k := e.emitted[s.tag]
+		if n, ok := e.natural[s.tag]; ok && k >= n {
+			s.tok[0] = simEOS
+		} else {
+			s.tok[0] = int32(100 + k%300)
+			e.emitted[s.tag] = k + 1
+		}
+		out[i].Tokens = s.tok[:]
+	}
+	e.last = e.costs.Step(decode, prefill)
+	e.busy += e.last
+	return nil
+}
+
+// Outcome is what happened to one benchmark request.
+type Outcome struct {
+	Req      WorkRequest
+	Result   sched.Result
+	Response time.Duration // arrival to finish
+}
+
+// Run is one benchmark run's outcomes and the scheduler's overhead.
+type Run struct {
+	Policy    string
+	Outcomes  []Outcome
+	Makespan  time.Duration // first arrival to last finish
+	SchedWall time.Duration // the scheduler's own wall time
+	Engine    time.Duration // engine time: simulated, or Engine.Step wall time
+}
+
+// SimConfig configures Simulate.
+type SimConfig struct {
+	Sched     sched.Config
+	Estimator *sched.Estimator
+	Lanes     []StepCosts
+	// PromptTokens counts a prompt's tokens (default: 1.3 per word plus
+	// BOS, about what a 32k Llama vocabulary gives for English).
+	PromptTokens func(string) int
+}
+
+// Simulate runs the real scheduler on simulated engines in simulated
+// time: a discrete-event loop over arrivals and step ends. Each step
+// lasts its measured cost plus the wall time the scheduler itself spent
+// planning it, delivering the previous one and taking arrivals, so the
+// scheduler's overhead slows the simulated system exactly as much as it
+// would slow the real one.
+func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
+	if len(cfg.Lanes) == 0 {
+		return Run{}, fmt.Errorf("sim: no lanes")
+	}
+	count := cfg.PromptTokens
+	if count == nil {
+		count = func(s string) int { return 1 + int(math.Ceil(1.3*float64(len(strings.Fields(s))))) }
+	}
+	natural := map[string]int{}
+	for _, r := range reqs {
+		natural[r.ID] = r.Natural
+	}
+	base := time.Unix(1_700_000_000, 0)
+	var clock time.Duration
+	sc := cfg.Sched
+	sc.Manual = true
+	sc.Now = func() time.Time { return base.Add(clock) }
+	engines := make([]*simEngine, len(cfg.Lanes))
+	lanes := make([]sched.Lane, len(cfg.Lanes))
+	for i, c := range cfg.Lanes {
+		engines[i] = newSimEngine(c, natural)
+		lanes[i] = sched.Lane{Name: c.Name, Engine: engines[i]}
+	}
+	s, err := sched.New(sc, cfg.Estimator, lanes...)
+	if err != nil {
+		return Run{}, err
+	}
+	for i, c := range cfg.Lanes {
+		s.SeedCost(i, c.A, c.B, c.C)
+	}
+
+	type laneState struct {
+		step *sched.Step
+		end  time.Duration
+	}
+	ls := make([]laneState, len(lanes))
+	var owed time.Duration // scheduler time not yet charged to a step
+	start := func(i int) {
+		w := time.Now()
+		st := s.Begin(i)
+		if st == nil {
+			owed += time.Since(w)
+			return
+		}
+		engines[i].last = 0
+		st.Run(context.Background())
+		// Run's own cost is the engine's (simulated); the rest of the
+		// wall time is the scheduler's.
+		over := time.Since(w) - st.EngineWall() + owed
+		owed = 0
+		ls[i] = laneState{step: st, end: clock + engines[i].last + over}
+	}
+	streams := make([]*sched.Stream, len(reqs))
+	next := 0
+	for {
+		lane := -1
+		for i := range ls {
+			if ls[i].step != nil && (lane < 0 || ls[i].end < ls[lane].end) {
+				lane = i
+			}
+		}
+		switch {
+		case next < len(reqs) && (lane < 0 || reqs[next].Arrival <= ls[lane].end):
+			r := reqs[next]
+			clock = max(clock, r.Arrival)
+			n := count(r.Prompt)
+			ids := make([]int32, n)
+			for k := range ids {
+				ids[k] = int32(3 + k%90)
+			}
+			w := time.Now()
+			st, err := s.Submit(context.Background(), sched.Request{ID: r.ID, Prompt: ids, Text: r.Prompt,
+				MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, Deadline: r.Deadline,
+				Utility: sched.Utility{Value: r.Utility}, StopTokens: []int32{simEOS}})
+			owed += time.Since(w)
+			if err != nil {
+				return Run{}, fmt.Errorf("sim: submit %s: %w", r.ID, err)
+			}
+			streams[next] = st
+			next++
+		case lane >= 0:
+			clock = ls[lane].end
+			st := ls[lane].step
+			ls[lane].step = nil
+			w := time.Now()
+			s.End(st)
+			owed += time.Since(w)
+		default:
+			return simCollect(s, reqs, streams, engines), nil
+		}
+		for i := range ls {
+			if ls[i].step == nil {
+				start(i)
+			}
+		}
+	}
+}
+
+// simCollect gathers the streams' results and the simulated engine time.
+func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine) Run {
+	run := Run{Policy: s.Policy().String()}
+	var first, last time.Time
+	for i, st := range streams {
+		res := st.Result()
+		if res == nil {
+			continue
+		}
+		o := Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)}
+		run.Outcomes = append(run.Outcomes, o)
+		if first.IsZero() || res.Arrival.Before(first) {
+			first = res.Arrival
+		}
+		if res.Finish.After(last) {
+			last = res.Finish
+		}
+	}
+	run.Makespan = last.Sub(first)
+	run.SchedWall = s.Stats().SchedulerWall
+	for _, e := range engines {
+		run.Engine += e.busy
+	}
+	return run
+}

@@ -1,0 +1,71 @@
+package sched
+
+import (
+	"context"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// SeqID names a sequence inside one Engine.
+type SeqID int
+
+// Engine is one lane's compute backend: a model with its own threads and
+// KV cache. The plain engine (ModelEngine) runs one model.Forward per
+// step; a speculative engine (runtime/spec) may give several tokens per
+// step; a GPU backend plugs in the same way.
+//
+// Used by the scheduler's lane goroutine only: no two methods of one
+// Engine are ever called at the same time.
+type Engine interface {
+	// Info describes the engine; the scheduler reads it once.
+	Info() EngineInfo
+
+	// Start allocates a sequence whose context is tokens. They are
+	// evaluated by the next Steps (prefill, in chunks), after which each
+	// Step yields new tokens picked by sampler. tokens may be a prompt or,
+	// to rebuild an evicted sequence, a prompt and the tokens generated
+	// so far (the last of them not yet evaluated). tag names the request
+	// (the simulator uses it; engines may ignore it). It fails when every
+	// sequence slot is in use.
+	Start(tokens []int32, sampler *sample.Sampler, tag string) (SeqID, error)
+
+	// Step advances every member once. out[i] receives member i's result:
+	// a member still prefilling may yield no token; one that is decoding
+	// yields at least one and at most members[i].Limit. Step returns an
+	// error only when the whole step failed; a failure of one member goes
+	// in its StepOut.Err and the others continue.
+	Step(ctx context.Context, members []Member, out []StepOut) error
+
+	// Free releases a sequence and its KV memory at once.
+	Free(id SeqID) error
+}
+
+// EngineInfo is what the scheduler needs to know about an engine.
+type EngineInfo struct {
+	Name     string
+	MaxSeqs  int   // sequence slots (running and parked together)
+	Context  int   // tokens per sequence, prompt and output together
+	SeqBytes int64 // KV memory one sequence holds
+	Threads  int
+}
+
+// Member is a sequence in a step.
+type Member struct {
+	Seq   SeqID
+	Limit int // the most tokens it may yield this step (>= 1)
+}
+
+// StepOut is what a step did for one member.
+type StepOut struct {
+	Tokens    []int32 // new tokens, at most Limit (the slice is reused by the next Step)
+	Prefilled int     // context tokens evaluated this step (prefill progress)
+	Err       error   // this member failed (its sequence stays allocated until Free)
+}
+
+// stepCost describes a step for the cost model.
+type stepCost struct {
+	decode  int // members that yielded tokens
+	prefill int // context tokens evaluated
+	dur     time.Duration
+}

@@ -1,0 +1,319 @@
+package sched
+
+import (
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFeaturesRankPrompts(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		feature   int
+		more, les string
+	}{
+		{"open-ended", 4, "Explain in detail why the sky is blue and describe how light scatters.", "What is the capital of France?"},
+		{"vague", 3, "Maybe tell me some stuff about various things, kind of whatever, etc.", "List the three primary colors."},
+		{"multi-part", 5, "What is a cat? Why do cats purr? First explain, then list examples, also compare dogs.", "What is a cat?"},
+		{"syntactic", 1, "I saw the man record the present at the park.", "The sun rises in the east."},
+		{"semantic", 2, "The bat by the bank had a light ring.", "The sun rises in the east."},
+		{"structural", 0, "She saw the man with the telescope on the hill near the river and the bridge.", "She smiled."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := Extract(tc.more, 20), Extract(tc.les, 20)
+			if !(a[tc.feature] > b[tc.feature]) {
+				t.Errorf("%s: %q scores %.3f, %q scores %.3f; want the first higher", FeatureNames[tc.feature], tc.more, a[tc.feature], tc.les, b[tc.feature])
+			}
+		})
+	}
+}
+
+func TestFeaturesBounded(t *testing.T) {
+	for _, text := range []string{"", "?", strings.Repeat("why explain some ", 500), "1. a\n2. b\n- c", "日本語のテキスト", "\x00\xff"} {
+		for _, n := range []int{0, 1, 100, 100000} {
+			f := Extract(text, n)
+			for i, v := range f {
+				if !(v >= 0 && v <= 1) {
+					t.Errorf("Extract(%q, %d)[%s] = %v, outside [0,1]", text[:min(len(text), 20)], n, FeatureNames[i], v)
+				}
+			}
+		}
+	}
+	if f := Extract("", 4096); f[6] != 1 {
+		t.Errorf("length feature of %d tokens = %v, want 1", PromptLengthScale, f[6])
+	}
+}
+
+func FuzzExtract(f *testing.F) {
+	f.Add("Explain why, in detail? And then list some things.", 12)
+	f.Fuzz(func(t *testing.T, text string, n int) {
+		for i, v := range Extract(text, n) {
+			if !(v >= 0 && v <= 1) {
+				t.Fatalf("feature %d = %v", i, v)
+			}
+		}
+	})
+}
+
+// synthetic samples whose length depends on the features, with noise.
+func syntheticSamples(n int, seed uint64) ([][]float64, []float64) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var xs [][]float64
+	var ys []float64
+	for range n {
+		x := make([]float64, NumFeatures)
+		for i := range x {
+			x[i] = rng.Float64()
+		}
+		y := 10 * math.Exp(3*x[4]+1.5*x[5]-x[1]) * (0.8 + 0.4*rng.Float64())
+		xs = append(xs, x)
+		ys = append(ys, y)
+	}
+	return xs, ys
+}
+
+func TestMLPLearns(t *testing.T) {
+	xs, ys := syntheticSamples(400, 1)
+	m, err := TrainMLP(xs, ys, TrainOptions{Seed: 7, Epochs: 800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, ty := syntheticSamples(200, 2)
+	var mae, base float64
+	_, meanY := meanStd(ys)
+	meanY = 0
+	for _, y := range ys {
+		meanY += y
+	}
+	meanY /= float64(len(ys))
+	var pred []float64
+	for i, x := range tx {
+		p := m.Predict(x)
+		pred = append(pred, p)
+		mae += math.Abs(p - ty[i])
+		base += math.Abs(meanY - ty[i])
+	}
+	mae /= float64(len(tx))
+	base /= float64(len(tx))
+	if mae > 0.4*base {
+		t.Errorf("held-out MAE %.2f tokens; predicting the mean gives %.2f: the MLP learned little", mae, base)
+	}
+	if rho, _ := Spearman(pred, ty); rho < 0.9 {
+		t.Errorf("rank correlation %.3f, want >= 0.9", rho)
+	}
+	// Training is deterministic for a seed.
+	m2, _ := TrainMLP(xs, ys, TrainOptions{Seed: 7, Epochs: 800})
+	if m.Predict(tx[0]) != m2.Predict(tx[0]) {
+		t.Error("same seed, different model")
+	}
+}
+
+func TestTrainMLPRejectsBadInput(t *testing.T) {
+	for name, tc := range map[string]struct {
+		xs  [][]float64
+		ys  []float64
+		opt TrainOptions
+	}{
+		"empty":        {nil, nil, TrainOptions{}},
+		"length":       {[][]float64{{1}}, []float64{1, 2}, TrainOptions{}},
+		"ragged":       {[][]float64{{1, 2}, {1}}, []float64{1, 2}, TrainOptions{}},
+		"negative":     {[][]float64{{1}}, []float64{-1}, TrainOptions{}},
+		"nan":          {[][]float64{{1}}, []float64{math.NaN()}, TrainOptions{}},
+		"wide":         {[][]float64{{1}}, []float64{1}, TrainOptions{Hidden: []int{64}}},
+		"empty hidden": {[][]float64{{1}}, []float64{1}, TrainOptions{Hidden: []int{0}}},
+	} {
+		if _, err := TrainMLP(tc.xs, tc.ys, tc.opt); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestCalibrationRoundTrip(t *testing.T) {
+	xs, ys := syntheticSamples(200, 3)
+	for i := range xs {
+		xs[i] = xs[i][:NumFeatures]
+	}
+	m, err := TrainMLP(xs, ys, TrainOptions{Seed: 1, Epochs: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Calibration{Format: CalibrationFormat, Model: "m.gguf", Created: time.Unix(0, 0).UTC(), Samples: 200,
+		MLP: m, Scores: Percentiles(ys), Features: FeatureNames[:]}
+	path := filepath.Join(t.TempDir(), "m.gguf.calib.json")
+	if err := c.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	back, err := LoadCalibration(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := back.MLP.Predict(xs[0]), m.Predict(xs[0]); got != want {
+		t.Errorf("reloaded model predicts %v, saved one %v", got, want)
+	}
+	e := NewEstimator(back)
+	if !e.Calibrated() || e.Score("Explain everything in detail", 8) < 0 {
+		t.Error("estimator from the file is not calibrated")
+	}
+	if u := NewEstimator(nil).Score("anything", 17); u != 17 {
+		t.Errorf("fallback score %v, want the prompt length 17", u)
+	}
+}
+
+func TestLoadCalibrationRejectsDamage(t *testing.T) {
+	xs, ys := syntheticSamples(50, 4)
+	m, _ := TrainMLP(xs, ys, TrainOptions{Seed: 1, Epochs: 10})
+	good := Calibration{Format: CalibrationFormat, MLP: m, Scores: []float64{1, 2, 3}}
+	for name, mutate := range map[string]func(c *Calibration){
+		"format":     func(c *Calibration) { c.Format = "other/1" },
+		"no mlp":     func(c *Calibration) { c.MLP = nil },
+		"scores":     func(c *Calibration) { c.Scores = []float64{3, 1} },
+		"row width":  func(c *Calibration) { c.MLP.Layers[0].W[0] = c.MLP.Layers[0].W[0][:2] },
+		"inputs":     func(c *Calibration) { c.MLP.InMean = c.MLP.InMean[:1] },
+		"zero std":   func(c *Calibration) { c.MLP.InStd[0] = 0 },
+		"out std":    func(c *Calibration) { c.MLP.OutStd = -1 },
+		"bias count": func(c *Calibration) { c.MLP.Layers[1].B = nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			data, _ := json.Marshal(good)
+			var c Calibration
+			json.Unmarshal(data, &c)
+			mutate(&c)
+			path := filepath.Join(t.TempDir(), "c.json")
+			data, _ = json.Marshal(c)
+			os.WriteFile(path, data, 0o644)
+			if _, err := LoadCalibration(path); err == nil {
+				t.Error("accepted")
+			}
+		})
+	}
+	path := filepath.Join(t.TempDir(), "junk.json")
+	os.WriteFile(path, []byte("{not json"), 0o644)
+	if _, err := LoadCalibration(path); err == nil {
+		t.Error("junk accepted")
+	}
+}
+
+func FuzzLoadCalibration(f *testing.F) {
+	xs, ys := syntheticSamples(20, 5)
+	m, _ := TrainMLP(xs, ys, TrainOptions{Seed: 1, Epochs: 5})
+	data, _ := json.Marshal(Calibration{Format: CalibrationFormat, MLP: m, Scores: []float64{1, 2}})
+	f.Add(data)
+	f.Add([]byte(`{"format":"tandem-calibration/1","mlp":{"layers":[{"w":[[1]],"b":[0]}],"in_mean":[0],"in_std":[1],"out_mean":0,"out_std":1}}`))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		path := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := LoadCalibration(path)
+		if err != nil {
+			return
+		}
+		// A file that loads must predict without panicking.
+		v := NewEstimator(c).Score("why and how, in detail?", 10)
+		if math.IsNaN(v) || v < 0 {
+			t.Fatalf("score %v", v)
+		}
+	})
+}
+
+func TestSegmenters(t *testing.T) {
+	line, _ := NewSegmenter("line")
+	stmt, _ := NewSegmenter("statement")
+	re, err := NewRegexSegmenter(`;\s*`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		seg  *Segmenter
+		text string
+		want int
+	}{
+		{line, "go left", -1},
+		{line, "go left\nthen", 8},
+		{line, "\n\n  \ngo\n", 8},
+		{line, "\n\n", -1},
+		{stmt, "Move 3.5 m", -1},
+		{stmt, "Move 3.5 m. Then", 11},
+		{stmt, "Stop!\n", 5},
+		{stmt, "Done.", -1}, // a sentence counts once the next character shows it ended
+		{re, "a = 1; b", 7},
+		{re, "a = 1", -1},
+	} {
+		if got := tc.seg.Cut(tc.text); got != tc.want {
+			t.Errorf("%v.Cut(%q) = %d, want %d", tc.seg, tc.text, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"(", "a*", `\b`} {
+		if _, err := NewRegexSegmenter(bad); err == nil {
+			t.Errorf("regex %q accepted", bad)
+		}
+	}
+	if _, err := NewSegmenter("paragraph"); err == nil {
+		t.Error("unknown delimiter accepted")
+	}
+}
+
+func TestHoldback(t *testing.T) {
+	stops := []string{"User:", "###"}
+	for _, tc := range []struct {
+		text string
+		want int
+	}{
+		{"hello Us", 2}, {"hello User", 4}, {"hello", 0}, {"a #", 1}, {"a ##", 2}, {"", 0},
+	} {
+		if got := holdback(tc.text, stops); got != tc.want {
+			t.Errorf("holdback(%q) = %d, want %d", tc.text, got, tc.want)
+		}
+	}
+	if got := firstStop("ab### User: x", stops); got != 2 {
+		t.Errorf("firstStop = %d, want 2", got)
+	}
+}
+
+func TestCostModelLearnsStepTimes(t *testing.T) {
+	m := newCostModel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	a, b, c := 2e-3, 0.5e-3, 20e-6
+	for range 400 {
+		n := 1 + rng.IntN(8)
+		p := 0
+		if rng.IntN(4) == 0 {
+			p = rng.IntN(64)
+		}
+		d := (a + b*float64(n) + c*float64(p)) * (0.95 + 0.1*rng.Float64())
+		m.observe(stepCost{decode: n, prefill: p, dur: time.Duration(d * 1e9)}, n)
+	}
+	for _, tc := range []struct{ n, p int }{{1, 0}, {8, 0}, {4, 64}} {
+		want := a + b*float64(tc.n) + c*float64(tc.p)
+		got := m.step(tc.n, tc.p).Seconds()
+		if math.Abs(got-want)/want > 0.1 {
+			t.Errorf("step(%d, %d) = %.3gs, want %.3gs", tc.n, tc.p, got, want)
+		}
+	}
+	if m.tokPerStep < 0.99 || m.tokPerStep > 1.01 {
+		t.Errorf("tokens per step %v, want 1", m.tokPerStep)
+	}
+}
+
+func TestQuantilesWindow(t *testing.T) {
+	q := newQuantiles(nil)
+	if got := q.at(0.9, 42); got != 42 {
+		t.Errorf("empty quantile %v, want the default", got)
+	}
+	for i := range 2 * quantileWindow {
+		q.add(float64(i))
+	}
+	// Only the last window counts: 512..1023.
+	if got := q.at(0, 0); got != quantileWindow {
+		t.Errorf("minimum %v, want %d", got, quantileWindow)
+	}
+	if got := q.at(0.5, 0); math.Abs(got-767.5) > 1e-9 {
+		t.Errorf("median %v, want 767.5", got)
+	}
+}

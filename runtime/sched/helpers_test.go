@@ -1,0 +1,217 @@
+package sched
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// fakeClock is a manual clock for Config.Now.
+type fakeClock struct{ t time.Time }
+
+func newClock() *fakeClock               { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+func (c *fakeClock) Now() time.Time      { return c.t }
+func (c *fakeClock) Add(d time.Duration) { c.t = c.t.Add(d) }
+
+const fakeEOS = 2
+
+// fakeEngine emits token 100+i as the i-th generated token of a sequence
+// and EOS after lengths[tag] tokens (never when absent). Each Step moves
+// the clock by stepA + stepB·members + stepC·prefill tokens.
+type fakeEngine struct {
+	name     string
+	maxSeqs  int
+	ctx      int
+	chunk    int
+	lengths  map[string]int
+	seqs     map[SeqID]*fakeSeq
+	next     SeqID
+	clock    *fakeClock
+	stepA    time.Duration
+	stepB    time.Duration
+	stepC    time.Duration
+	batches  [][]string    // tags per step
+	starts   []string      // tags started, in order
+	perStep  int           // tokens per decoding member per step (default 1)
+	delay    time.Duration // real sleep per step (live-mode tests)
+	failNext bool
+}
+
+type fakeSeq struct {
+	tag     string
+	pending int // context tokens left to prefill
+	emitted int // tokens generated, over rebuilds (by tag)
+	out     []int32
+}
+
+func newFakeEngine(clock *fakeClock) *fakeEngine {
+	return &fakeEngine{name: "fake", maxSeqs: 16, ctx: 4096, chunk: 64, lengths: map[string]int{},
+		seqs: map[SeqID]*fakeSeq{}, clock: clock, stepA: time.Millisecond, stepB: time.Millisecond, stepC: 10 * time.Microsecond}
+}
+
+func (e *fakeEngine) Info() EngineInfo {
+	return EngineInfo{Name: e.name, MaxSeqs: e.maxSeqs, Context: e.ctx, SeqBytes: 1000, Threads: 1}
+}
+
+// emittedBefore counts what earlier (evicted) sequences of tag produced.
+var _ Engine = (*fakeEngine)(nil)
+
+func (e *fakeEngine) Start(tokens []int32, _ *sample.Sampler, tag string) (SeqID, error) {
+	if len(e.seqs) >= e.maxSeqs {
+		return 0, fmt.Errorf("fake: all %d sequences in use", e.maxSeqs)
+	}
+	// A rebuild carries the prompt and the tokens generated so far;
+	// tokens >= 100 are generated ones.
+	gen := 0
+	for _, t := range tokens {
+		if t >= 100 {
+			gen++
+		}
+	}
+	e.next++
+	e.seqs[e.next] = &fakeSeq{tag: tag, pending: len(tokens), emitted: gen}
+	e.starts = append(e.starts, tag)
+	return e.next, nil
+}
+
+func (e *fakeEngine) Free(id SeqID) error {
+	if _, ok := e.seqs[id]; !ok {
+		return fmt.Errorf("fake: free unknown sequence %d", id)
+	}
+	delete(e.seqs, id)
+	return nil
+}
+
+func (e *fakeEngine) Step(_ context.Context, members []Member, out []StepOut) error {
+	time.Sleep(e.delay)
+	if e.failNext {
+		e.failNext = false
+		return fmt.Errorf("fake: step failed")
+	}
+	budget := e.chunk
+	var tags []string
+	decode, prefill := 0, 0
+	for i, m := range members {
+		s := e.seqs[m.Seq]
+		out[i] = StepOut{}
+		if s == nil {
+			out[i].Err = fmt.Errorf("fake: unknown sequence %d", m.Seq)
+			continue
+		}
+		tags = append(tags, s.tag)
+		if s.pending > 0 {
+			n := min(s.pending, budget)
+			budget -= n
+			s.pending -= n
+			out[i].Prefilled = n
+			prefill += n
+			if s.pending > 0 || n == 0 {
+				continue
+			}
+		} else {
+			decode++
+		}
+		per := max(e.perStep, 1)
+		s.out = s.out[:0]
+		for k := 0; k < min(per, m.Limit); k++ {
+			if l, ok := e.lengths[s.tag]; ok && s.emitted >= l {
+				s.out = append(s.out, fakeEOS)
+				break
+			}
+			s.out = append(s.out, int32(100+s.emitted))
+			s.emitted++
+		}
+		out[i].Tokens = s.out
+	}
+	e.batches = append(e.batches, tags)
+	if e.clock != nil {
+		e.clock.Add(e.stepA + time.Duration(decode)*e.stepB + time.Duration(prefill)*e.stepC)
+	}
+	return nil
+}
+
+// newManual makes a manual scheduler on fake engines sharing one clock.
+func newManual(t *testing.T, cfg Config, est *Estimator, engines ...*fakeEngine) (*Scheduler, *fakeClock) {
+	t.Helper()
+	clock := newClock()
+	cfg.Manual = true
+	cfg.Now = clock.Now
+	var lanes []Lane
+	for _, e := range engines {
+		e.clock = clock
+		lanes = append(lanes, Lane{Engine: e})
+	}
+	s, err := New(cfg, est, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, clock
+}
+
+// drive runs every lane until none has work; it fails after limit steps.
+func drive(t *testing.T, s *Scheduler, limit int) int {
+	t.Helper()
+	steps := 0
+	for {
+		any := false
+		for i := range s.lanes {
+			st := s.Begin(i)
+			if st == nil {
+				continue
+			}
+			any = true
+			st.Run(context.Background())
+			s.End(st)
+			steps++
+			if steps > limit {
+				t.Fatalf("still busy after %d steps", limit)
+			}
+		}
+		if !any {
+			return steps
+		}
+	}
+}
+
+// collect drains a finished stream: its tokens, text and result.
+func collect(t *testing.T, st *Stream) ([]int32, string, *Result) {
+	t.Helper()
+	var toks []int32
+	var text strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		ev, err := st.Recv(ctx)
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		toks = append(toks, ev.Tokens...)
+		text.WriteString(ev.Text)
+		if ev.Done {
+			return toks, text.String(), ev.Result
+		}
+	}
+}
+
+func prompt(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(3 + i%90)
+	}
+	return p
+}
+
+// textDecoder renders token 100+i as a word from words (cycling).
+type textDecoder struct{ words []string }
+
+func (d *textDecoder) Next(id int32) string {
+	if id < 100 {
+		return ""
+	}
+	return d.words[int(id-100)%len(d.words)]
+}
+func (d *textDecoder) Flush() string { return "" }

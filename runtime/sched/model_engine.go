@@ -1,0 +1,201 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// ModelEngineOptions configures NewModelEngine.
+type ModelEngineOptions struct {
+	Name string
+	// MaxSeqs is the sequence slots of the KV cache, running and parked
+	// together (default 16).
+	MaxSeqs int
+	// Context is the tokens per sequence (0: the model's).
+	Context int
+	// KVType is weights.F32 (default) or weights.F16.
+	KVType weights.DType
+	// PrefillChunk is the most context tokens one step evaluates for
+	// sequences still prefilling, all of them together (default 64). It
+	// bounds how much a joining request slows the members already
+	// decoding.
+	PrefillChunk int
+}
+
+// ModelEngine is the plain engine: one model.Forward per step with one
+// root slot per decoding member and a chain per prefilling one, so a lane
+// decodes its whole batch reading the weights once. It yields exactly one
+// token per decoding member per step.
+type ModelEngine struct {
+	m     *model.Model
+	cache *kv.Cache
+	opt   ModelEngineOptions
+	seqs  map[SeqID]*modelSeq
+	live  atomic.Int64 // len(seqs), readable from any goroutine
+
+	batch  model.Batch
+	logits model.Logits
+	slot   []int // per member: the slot whose logits it samples, or -1
+}
+
+type modelSeq struct {
+	pending []int32 // context not yet evaluated: the prompt's rest, or the last sampled token
+	history []int32 // every token of the sequence, for the repeat penalty
+	sampler *sample.Sampler
+	out     [1]int32
+}
+
+// NewModelEngine makes an engine on m with its own KV cache. m must not be
+// used by anything else while the engine runs (its buffers are reused);
+// give each lane its own Model loaded from the same weights.File.
+func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error) {
+	if opt.MaxSeqs <= 0 {
+		opt.MaxSeqs = 16
+	}
+	if opt.PrefillChunk <= 0 {
+		opt.PrefillChunk = 64
+	}
+	if opt.KVType == 0 {
+		opt.KVType = weights.F32
+	}
+	if opt.Name == "" {
+		opt.Name = "cpu"
+	}
+	cache, err := m.NewCache(opt.Context, opt.KVType)
+	if err != nil {
+		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
+	}
+	cfg := cache.Config()
+	cfg.MaxSeqs = opt.MaxSeqs
+	if cache, err = kv.New(cfg); err != nil {
+		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
+	}
+	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}}, nil
+}
+
+// Info implements Engine.
+func (e *ModelEngine) Info() EngineInfo {
+	cfg := e.cache.Config()
+	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: cfg.Context,
+		SeqBytes: cfg.SeqBytes(), Threads: e.m.Pool().Threads()}
+}
+
+// Live is the number of allocated sequences. Safe to call from any
+// goroutine (metrics, tests).
+func (e *ModelEngine) Live() int { return int(e.live.Load()) }
+
+// KVBytesInUse is the KV memory of the allocated sequences. Safe to call
+// from any goroutine.
+func (e *ModelEngine) KVBytesInUse() int64 { return e.live.Load() * e.cache.Config().SeqBytes() }
+
+// Start implements Engine.
+func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (SeqID, error) {
+	if len(tokens) == 0 {
+		return 0, fmt.Errorf("sched: engine %s: start: no tokens", e.opt.Name)
+	}
+	if ctx := e.cache.Config().Context; len(tokens) > ctx {
+		return 0, fmt.Errorf("sched: engine %s: %d tokens exceed the context of %d: %w", e.opt.Name, len(tokens), ctx, ErrContextFull)
+	}
+	vocab := int32(e.m.Config().Vocab)
+	for i, t := range tokens {
+		if t < 0 || t >= vocab {
+			return 0, fmt.Errorf("%w: token %d at %d is outside the vocabulary of %d", ErrInvalid, t, i, vocab)
+		}
+	}
+	id, err := e.cache.NewSeq()
+	if err != nil {
+		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
+	}
+	if sampler == nil {
+		sampler = sample.New(sample.Options{})
+	}
+	hist := append(make([]int32, 0, len(tokens)+64), tokens...)
+	e.seqs[SeqID(id)] = &modelSeq{pending: hist[:len(tokens):len(tokens)], history: hist, sampler: sampler}
+	e.live.Add(1)
+	return SeqID(id), nil
+}
+
+// Free implements Engine.
+func (e *ModelEngine) Free(id SeqID) error {
+	if _, ok := e.seqs[id]; !ok {
+		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
+	}
+	delete(e.seqs, id)
+	e.live.Add(-1)
+	return e.cache.Free(int(id))
+}
+
+// Step implements Engine: one Forward over a decode slot per decoding
+// member and prefill chains within PrefillChunk tokens.
+func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.batch.Reset()
+	e.slot = e.slot[:0]
+	budget := e.opt.PrefillChunk
+	for i, mb := range members {
+		out[i] = StepOut{}
+		e.slot = append(e.slot, -1)
+		s, ok := e.seqs[mb.Seq]
+		if !ok {
+			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, kv.ErrUnknownSeq)
+			continue
+		}
+		n := len(s.pending)
+		if n > 1 {
+			// Prefill: a chunk of the context, logits only when it ends.
+			n = min(n, budget)
+			budget -= n
+		}
+		if n == 0 {
+			continue // no prefill budget left this step
+		}
+		seq, pos := int(mb.Seq), e.cache.Len(int(mb.Seq))
+		if room := e.cache.Room(seq); room < n {
+			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d holds %d tokens: %w", e.opt.Name, mb.Seq, pos, kv.ErrContextFull)
+			continue
+		}
+		last := e.batch.Chain(s.pending[:n], int32(pos), seq, -1, n == len(s.pending))
+		out[i].Prefilled = n
+		if n == len(s.pending) {
+			e.slot[i] = last
+		}
+	}
+	if e.batch.Len() == 0 {
+		return nil
+	}
+	if err := e.m.Forward(&e.batch, e.cache, &e.logits); err != nil {
+		return fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
+	}
+	var errs []error
+	for i, mb := range members {
+		if out[i].Err != nil || out[i].Prefilled == 0 {
+			continue
+		}
+		s := e.seqs[mb.Seq]
+		if err := e.cache.CommitAll(int(mb.Seq)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.pending = s.pending[out[i].Prefilled:]
+		if e.slot[i] < 0 {
+			continue
+		}
+		id := s.sampler.Sample(e.logits.Row(e.slot[i]), s.history)
+		s.history = append(s.history, id)
+		// pending views the history's tail: the sampled token is the
+		// next context to evaluate.
+		s.pending = s.history[len(s.history)-1:]
+		s.out[0] = id
+		out[i].Tokens = s.out[:]
+	}
+	return errors.Join(errs...)
+}

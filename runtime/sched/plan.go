@@ -1,0 +1,474 @@
+package sched
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// agingSteps scales how fast a request past the slack clamp gains
+// priority: after this many decode steps' worth of lateness its priority
+// has doubled, so a long request overtakes fresh short ones within a
+// bounded wait and nothing starves.
+const agingSteps = 64
+
+// before reports whether a is served before b: the strict priority class
+// first, then (tandem) whether a deadline is still at stake, then the
+// policy's rank, then arrival order.
+func before(a, b *task) bool {
+	if a.req.Priority != b.req.Priority {
+		return a.req.Priority > b.req.Priority
+	}
+	if a.atStake != b.atStake {
+		return a.atStake
+	}
+	if a.pri != b.pri {
+		return a.pri > b.pri
+	}
+	return a.seqNo < b.seqNo
+}
+
+// ranker computes priorities for one plan of one lane: the lane's
+// measured costs and the score normalisation are read once, not per
+// request.
+type ranker struct {
+	s        *Scheduler
+	now      time.Time
+	eta      time.Duration // η: time per token per member, at one more member than now
+	minSlack time.Duration
+	phi      time.Duration
+	uNorm    float64 // the score that normalises û to 1: the 99th percentile of recent scores
+}
+
+func (s *Scheduler) ranker(l *lane, now time.Time) ranker {
+	eta := l.cost.perToken(len(l.running) + 1)
+	r := ranker{s: s, now: now, eta: eta, minSlack: s.cfg.MinSlack, phi: s.cfg.Phi,
+		uNorm: math.Max(1, s.quant.at(0.99, 1))}
+	if r.minSlack <= 0 {
+		r.minSlack = max(2*eta, time.Microsecond)
+	}
+	if r.phi <= 0 {
+		r.phi = 8 * l.cost.perToken(1)
+	}
+	return r
+}
+
+// rank is the policy's priority of t (higher first).
+func (r ranker) rank(t *task) float64 {
+	switch r.s.cfg.Policy {
+	case FIFO:
+		return 0 // arrival order breaks the tie
+	case LUF:
+		return -math.Max(t.score-float64(len(t.generated)), 0)
+	case EDF:
+		return -r.deadline(t).Sub(r.s.started).Seconds()
+	case RTLM:
+		return t.static
+	}
+	return r.tandem(t)
+}
+
+// atStake reports whether t has a deadline it can still meet if served
+// now (TimelyLLM's view: its utility is at stake, while a request without
+// a deadline loses nothing by waiting a step). Tandem serves these first;
+// a request whose deadline can no longer be met falls back among the rest
+// and ages like them.
+func (r ranker) atStake(t *task) bool {
+	if r.s.cfg.Policy != Tandem || t.deadline.IsZero() {
+		return false
+	}
+	rest := math.Max(t.score-float64(len(t.generated)), 1)
+	return !r.now.Add(time.Duration(rest * float64(r.eta))).After(t.deadline)
+}
+
+// deadline is t's deadline, or RT-LM's implicit one: r + φ·prompt length.
+func (r ranker) deadline(t *task) time.Time {
+	if !t.deadline.IsZero() {
+		return t.deadline
+	}
+	return t.arrival.Add(time.Duration(t.promptLen) * r.phi)
+}
+
+// tandem is p = β·(1-α·û) / max(d - now - η·u_rest, m) with û the score
+// normalised to [0,1] (so the numerator stays positive) and the slack
+// clamped to m, a couple of decode steps. Past the clamp the priority
+// keeps growing with the shortfall (aging), doubling every agingSteps
+// decode steps, so a long request waits a bounded time behind short ones.
+// β is the request's utility value.
+func (r ranker) tandem(t *task) float64 {
+	rest := math.Max(t.score-float64(len(t.generated)), 1)
+	uhat := math.Min(1, t.score/r.uNorm)
+	ref := r.now
+	if !r.s.feat.aging {
+		ref = t.arrival
+	}
+	d := r.deadline(t)
+	slack := d.Sub(ref) - time.Duration(rest*float64(r.eta))
+	num := 1 - r.s.cfg.Alpha*uhat
+	if slack >= r.minSlack {
+		return num / slack.Seconds()
+	}
+	short := (r.minSlack - slack).Seconds()
+	return num / r.minSlack.Seconds() * (1 + short/(agingSteps*r.eta.Seconds()))
+}
+
+// rtlm is RT-LM's published priority on raw token counts,
+// p = (1-α'·u) / (d - r - η·u), computed once at arrival (r.now). α' =
+// α/u_norm makes it agree with the normalised form while u stays below
+// u_norm; a longer request turns the numerator negative, and a slack
+// below zero turns the denominator negative: both flip the order.
+func (r ranker) rtlm(t *task) float64 {
+	alpha := r.s.cfg.Alpha / r.uNorm
+	slack := r.deadline(t).Sub(r.now) - time.Duration(t.score*float64(r.eta))
+	if slack == 0 {
+		slack = time.Nanosecond
+	}
+	return (1 - alpha*t.score) / slack.Seconds()
+}
+
+// tandemPriority and rtlmPriority compute one priority (tests, arrival).
+func (s *Scheduler) tandemPriority(t *task, l *lane, now time.Time) float64 {
+	return s.ranker(l, now).tandem(t)
+}
+
+func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
+	if s.cfg.Policy != RTLM {
+		return 0
+	}
+	return s.ranker(l, now).rtlm(t)
+}
+
+// admit moves waiting requests into l's batch: up to b·C candidates in
+// priority order, consolidated by u, each passing admission control and
+// finding a sequence slot (evicting a parked sequence if needed). It
+// reports whether admission control refused a candidate (overload).
+func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
+	free := s.cfg.MaxBatch - len(l.running)
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	if free <= 0 {
+		return false
+	}
+	if len(s.queues) > 1 {
+		qi = s.source(l)
+	}
+	q := s.queues[qi]
+	if len(q) == 0 {
+		return false
+	}
+	k := int(math.Ceil(s.cfg.Lookahead * float64(s.cfg.MaxBatch)))
+	cands := s.topK(q, l, s.ranker(l, now), k)
+	if len(cands) == 0 {
+		return false
+	}
+	if s.feat.consolidation {
+		cands = s.consolidate(cands)
+	}
+	for _, t := range cands {
+		if free == 0 {
+			break
+		}
+		if s.feat.admission && !s.admissible(l, t, now) {
+			refused = true
+			s.stats.deferred++
+			continue
+		}
+		if !t.hasSeq && l.held >= l.info.MaxSeqs && !s.evict(l) {
+			break
+		}
+		s.removeWaiting(t)
+		t.state = running
+		t.lane = l.idx
+		l.running = append(l.running, t)
+		if !t.hasSeq {
+			t.starting = true
+			l.held++
+		}
+		free--
+	}
+	return refused
+}
+
+// source picks the queue a routed lane admits from: its own, unless its
+// own is empty, or (secondary lanes only) another lane's backlog takes
+// more than twice as long to drain at each lane's measured full-batch
+// speed. Routing keeps long requests off the primary lane; this keeps it
+// from leaving the secondary idle or the primary drowning (the τ quantile
+// sends most requests to the primary). The primary takes long requests
+// only when it has nothing else.
+func (s *Scheduler) source(l *lane) int {
+	if l.idx == 0 && len(s.queues[0]) > 0 {
+		return 0
+	}
+	own := s.drain(l.idx)
+	best, worst := l.idx, own
+	for j := range s.queues {
+		if j == l.idx {
+			continue
+		}
+		if d := s.drain(j); d > worst {
+			best, worst = j, d
+		}
+	}
+	if best != l.idx && (len(s.queues[l.idx]) == 0 || worst > 2*own) {
+		return best
+	}
+	return l.idx
+}
+
+// drain is the time lane i needs to serve its queue at full batch.
+func (s *Scheduler) drain(i int) time.Duration {
+	tokens := s.qtokens[i]
+	l := s.lanes[i]
+	c := s.cfg.MaxBatch
+	return time.Duration(tokens / (float64(c) * math.Max(l.cost.tokPerStep, 1e-3)) * float64(l.cost.step(c, 0)))
+}
+
+// topK returns the k most urgent waiting requests this lane can run, in
+// service order. It computes each priority once per plan.
+func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
+	top := l.top[:0]
+	defer func() { l.top = top[:0] }()
+	for _, t := range q {
+		if t.hasSeq && t.lane != l.idx {
+			continue // resumed, its sequence lives on another lane
+		}
+		t.pri = r.rank(t)
+		t.atStake = r.atStake(t)
+		if len(top) == k && !before(t, top[k-1]) {
+			continue
+		}
+		i := len(top)
+		top = append(top, t)
+		for i > 0 && before(t, top[i-1]) {
+			top[i] = top[i-1]
+			i--
+		}
+		top[i] = t
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	return top
+}
+
+// consolidate implements RT-LM's dynamic consolidation on the candidates
+// (in priority order): sorted by u, cut into groups where u grows by more
+// than λ× from one to the next or a group reaches C, and the group that
+// holds the most urgent candidate is taken, in priority order. The rest
+// stay queued for a later step.
+func (s *Scheduler) consolidate(cands []*task) []*task {
+	byU := slices.Clone(cands)
+	slices.SortStableFunc(byU, func(a, b *task) int {
+		switch {
+		case a.score < b.score:
+			return -1
+		case a.score > b.score:
+			return 1
+		}
+		return 0
+	})
+	first := cands[0]
+	start := 0
+	for i := 1; i <= len(byU); i++ {
+		cut := i == len(byU) || i-start >= s.cfg.MaxBatch ||
+			byU[i].score > s.cfg.Lambda*math.Max(byU[i-1].score, 1)
+		if !cut {
+			continue
+		}
+		group := byU[start:i]
+		if slices.Contains(group, first) {
+			out := cands[:0:0]
+			for _, t := range cands {
+				if slices.Contains(group, t) {
+					out = append(out, t)
+				}
+			}
+			return out
+		}
+		start = i
+	}
+	return cands[:1]
+}
+
+// remaining predicts the tokens t still generates: what the estimate
+// leaves, at least a quarter of what it generated already (a request that
+// outlived its estimate is probably long), within its limits.
+func remaining(t *task) float64 {
+	g := float64(len(t.generated))
+	r := math.Max(t.score-g, math.Max(g/4, 1))
+	r = math.Max(r, float64(t.req.MinTokens)-g)
+	return math.Min(r, math.Max(float64(t.maxTokens)-g, 1))
+}
+
+// admissible is TimelyLLM's admission control: t may join only if every
+// running request that meets its deadline now still meets it with one
+// more member (and t's prefill) at the measured step time.
+func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
+	n := len(l.running)
+	if n == 0 {
+		return true
+	}
+	ctx := t.promptLen + len(t.generated)
+	if t.hasSeq {
+		ctx = 0
+	}
+	stepNow := l.cost.step(n, 0)
+	stepMore := l.cost.step(n+1, 0)
+	tps := math.Max(l.cost.tokPerStep, 1e-3)
+	pre := l.cost.prefill(ctx)
+	for _, m := range l.running {
+		if m.deadline.IsZero() {
+			continue
+		}
+		steps := remaining(m) / tps
+		if now.Add(time.Duration(steps * float64(stepNow))).After(m.deadline) {
+			continue // misses anyway: t's admission does not change that
+		}
+		if now.Add(pre + time.Duration(steps*float64(stepMore))).After(m.deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// shed is imprecise computation under overload: when a running request
+// is predicted to miss its deadline, or admission control refused a
+// waiting one, or the most urgent waiting request with a deadline will
+// miss it, or the queue is backlogged, the request with the least utility that has optional tokens
+// left (MinTokens set, MaxTokens not reached) is cut to what it has, or
+// to its MinTokens. One request per step, so shedding stays gradual. It
+// reports whether it shed anything.
+func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
+	if !refused && !s.backlogged(l) && !s.missing(l, now) {
+		return false
+	}
+	var victim *task
+	better := func(a, b *task) bool { // a is a better victim than b
+		va, _ := a.req.Utility.resolved(a.relDL)
+		vb, _ := b.req.Utility.resolved(b.relDL)
+		if a.req.Priority != b.req.Priority {
+			return a.req.Priority < b.req.Priority
+		}
+		if va != vb {
+			return va < vb
+		}
+		return optional(a) > optional(b)
+	}
+	consider := func(t *task) {
+		if optional(t) > 0 && (victim == nil || better(t, victim)) {
+			victim = t
+		}
+	}
+	for _, t := range l.running {
+		consider(t)
+	}
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	for _, t := range s.queues[qi] {
+		consider(t)
+	}
+	if victim == nil {
+		return false
+	}
+	victim.maxTokens = max(victim.req.MinTokens, len(victim.generated))
+	victim.shed = true
+	victim.score = math.Min(victim.score, float64(victim.maxTokens))
+	if victim.state == waiting {
+		rest := remaining(victim)
+		s.qtokens[victim.qi] += rest - victim.qtok
+		victim.qtok = rest
+	}
+	s.stats.shedRequests++
+	if victim.state == running && len(victim.generated) >= victim.maxTokens {
+		var ev Event
+		s.flushText(victim, &ev, now)
+		if victim.state == running {
+			s.end(victim, ReasonShed, nil, &ev, now)
+		}
+	}
+	return true
+}
+
+// optional is how many optional tokens t could still shed.
+func optional(t *task) int {
+	if t.req.MinTokens <= 0 || t.shed {
+		return 0
+	}
+	return t.maxTokens - max(t.req.MinTokens, len(t.generated))
+}
+
+// shedHorizon is the backlog, in full-batch steps, past which a lane
+// counts as overloaded: its queue would take this long to drain even if
+// nothing else arrived.
+const shedHorizon = 128
+
+// backlogged reports whether l's queue takes longer than shedHorizon
+// full-batch steps to drain: sustained overload, not a burst.
+func (s *Scheduler) backlogged(l *lane) bool {
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	return s.drain(qi) > shedHorizon*l.cost.step(s.cfg.MaxBatch, 0)
+}
+
+// missing reports whether a deadline in l is predicted to be missed: a
+// running request at the current batch, or the most urgent waiting one
+// given the wait for a free slot.
+func (s *Scheduler) missing(l *lane, now time.Time) bool {
+	n := len(l.running)
+	step := l.cost.step(max(n, 1), 0)
+	tps := math.Max(l.cost.tokPerStep, 1e-3)
+	soonest := time.Duration(math.MaxInt64)
+	for _, m := range l.running {
+		d := time.Duration(remaining(m) / tps * float64(step))
+		soonest = min(soonest, d)
+		if !m.deadline.IsZero() && m.deadline.After(now) && now.Add(d).After(m.deadline) {
+			return true
+		}
+	}
+	wait := time.Duration(0)
+	if n >= s.cfg.MaxBatch {
+		wait = soonest
+	}
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	var urgent *task
+	for _, t := range s.queues[qi] {
+		if !t.deadline.IsZero() && t.deadline.After(now) && (urgent == nil || t.deadline.Before(urgent.deadline)) {
+			urgent = t
+		}
+	}
+	if urgent == nil {
+		return false
+	}
+	need := wait + l.cost.prefill(urgent.promptLen) + time.Duration(remaining(urgent)/tps*float64(l.cost.step(min(n+1, s.cfg.MaxBatch), 0)))
+	return now.Add(need).After(urgent.deadline)
+}
+
+// evict frees the KV of the parked request least worth keeping (lowest
+// class, then parked longest), which will be rebuilt by prefill if
+// resumed. It reports whether a slot was freed.
+func (s *Scheduler) evict(l *lane) bool {
+	var victim *task
+	for _, t := range l.parked {
+		if victim == nil || t.req.Priority < victim.req.Priority ||
+			(t.req.Priority == victim.req.Priority && t.parkedAt.Before(victim.parkedAt)) {
+			victim = t
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	l.parked = removeTask(l.parked, victim)
+	s.releaseSeq(victim)
+	s.stats.evicted++
+	return true
+}

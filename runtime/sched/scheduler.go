@@ -1,0 +1,564 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// Lane is one compute backend the scheduler drives: lane 0 is the
+// primary (fast) one; with two or more lanes, long requests go to lane 1.
+type Lane struct {
+	Name   string
+	Engine Engine
+}
+
+// Scheduler orders requests over one or more lanes. Make it with New;
+// Submit, Resume and Discard are safe for concurrent use.
+type Scheduler struct {
+	cfg   Config
+	feat  features
+	est   *Estimator
+	lanes []*lane
+
+	mu      sync.Mutex
+	queues  [][]*task // routed: one per lane; shared: queues[0]
+	qtokens []float64 // per queue: the predicted tokens its requests still need
+	tasks   map[string]*task
+	parked  int
+	quant   *quantiles
+	closing bool // no new work; lanes drain
+	stopped bool // lanes exit once their frees are done
+	seqNo   uint64
+	nextID  uint64
+	stats   counters
+	started time.Time
+
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	janitor  *time.Ticker
+	stopJan  chan struct{}
+}
+
+type taskState int
+
+const (
+	waiting taskState = iota
+	running
+	parked
+	done
+)
+
+// task is a request's scheduler state; s.mu guards it.
+type task struct {
+	id        string
+	req       Request
+	seqNo     uint64
+	state     taskState
+	lane      int // queue/lane it belongs to (-1: shared queue while waiting)
+	score     float64
+	promptLen int
+
+	arrival  time.Time // this segment's Submit or Resume
+	deadline time.Time // zero: none
+	relDL    time.Duration
+	static   float64 // RTLM priority, computed at arrival
+
+	maxTokens int // effective cap on generated tokens (shedding lowers it)
+	shed      bool
+
+	generated []int32 // every token generated, segments included
+	carry     []int32 // generated past a segment's end, delivered on resume
+	segTokens int     // delivered on the current stream
+	segText   string  // text of the current segment so far
+	held      string  // text withheld: it may begin a stop string
+	restText  string  // text after a segment's cut, opening the next one
+	stream    *Stream
+	stopCtx   func() bool
+	cancel    error // set when the caller cancelled a running task
+	sampler   *sample.Sampler
+
+	hasSeq     bool // its sequence is allocated in lanes[lane]'s engine
+	seq        SeqID
+	starting   bool // a Start is in flight
+	prefilling bool // started, no token yet
+	firstTok   time.Time
+	parkedAt   time.Time
+	qi         int     // its queue while waiting
+	qtok       float64 // its share of qtokens[qi]
+	pri        float64 // cached priority for the current plan
+	atStake    bool    // cached: a deadline it can still meet (tandem)
+}
+
+type lane struct {
+	idx     int
+	name    string
+	eng     Engine
+	info    EngineInfo
+	cost    *costModel
+	running []*task
+	parked  []*task // parked tasks whose sequence lives here
+	held    int     // allocated sequences (running, parked, waiting with KV)
+	toFree  []SeqID
+	cond    *sync.Cond
+	busy    bool    // between Begin and End
+	step    Step    // the step in flight; its buffers are reused
+	top     []*task // topK's buffer
+
+	steps      uint64
+	engineWall time.Duration
+	stepClock  time.Duration // sum of clock time between Begin and End
+}
+
+// New makes a scheduler over lanes (at least one). est may be nil (the
+// prompt-length fallback). Unless cfg.Manual, each lane runs on its own
+// goroutine until Shutdown.
+func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
+	if len(lanes) == 0 {
+		return nil, errors.New("sched: no lanes; give at least one engine")
+	}
+	cfg.defaults()
+	if est == nil {
+		est = NewEstimator(nil)
+	}
+	s := &Scheduler{cfg: cfg, feat: cfg.features(), est: est, tasks: map[string]*task{},
+		quant: newQuantiles(est.scores), started: cfg.Now()}
+	for i, l := range lanes {
+		if l.Engine == nil {
+			return nil, fmt.Errorf("sched: lane %d has no engine", i)
+		}
+		info := l.Engine.Info()
+		if info.MaxSeqs <= 0 || info.Context <= 1 {
+			return nil, fmt.Errorf("sched: lane %d (%s): engine reports %d sequences of context %d", i, l.Name, info.MaxSeqs, info.Context)
+		}
+		name := l.Name
+		if name == "" {
+			name = info.Name
+		}
+		ln := &lane{idx: i, name: name, eng: l.Engine, info: info, cost: newCostModel()}
+		ln.cond = sync.NewCond(&s.mu)
+		s.lanes = append(s.lanes, ln)
+	}
+	if s.feat.routing && len(s.lanes) > 1 {
+		s.queues = make([][]*task, len(s.lanes))
+	} else {
+		s.queues = make([][]*task, 1)
+	}
+	s.qtokens = make([]float64, len(s.queues))
+	if !cfg.Manual {
+		for _, l := range s.lanes {
+			s.wg.Add(1)
+			go s.laneLoop(l)
+		}
+		// Parked requests expire on time even when nothing else happens.
+		s.janitor = time.NewTicker(min(cfg.ParkTTL/4, time.Minute))
+		s.stopJan = make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-s.janitor.C:
+					s.mu.Lock()
+					s.expireParked(s.cfg.Now())
+					s.mu.Unlock()
+				case <-s.stopJan:
+					return
+				}
+			}
+		}()
+	}
+	return s, nil
+}
+
+// SeedCost sets lane i's step-cost model to a + b·members + c·prefill
+// tokens (seconds) before it has measured anything.
+func (s *Scheduler) SeedCost(i int, a, b, c time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lanes[i].cost.seed(a.Seconds(), b.Seconds(), c.Seconds())
+}
+
+// Lanes is the number of lanes.
+func (s *Scheduler) Lanes() int { return len(s.lanes) }
+
+// Policy is the configured policy.
+func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
+
+// Estimator is the uncertainty estimator in use.
+func (s *Scheduler) Estimator() *Estimator { return s.est }
+
+// Context is the smallest context among the lanes: the longest prompt
+// plus output any request can have.
+func (s *Scheduler) Context() int {
+	c := s.lanes[0].info.Context
+	for _, l := range s.lanes[1:] {
+		c = min(c, l.info.Context)
+	}
+	return c
+}
+
+// Submit queues a request and returns its stream. Cancelling ctx ends the
+// request and frees its sequence at the next step boundary. Errors:
+// ErrInvalid (bad fields), ErrContextFull (the prompt leaves no room),
+// ErrQueueFull (retry after RetryAfter), ErrClosed.
+func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	if ctxLen := s.Context(); len(r.Prompt) >= ctxLen {
+		return nil, fmt.Errorf("prompt has %d tokens, the context is %d and one more is needed to generate: %w", len(r.Prompt), ctxLen, ErrContextFull)
+	}
+	t0 := time.Now()
+	score := s.est.Score(r.Text, len(r.Prompt))
+	scoring := time.Since(t0)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Overhead counts the scoring and the time holding the lock, not the
+	// wait for it (concurrent submitters would count each other's work).
+	wall := time.Now()
+	defer func() { s.stats.schedWall += scoring + time.Since(wall) }()
+	if s.closing {
+		return nil, ErrClosed
+	}
+	if s.waitingCount() >= s.cfg.MaxQueue {
+		s.stats.rejected++
+		return nil, fmt.Errorf("%d requests are waiting: %w", s.cfg.MaxQueue, ErrQueueFull)
+	}
+	if r.ID == "" {
+		s.nextID++
+		r.ID = strconv.FormatUint(s.nextID, 10)
+	}
+	if _, dup := s.tasks[r.ID]; dup {
+		return nil, fmt.Errorf("%w: id %q is already in use", ErrInvalid, r.ID)
+	}
+	now := s.cfg.Now()
+	t := &task{id: r.ID, req: r, promptLen: len(r.Prompt), sampler: sample.New(r.Sampling)}
+	t.maxTokens = r.MaxTokens
+	if t.maxTokens == 0 {
+		t.maxTokens = s.cfg.DefaultMaxTokens
+	}
+	if room := s.Context() - len(r.Prompt); t.maxTokens <= 0 || t.maxTokens > room {
+		t.maxTokens = room
+	}
+	t.score = min(score, float64(t.maxTokens))
+	if r.Text == "" && s.est.Calibrated() {
+		// Without text the features are silent: the prompt length is
+		// the best the scheduler knows.
+		t.score = min(float64(t.promptLen), float64(t.maxTokens))
+	}
+	s.quant.add(t.score)
+	t.lane = -1
+	if len(s.queues) > 1 {
+		t.lane = 0
+		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
+			t.lane = 1
+		}
+	}
+	s.stats.admitted++
+	s.enqueue(t, now, r.Deadline)
+	s.tasks[t.id] = t
+	s.watch(ctx, t)
+	return t.stream, nil
+}
+
+// ResumeOptions continue a parked request.
+type ResumeOptions struct {
+	Deadline  time.Duration // the next segment's deadline, from now (0: none)
+	MaxTokens int           // more tokens allowed from now on (0: the rest of the original budget)
+}
+
+// Resume continues a parked segmented request; its next segment streams
+// on the returned Stream. Errors: ErrNotParked, ErrBusy, ErrInvalid,
+// ErrClosed.
+func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*Stream, error) {
+	if opt.Deadline < 0 || opt.Deadline > MaxDeadline {
+		return nil, fmt.Errorf("%w: deadline %v outside 0..%v", ErrInvalid, opt.Deadline, MaxDeadline)
+	}
+	if opt.MaxTokens < 0 {
+		return nil, fmt.Errorf("%w: max_tokens %d is negative", ErrInvalid, opt.MaxTokens)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wall := time.Now()
+	defer func() { s.stats.schedWall += time.Since(wall) }()
+	if s.closing {
+		return nil, ErrClosed
+	}
+	now := s.cfg.Now()
+	s.expireParked(now)
+	t, ok := s.tasks[id]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("request %q: %w", id, ErrNotParked)
+	case t.state != parked:
+		return nil, fmt.Errorf("request %q: %w", id, ErrBusy)
+	}
+	if s.waitingCount() >= s.cfg.MaxQueue {
+		s.stats.rejected++
+		return nil, fmt.Errorf("%d requests are waiting: %w", s.cfg.MaxQueue, ErrQueueFull)
+	}
+	if opt.MaxTokens > 0 {
+		t.maxTokens = min(len(t.generated)+opt.MaxTokens, s.Context()-t.promptLen)
+	}
+	t.req.Deadline = opt.Deadline
+	s.parked--
+	if t.hasSeq {
+		l := s.lanes[t.lane]
+		l.parked = removeTask(l.parked, t)
+	} else if len(s.queues) > 1 {
+		// Evicted: rebuilt wherever the routing sends it.
+		t.lane = 0
+		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
+			t.lane = 1
+		}
+	} else {
+		t.lane = -1
+	}
+	s.enqueue(t, now, opt.Deadline)
+	s.watch(ctx, t)
+	// The text past the last cut and tokens generated past it open this
+	// segment; they may complete it at once.
+	if t.restText != "" || len(t.carry) > 0 {
+		rest, carry := t.restText, t.carry
+		t.restText, t.carry = "", nil
+		var ev Event
+		s.emitText(t, rest, &ev, now)
+		if t.state == waiting {
+			s.consume(t, carry, &ev, now)
+		}
+		if t.state == waiting || t.state == running {
+			s.push(t, ev)
+		}
+	}
+	return t.stream, nil
+}
+
+// Discard drops a parked request and frees its sequence.
+func (s *Scheduler) Discard(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok || t.state != parked {
+		return fmt.Errorf("request %q: %w", id, ErrNotParked)
+	}
+	s.dropParked(t)
+	return nil
+}
+
+// enqueue makes t wait for its next segment with a fresh stream.
+func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
+	s.seqNo++
+	t.seqNo = s.seqNo
+	t.state = waiting
+	t.arrival = now
+	t.relDL = dl
+	t.deadline = time.Time{}
+	if dl > 0 {
+		t.deadline = now.Add(dl)
+	}
+	t.segTokens = 0
+	t.firstTok = time.Time{}
+	t.cancel = nil
+	t.stream = newStream(t.id)
+	q := max(t.lane, 0)
+	if len(s.queues) == 1 {
+		q = 0
+	}
+	t.static = s.rtlmPriority(t, s.laneFor(t), now)
+	s.queues[q] = append(s.queues[q], t)
+	t.qi, t.qtok = q, remaining(t)
+	s.qtokens[q] += t.qtok
+	s.wake(t)
+}
+
+// watch cancels t when ctx ends (until the segment ends).
+func (s *Scheduler) watch(ctx context.Context, t *task) {
+	if t.stopCtx != nil {
+		t.stopCtx()
+	}
+	st := t.stream
+	t.stopCtx = context.AfterFunc(ctx, func() {
+		err := context.Cause(ctx)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if t.stream == st {
+			s.cancelTask(t, err)
+		}
+	})
+}
+
+func (s *Scheduler) cancelTask(t *task, err error) {
+	switch t.state {
+	case waiting:
+		s.removeWaiting(t)
+		s.finish(t, ReasonCancelled, err, s.cfg.Now())
+	case running:
+		// The lane owns it during a step; Begin or End finishes it.
+		if t.cancel == nil {
+			t.cancel = err
+			s.lanes[t.lane].cond.Signal()
+		}
+	}
+}
+
+// laneFor is the lane whose costs describe t (its own, or lane 0).
+func (s *Scheduler) laneFor(t *task) *lane {
+	if t.lane >= 0 {
+		return s.lanes[t.lane]
+	}
+	return s.lanes[0]
+}
+
+func (s *Scheduler) wake(t *task) {
+	if t.lane >= 0 && len(s.queues) > 1 || t.hasSeq {
+		s.lanes[t.lane].cond.Signal()
+		return
+	}
+	for _, l := range s.lanes {
+		l.cond.Signal()
+	}
+}
+
+func (s *Scheduler) waitingCount() int {
+	n := 0
+	for _, q := range s.queues {
+		n += len(q)
+	}
+	return n
+}
+
+func (s *Scheduler) removeWaiting(t *task) {
+	q := s.queues[t.qi]
+	s.queues[t.qi] = removeTask(q, t)
+	if len(s.queues[t.qi]) < len(q) {
+		s.qtokens[t.qi] -= t.qtok
+		if len(s.queues[t.qi]) == 0 {
+			s.qtokens[t.qi] = 0 // no rounding drift across busy periods
+		}
+	}
+}
+
+func removeTask(list []*task, t *task) []*task {
+	for i, x := range list {
+		if x == t {
+			copy(list[i:], list[i+1:])
+			list[len(list)-1] = nil
+			return list[:len(list)-1]
+		}
+	}
+	return list
+}
+
+// releaseSeq queues t's sequence to be freed by its lane.
+func (s *Scheduler) releaseSeq(t *task) {
+	if !t.hasSeq {
+		return
+	}
+	l := s.lanes[t.lane]
+	l.toFree = append(l.toFree, t.seq)
+	l.held--
+	t.hasSeq = false
+	l.cond.Signal()
+}
+
+// expireParked drops parked requests older than ParkTTL.
+func (s *Scheduler) expireParked(now time.Time) {
+	if s.parked == 0 {
+		return
+	}
+	for _, t := range s.tasks {
+		if t.state == parked && now.Sub(t.parkedAt) > s.cfg.ParkTTL {
+			s.dropParked(t)
+			s.stats.expired++
+		}
+	}
+}
+
+func (s *Scheduler) dropParked(t *task) {
+	if t.hasSeq {
+		l := s.lanes[t.lane]
+		l.parked = removeTask(l.parked, t)
+		s.releaseSeq(t)
+	}
+	t.state = done
+	s.parked--
+	delete(s.tasks, t.id)
+}
+
+// Shutdown stops accepting requests and waits for the in-flight ones to
+// finish; when ctx ends first it cancels the rest (their streams end with
+// ReasonCancelled). Parked requests are dropped. The lanes stop and
+// every sequence is freed before it returns. Calling it again is
+// harmless.
+func (s *Scheduler) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for _, t := range s.tasks {
+		if t.state == parked {
+			s.dropParked(t)
+		}
+	}
+	s.mu.Unlock()
+	var err error
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		s.mu.Lock()
+		n := len(s.tasks)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			break wait
+		case <-tick.C:
+		}
+	}
+	s.mu.Lock()
+	for _, t := range s.tasks {
+		s.cancelTask(t, ErrClosed)
+	}
+	s.stopped = true
+	for _, l := range s.lanes {
+		l.cond.Broadcast()
+	}
+	s.mu.Unlock()
+	if !s.cfg.Manual {
+		s.wg.Wait()
+		s.stopOnce.Do(func() {
+			s.janitor.Stop()
+			close(s.stopJan)
+		})
+	}
+	return err
+}
+
+// laneLoop runs a lane: Begin (waiting for work), Run, End.
+func (s *Scheduler) laneLoop(l *lane) {
+	defer s.wg.Done()
+	for {
+		s.mu.Lock()
+		var st *Step
+		for {
+			st = s.begin(l)
+			if st != nil || (s.stopped && len(l.running) == 0) {
+				break
+			}
+			l.cond.Wait()
+		}
+		s.mu.Unlock()
+		if st == nil {
+			return
+		}
+		st.Run(context.Background())
+		s.End(st)
+	}
+}

@@ -1,0 +1,578 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func submit(t *testing.T, s *Scheduler, r Request) *Stream {
+	t.Helper()
+	st, err := s.Submit(context.Background(), r)
+	if err != nil {
+		t.Fatalf("submit %s: %v", r.ID, err)
+	}
+	return st
+}
+
+func TestGenerateStopsAtEOSAndLength(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.lengths["a"] = 5
+	s, _ := newManual(t, Config{}, nil, e)
+	a := submit(t, s, Request{ID: "a", Prompt: prompt(4), StopTokens: []int32{fakeEOS}})
+	b := submit(t, s, Request{ID: "b", Prompt: prompt(4), MaxTokens: 3, StopTokens: []int32{fakeEOS}})
+	drive(t, s, 100)
+	toks, _, res := collect(t, a)
+	if want := []int32{100, 101, 102, 103, 104}; !slices.Equal(toks, want) || res.Reason != ReasonStop || res.CompletionTokens != 5 {
+		t.Errorf("a: tokens %v reason %v n %d, want %v stop 5", toks, res.Reason, res.CompletionTokens, want)
+	}
+	toks, _, res = collect(t, b)
+	if len(toks) != 3 || res.Reason != ReasonLength {
+		t.Errorf("b: tokens %v reason %v, want 3 tokens and length", toks, res.Reason)
+	}
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences still allocated", len(e.seqs))
+	}
+}
+
+func TestContinuousBatchingJoinsAndLeavesAtTokenBoundaries(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.lengths["long"] = 40
+	e.lengths["short"] = 3
+	s, _ := newManual(t, Config{Policy: FIFO, MaxBatch: 2}, nil, e)
+	long := submit(t, s, Request{ID: "long", Prompt: prompt(4), StopTokens: []int32{fakeEOS}})
+	// Two steps in, a short request arrives and joins the running batch.
+	for range 2 {
+		st := s.Begin(0)
+		st.Run(context.Background())
+		s.End(st)
+	}
+	short := submit(t, s, Request{ID: "short", Prompt: prompt(4), StopTokens: []int32{fakeEOS}})
+	drive(t, s, 200)
+	_, _, rs := collect(t, short)
+	_, _, rl := collect(t, long)
+	if !rs.Finish.Before(rl.Finish) {
+		t.Errorf("short finished at %v, not before long at %v: it waited for the longest member", rs.Finish, rl.Finish)
+	}
+	joined := -1
+	for i, b := range e.batches {
+		if len(b) > 2 {
+			t.Fatalf("step %d has %d members, MaxBatch is 2", i, len(b))
+		}
+		if joined < 0 && slices.Contains(b, "short") {
+			joined = i
+			if !slices.Contains(b, "long") {
+				t.Errorf("short did not join the long request's batch")
+			}
+		}
+	}
+	if joined != 2 {
+		t.Errorf("short joined at step %d, want 2 (the next token boundary)", joined)
+	}
+}
+
+// order runs requests through a one-member lane and returns their
+// completion order.
+func order(t *testing.T, cfg Config, reqs []Request, lengths map[string]int) []string {
+	t.Helper()
+	e := newFakeEngine(nil)
+	e.lengths = lengths
+	cfg.MaxBatch = 1
+	s, clock := newManual(t, cfg, nil, e)
+	var streams []*Stream
+	for _, r := range reqs {
+		r.StopTokens = []int32{fakeEOS}
+		streams = append(streams, submit(t, s, r))
+		clock.Add(time.Microsecond)
+	}
+	drive(t, s, 10000)
+	var got []string
+	type fin struct {
+		id string
+		at time.Time
+	}
+	var fins []fin
+	for _, st := range streams {
+		_, _, r := collect(t, st)
+		fins = append(fins, fin{r.ID, r.Finish})
+	}
+	slices.SortFunc(fins, func(a, b fin) int { return a.at.Compare(b.at) })
+	for _, f := range fins {
+		got = append(got, f.id)
+	}
+	return got
+}
+
+func TestPolicyOrders(t *testing.T) {
+	// Prompt length is the (uncalibrated) score: a 60, b 5, c 20 tokens.
+	reqs := []Request{
+		{ID: "a", Prompt: prompt(60), MaxTokens: 60},
+		{ID: "b", Prompt: prompt(5), MaxTokens: 5, Deadline: 900 * time.Millisecond},
+		{ID: "c", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond},
+	}
+	lengths := map[string]int{"a": 60, "b": 5, "c": 20}
+	for _, tc := range []struct {
+		p    Policy
+		want []string
+	}{
+		{FIFO, []string{"a", "b", "c"}},
+		{LUF, []string{"b", "c", "a"}},
+		{EDF, []string{"c", "b", "a"}}, // a's implicit deadline r + φ·60 is the latest
+	} {
+		t.Run(tc.p.String(), func(t *testing.T) {
+			if got := order(t, Config{Policy: tc.p}, reqs, lengths); !slices.Equal(got, tc.want) {
+				t.Errorf("order %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStrictPriorityClass(t *testing.T) {
+	reqs := []Request{
+		{ID: "first", Prompt: prompt(4), MaxTokens: 4},
+		{ID: "low", Prompt: prompt(4), MaxTokens: 4, Priority: -1},
+		{ID: "normal", Prompt: prompt(4), MaxTokens: 4},
+		{ID: "high", Prompt: prompt(4), MaxTokens: 4, Priority: 5},
+	}
+	for _, p := range Policies() {
+		got := order(t, Config{Policy: p}, reqs, nil)
+		if want := []string{"high", "first", "normal", "low"}; !slices.Equal(got, want) {
+			t.Errorf("%v: order %v, want %v", p, got, want)
+		}
+	}
+}
+
+func TestTandemPriorityPrefersShortAndUrgent(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{}, nil, e)
+	l := s.lanes[0]
+	now := s.cfg.Now()
+	mk := func(score float64, dl time.Duration) *task {
+		tk := &task{score: score, promptLen: 10, arrival: now, relDL: dl}
+		if dl > 0 {
+			tk.deadline = now.Add(dl)
+		}
+		return tk
+	}
+	for _, x := range []float64{5, 50, 500} {
+		s.quant.add(x)
+	}
+	// With equal slack (d - now - η·u), the less uncertain request wins.
+	eta := l.cost.perToken(1)
+	short, long := mk(5, time.Second), mk(400, time.Second+395*eta)
+	if s.tandemPriority(short, l, now) <= s.tandemPriority(long, l, now) {
+		t.Errorf("short request does not outrank long one with the same slack")
+	}
+	urgent, relaxed := mk(50, 100*time.Millisecond), mk(50, 10*time.Second)
+	if s.tandemPriority(urgent, l, now) <= s.tandemPriority(relaxed, l, now) {
+		t.Errorf("urgent request does not outrank relaxed one")
+	}
+	// Aging: a waiting request's priority grows as time passes, also past
+	// the slack clamp.
+	p0 := s.tandemPriority(long, l, now)
+	p1 := s.tandemPriority(long, l, now.Add(2*time.Second))
+	p2 := s.tandemPriority(long, l, now.Add(20*time.Second))
+	if !(p0 < p1 && p1 < p2) {
+		t.Errorf("priority does not grow with waiting: %v, %v, %v", p0, p1, p2)
+	}
+	for _, tk := range []*task{short, long, urgent, relaxed} {
+		if p := s.tandemPriority(tk, l, now); !(p > 0) {
+			t.Errorf("normalised priority %v is not positive", p)
+		}
+	}
+}
+
+func TestRTLMPublishedFlipsSign(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{Policy: RTLM}, nil, e)
+	l := s.lanes[0]
+	now := s.cfg.Now()
+	for range 100 {
+		s.quant.add(20)
+	}
+	mk := func(score float64) *task {
+		return &task{score: score, promptLen: 10, arrival: now, deadline: now.Add(10 * time.Second), relDL: 10 * time.Second}
+	}
+	normal, huge := mk(20), mk(200) // huge: 10× the 99th percentile
+	if p := s.rtlmPriority(normal, l, now); !(p > 0) {
+		t.Errorf("published priority of a typical request %v, want > 0", p)
+	}
+	if p := s.rtlmPriority(huge, l, now); !(p < 0) {
+		t.Errorf("published priority of a long request %v, want < 0 (the sign flip)", p)
+	}
+	if p := s.tandemPriority(huge, l, now); !(p > 0) {
+		t.Errorf("normalised priority of the long request %v, want > 0", p)
+	}
+}
+
+func TestConsolidationCutsAtUncertaintyJump(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{MaxBatch: 4, Lambda: 4}, nil, e)
+	mk := func(id string, score float64) *task { return &task{id: id, score: score} }
+	// In priority order; the most urgent has u=10.
+	cands := []*task{mk("a", 10), mk("b", 200), mk("c", 12), mk("d", 30), mk("e", 15), mk("f", 220)}
+	got := s.consolidate(cands)
+	var ids []string
+	for _, tk := range got {
+		ids = append(ids, tk.id)
+	}
+	// Sorted by u: 10 12 15 30 | 200 220 (30→200 is a jump > 4×). The
+	// group holding "a" is taken in priority order.
+	if want := []string{"a", "c", "d", "e"}; !slices.Equal(ids, want) {
+		t.Errorf("consolidated %v, want %v", ids, want)
+	}
+	// A group also ends at C members.
+	s.cfg.MaxBatch = 2
+	got = s.consolidate(cands)
+	if len(got) != 2 || got[0].id != "a" || got[1].id != "c" {
+		t.Errorf("with C=2 got %d members starting %s", len(got), got[0].id)
+	}
+}
+
+func TestRoutingSendsLongRequestsToSecondaryLane(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, _ := newManual(t, Config{}, nil, e0, e1)
+	for i := range 20 {
+		e0.lengths[strconv.Itoa(i+1)], e1.lengths[strconv.Itoa(i+1)] = 2, 2
+	}
+	var streams []*Stream
+	for i := range 20 {
+		n := 5
+		if i%10 == 9 {
+			n = 300 // two in twenty are long
+		}
+		streams = append(streams, submit(t, s, Request{Prompt: prompt(n), MaxTokens: 400, StopTokens: []int32{fakeEOS}}))
+	}
+	drive(t, s, 1000)
+	lanes := map[int]int{}
+	for i, st := range streams {
+		_, _, r := collect(t, st)
+		if long := i%10 == 9; long {
+			if r.Lane != 1 {
+				t.Errorf("request %d (score %.0f) ran on lane %d, want the secondary lane", i, r.Score, r.Lane)
+			}
+		} else {
+			lanes[r.Lane]++
+		}
+	}
+	// Work conservation: the secondary lane, done with its long requests,
+	// takes short ones from the primary's queue instead of idling.
+	if lanes[1] == 0 || lanes[0] == 0 {
+		t.Errorf("short requests per lane %v: want both lanes used", lanes)
+	}
+}
+
+func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.stepA, e.stepB = 0, 10*time.Millisecond // a step costs 10ms per member
+	s, _ := newManual(t, Config{MaxBatch: 4}, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+	// 20 tokens at 10 ms per member-step: alone it needs 200 ms, with a
+	// second member 400 ms. The deadline is 300 ms.
+	// The uncalibrated estimate is the prompt length: 20, right here.
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
+	st := s.Begin(0)
+	st.Run(context.Background())
+	s.End(st)
+	other := submit(t, s, Request{ID: "other", Prompt: prompt(2), MaxTokens: 20})
+	drive(t, s, 1000)
+	_, _, ru := collect(t, urgent)
+	_, _, ro := collect(t, other)
+	if !ru.DeadlineMet {
+		t.Errorf("urgent request missed its deadline (finished %v after arrival)", ru.Finish.Sub(ru.Arrival))
+	}
+	// It joins once the urgent request can afford a second member.
+	if join := ro.FirstToken.Sub(ru.Arrival); join < 50*time.Millisecond || ro.CompletionTokens != 20 {
+		t.Errorf("other request joined %v after the urgent one and got %d tokens: want a deferred join and a full answer", join, ro.CompletionTokens)
+	}
+	if s.Stats().Deferred == 0 {
+		t.Errorf("no admission was deferred")
+	}
+
+	// Without admission control both share the lane and the deadline is
+	// missed: the test above is not passing by accident.
+	e2 := newFakeEngine(nil)
+	e2.stepA, e2.stepB = 0, 10*time.Millisecond
+	s2, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoAdmission: true, NoShedding: true}}, nil, e2)
+	u2 := submit(t, s2, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
+	st = s2.Begin(0)
+	st.Run(context.Background())
+	s2.End(st)
+	submit(t, s2, Request{ID: "other", Prompt: prompt(2), MaxTokens: 20})
+	drive(t, s2, 1000)
+	if _, _, r := collect(t, u2); r.DeadlineMet {
+		t.Errorf("without admission control the urgent request still met its deadline; the scenario tests nothing")
+	}
+}
+
+func TestSheddingKeepsDeadlinesAndReportsShedTokens(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.stepA, e.stepB = 0, 10*time.Millisecond
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+	// A background summary with a mandatory 5 and an optional 95 tokens
+	// and low utility runs; an urgent request arrives that cannot make
+	// its deadline sharing the lane.
+	bg := submit(t, s, Request{ID: "bg", Prompt: prompt(2), MinTokens: 5, MaxTokens: 100, Utility: Utility{Value: 0.1}})
+	for range 10 {
+		st := s.Begin(0)
+		st.Run(context.Background())
+		s.End(st)
+	}
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 250 * time.Millisecond})
+	drive(t, s, 1000)
+	toks, _, rb := collect(t, bg)
+	_, _, ru := collect(t, urgent)
+	if rb.Reason != ReasonShed || rb.ShedTokens != 100-len(toks) || len(toks) < 5 {
+		t.Errorf("background: reason %v, %d tokens, shed %d; want shed after >= 5 tokens with shed = 100 - generated", rb.Reason, len(toks), rb.ShedTokens)
+	}
+	if !ru.DeadlineMet {
+		t.Errorf("urgent missed its deadline: %v", ru.Finish.Sub(ru.Arrival))
+	}
+	if st := s.Stats(); st.ShedRequests != 1 || st.ShedTokens != uint64(rb.ShedTokens) {
+		t.Errorf("stats shed %d requests %d tokens", st.ShedRequests, st.ShedTokens)
+	}
+}
+
+func TestCancelFreesSequence(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{}, nil, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := s.Submit(ctx, Request{Prompt: prompt(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		step := s.Begin(0)
+		step.Run(context.Background())
+		s.End(step)
+	}
+	if len(e.seqs) != 1 {
+		t.Fatalf("%d sequences allocated, want 1", len(e.seqs))
+	}
+	cancel()
+	waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.lanes[0].running) == 0 || s.lanes[0].running[0].cancel != nil
+	})
+	drive(t, s, 10)
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences still allocated after cancel", len(e.seqs))
+	}
+	_, _, r := collect(t, st)
+	if r.Reason != ReasonCancelled || !errors.Is(r.Err, context.Canceled) {
+		t.Errorf("reason %v err %v, want cancelled", r.Reason, r.Err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestQueueFull(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{MaxQueue: 2}, nil, e)
+	submit(t, s, Request{Prompt: prompt(2)})
+	submit(t, s, Request{Prompt: prompt(2)})
+	if _, err := s.Submit(context.Background(), Request{Prompt: prompt(2)}); !errors.Is(err, ErrQueueFull) {
+		t.Errorf("third submit: %v, want ErrQueueFull", err)
+	}
+	if d := s.RetryAfter(); d < time.Second || d > time.Minute {
+		t.Errorf("retry after %v, want 1s..1m", d)
+	}
+}
+
+func TestSubmitRejectsBadRequests(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.ctx = 64
+	s, _ := newManual(t, Config{}, nil, e)
+	for _, tc := range []struct {
+		name string
+		r    Request
+		want error
+	}{
+		{"empty prompt", Request{}, ErrInvalid},
+		{"negative max", Request{Prompt: prompt(2), MaxTokens: -1}, ErrInvalid},
+		{"min over max", Request{Prompt: prompt(2), MaxTokens: 3, MinTokens: 4}, ErrInvalid},
+		{"negative deadline", Request{Prompt: prompt(2), Deadline: -time.Second}, ErrInvalid},
+		{"absurd deadline", Request{Prompt: prompt(2), Deadline: 1000 * time.Hour}, ErrInvalid},
+		{"priority", Request{Prompt: prompt(2), Priority: 11}, ErrInvalid},
+		{"stop without decoder", Request{Prompt: prompt(2), StopText: []string{"x"}}, ErrInvalid},
+		{"prompt over context", Request{Prompt: prompt(64)}, ErrContextFull},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := s.Submit(context.Background(), tc.r); !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestStopTextIsHeldBackAndCut(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{}, nil, e)
+	dec := &textDecoder{words: []string{"one ", "two ", "thr", "ee ", "four "}}
+	st := submit(t, s, Request{Prompt: prompt(2), MaxTokens: 10, StopText: []string{"three"}, Decoder: dec})
+	drive(t, s, 100)
+	_, text, r := collect(t, st)
+	if text != "one two " || r.Reason != ReasonStop {
+		t.Errorf("text %q reason %v, want %q stop", text, r.Reason, "one two ")
+	}
+	// A partial match that never completes is released at the end.
+	e2 := newFakeEngine(nil)
+	s2, _ := newManual(t, Config{}, nil, e2)
+	st = submit(t, s2, Request{Prompt: prompt(2), MaxTokens: 3, StopText: []string{"three!"}, Decoder: &textDecoder{words: []string{"one ", "two ", "thr"}}})
+	drive(t, s2, 100)
+	if _, text, r := collect(t, st); text != "one two thr" || r.Reason != ReasonLength {
+		t.Errorf("text %q reason %v, want %q length", text, r.Reason, "one two thr")
+	}
+}
+
+func TestSegmentsParkResumeAndEvict(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.maxSeqs = 2
+	s, _ := newManual(t, Config{}, nil, e)
+	words := []string{"go ", "left\n", "pick ", "up\nthen ", "stop\n"}
+	seg, err := NewSegmenter("line")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := submit(t, s, Request{ID: "robot", Prompt: prompt(3), MaxTokens: 5, Segment: seg, Decoder: &textDecoder{words: words}})
+	drive(t, s, 100)
+	toks, text, r := collect(t, st)
+	if text != "go left\n" || r.Reason != ReasonSegment || !r.Resumable || len(toks) != 2 {
+		t.Fatalf("segment 1: %q %v resumable %v tokens %v", text, r.Reason, r.Resumable, toks)
+	}
+	if len(e.seqs) != 1 {
+		t.Fatalf("parked sequence not kept: %d allocated", len(e.seqs))
+	}
+	st, err = s.Resume(context.Background(), "robot", ResumeOptions{Deadline: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, 100)
+	_, text, r = collect(t, st)
+	if text != "pick up\n" || r.Reason != ReasonSegment || !r.HasDeadline || !r.DeadlineMet {
+		t.Fatalf("segment 2: %q %v deadline %v met %v", text, r.Reason, r.HasDeadline, r.DeadlineMet)
+	}
+	// Fill the engine so the parked sequence is evicted, then resume: it
+	// is rebuilt by prefill and continues where it stopped.
+	a := submit(t, s, Request{Prompt: prompt(3), MaxTokens: 2})
+	b := submit(t, s, Request{Prompt: prompt(3), MaxTokens: 2})
+	drive(t, s, 100)
+	collect(t, a)
+	collect(t, b)
+	if s.Stats().Evicted != 1 {
+		t.Fatalf("evicted %d, want 1", s.Stats().Evicted)
+	}
+	st, err = s.Resume(context.Background(), "robot", ResumeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, 100)
+	toks, text, r = collect(t, st)
+	if text != "then stop\n" || r.Reason != ReasonSegment {
+		t.Errorf("segment 3: %q %v, want %q", text, r.Reason, "then stop\n")
+	}
+	if want := []int32{104}; !slices.Equal(toks, want) {
+		t.Errorf("segment 3 tokens %v, want %v (the rebuilt sequence continues)", toks, want)
+	}
+	if last := e.starts[len(e.starts)-1]; last != "robot" {
+		t.Errorf("last start %q, want the rebuild of robot", last)
+	}
+	if _, err := s.Resume(context.Background(), "nope", ResumeOptions{}); !errors.Is(err, ErrNotParked) {
+		t.Errorf("resume unknown: %v", err)
+	}
+	if err := s.Discard("robot"); err != nil {
+		t.Errorf("discard: %v", err)
+	}
+	drive(t, s, 10)
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences left after discard", len(e.seqs))
+	}
+}
+
+func TestParkedRequestsExpire(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, clock := newManual(t, Config{ParkTTL: time.Minute}, nil, e)
+	seg, _ := NewSegmenter("line")
+	st := submit(t, s, Request{ID: "p", Prompt: prompt(3), MaxTokens: 5, Segment: seg, Decoder: &textDecoder{words: []string{"a\n"}}})
+	drive(t, s, 100)
+	collect(t, st)
+	clock.Add(2 * time.Minute)
+	if _, err := s.Resume(context.Background(), "p", ResumeOptions{}); !errors.Is(err, ErrNotParked) {
+		t.Errorf("resume after TTL: %v, want ErrNotParked", err)
+	}
+	drive(t, s, 10)
+	if len(e.seqs) != 0 {
+		t.Errorf("expired request still holds %d sequences", len(e.seqs))
+	}
+}
+
+func TestEngineFailureEndsMembers(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, _ := newManual(t, Config{}, nil, e)
+	st := submit(t, s, Request{Prompt: prompt(3), MaxTokens: 5})
+	e.failNext = true
+	drive(t, s, 10)
+	_, _, r := collect(t, st)
+	if r.Reason != ReasonError || r.Err == nil {
+		t.Errorf("reason %v err %v, want error", r.Reason, r.Err)
+	}
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences left", len(e.seqs))
+	}
+}
+
+func TestMultiTokenSteps(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.perStep = 3
+	e.lengths["a"] = 7
+	s, _ := newManual(t, Config{}, nil, e)
+	a := submit(t, s, Request{ID: "a", Prompt: prompt(2), StopTokens: []int32{fakeEOS}})
+	b := submit(t, s, Request{ID: "b", Prompt: prompt(2), MaxTokens: 5})
+	drive(t, s, 100)
+	if toks, _, r := collect(t, a); len(toks) != 7 || r.Reason != ReasonStop {
+		t.Errorf("a: %d tokens %v", len(toks), r.Reason)
+	}
+	if toks, _, r := collect(t, b); len(toks) != 5 || r.Reason != ReasonLength {
+		t.Errorf("b: %d tokens %v, want exactly max_tokens", len(toks), r.Reason)
+	}
+}
+
+func TestShutdownDrainsThenCancels(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.delay = time.Millisecond
+	s, err := New(Config{}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, _ := s.Submit(context.Background(), Request{Prompt: prompt(2), MaxTokens: 3})
+	forever, _ := s.Submit(context.Background(), Request{Prompt: prompt(2), MaxTokens: 4000})
+	waitFor(t, func() bool { return short.Result() != nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("shutdown: %v, want the drain timeout", err)
+	}
+	if r := forever.Result(); r == nil || r.Reason != ReasonCancelled {
+		t.Errorf("long request after shutdown: %+v", r)
+	}
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences left after shutdown", len(e.seqs))
+	}
+	if _, err := s.Submit(context.Background(), Request{Prompt: prompt(2)}); !errors.Is(err, ErrClosed) {
+		t.Errorf("submit after shutdown: %v", err)
+	}
+}

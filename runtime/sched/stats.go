@@ -1,0 +1,133 @@
+package sched
+
+import "time"
+
+// counters are the scheduler's running totals; s.mu guards them.
+type counters struct {
+	admitted, rejected                    uint64
+	completed, cancelled, failed, segment uint64
+	deadlineHits, deadlineMisses          uint64
+	shedRequests, shedTokens              uint64
+	deferred, evicted, expired            uint64
+	freeErrors                            uint64
+	tokens                                uint64
+	utility                               float64
+	schedWall, engineWall                 time.Duration
+}
+
+// record counts a finished stream.
+func (s *Scheduler) record(r *Result) {
+	switch r.Reason {
+	case ReasonCancelled:
+		s.stats.cancelled++
+	case ReasonError:
+		s.stats.failed++
+	case ReasonSegment:
+		s.stats.segment++
+	default:
+		s.stats.completed++
+	}
+	if r.HasDeadline && r.Reason != ReasonCancelled && r.Reason != ReasonError {
+		if r.DeadlineMet {
+			s.stats.deadlineHits++
+		} else {
+			s.stats.deadlineMisses++
+		}
+	}
+	s.stats.shedTokens += uint64(r.ShedTokens)
+	s.stats.utility += r.Utility
+}
+
+// Stats is a snapshot of the scheduler for metrics and benchmarks.
+type Stats struct {
+	Policy  string
+	Uptime  time.Duration
+	Waiting int // queued requests
+	Parked  int // parked segmented requests (with or without KV)
+
+	Admitted, Rejected                    uint64 // Submit/Resume accepted, refused with ErrQueueFull
+	Completed, Cancelled, Failed, Segment uint64 // streams ended by reason group
+	DeadlineHits, DeadlineMisses          uint64
+	ShedRequests, ShedTokens              uint64
+	Deferred                              uint64 // admissions postponed by admission control
+	Evicted, Expired                      uint64 // parked KV evicted under memory pressure; parked requests dropped
+	Tokens                                uint64 // generated tokens, all lanes
+	Utility                               float64
+
+	// SchedulerWall is the wall time spent in the scheduler's own code
+	// (scoring, planning, delivering); EngineWall in Engine.Step.
+	SchedulerWall, EngineWall time.Duration
+
+	Lanes []LaneStats
+}
+
+// LaneStats describes one lane.
+type LaneStats struct {
+	Name       string
+	Running    int
+	Waiting    int // in the lane's own queue (routed policies)
+	Parked     int // parked sequences holding KV here
+	Sequences  int // allocated sequences
+	MaxSeqs    int
+	KVBytes    int64 // KV memory of the allocated sequences
+	Steps      uint64
+	EngineWall time.Duration
+	Busy       time.Duration // clock time inside steps
+	StepTime   time.Duration // the cost model's current step time at the current batch
+	TokenTime  time.Duration // η: time per token per member at the current batch
+	Threads    int
+	Context    int
+	SeqBytes   int64 // KV bytes per sequence
+}
+
+// Stats returns a snapshot.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.stats
+	st := Stats{
+		Policy: s.cfg.Policy.String(), Uptime: s.cfg.Now().Sub(s.started),
+		Waiting: s.waitingCount(), Parked: s.parked,
+		Admitted: c.admitted, Rejected: c.rejected,
+		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
+		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
+		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred,
+		Evicted: c.evicted, Expired: c.expired, Tokens: c.tokens, Utility: c.utility,
+		SchedulerWall: c.schedWall, EngineWall: c.engineWall,
+	}
+	for i, l := range s.lanes {
+		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,
+			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps,
+			EngineWall: l.engineWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
+			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, Context: l.info.Context,
+			SeqBytes: l.info.SeqBytes}
+		if len(s.queues) > 1 {
+			ls.Waiting = len(s.queues[i])
+		}
+		st.Lanes = append(st.Lanes, ls)
+	}
+	return st
+}
+
+// RetryAfter estimates when a queue slot frees: the time for the lanes to
+// work through one batch of the waiting requests' predicted tokens.
+func (s *Scheduler) RetryAfter() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var total float64
+	for _, q := range s.queues {
+		for _, t := range q {
+			total += remaining(t)
+		}
+	}
+	per := total / float64(max(s.waitingCount(), 1)) // one request's tokens
+	var rate float64                                 // tokens per second, all lanes
+	for _, l := range s.lanes {
+		rate += float64(s.cfg.MaxBatch) / l.cost.step(s.cfg.MaxBatch, 0).Seconds() * l.cost.tokPerStep
+	}
+	if rate <= 0 {
+		return time.Second
+	}
+	d := time.Duration(per * float64(s.cfg.MaxBatch) / rate * float64(time.Second))
+	return min(max(d, time.Second), time.Minute)
+}

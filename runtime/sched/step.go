@@ -1,0 +1,478 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
+)
+
+// Step is one planned engine step of a lane: the sequences to free, the
+// ones to start, and the members to advance. The lane goroutine runs
+// Begin, Run, End in a loop; a simulator calls them itself (Config.Manual)
+// and moves its clock between Run and End.
+type Step struct {
+	s     *Scheduler
+	l     *lane
+	begin time.Time
+
+	frees []SeqID
+	tasks []*task // members, in batch order
+
+	// copied from the tasks under the lock, for Run
+	seqs     []SeqID
+	limits   []int
+	starting []bool
+	startTok [][]int32
+	samplers []*sample.Sampler
+	tags     []string
+
+	// filled by Run
+	startIDs   []SeqID
+	startErr   []error
+	mem        []Member
+	memIdx     []int
+	out        []StepOut
+	err        error
+	freeErr    error
+	engineWall time.Duration
+}
+
+// Members is the number of sequences the step advances.
+func (st *Step) Members() int { return len(st.tasks) }
+
+// EngineWall is the wall time Run spent in Engine.Step.
+func (st *Step) EngineWall() time.Duration { return st.engineWall }
+
+// Begin plans lane i's next step, or returns nil when the lane has nothing
+// to do. For simulators (Config.Manual); the lane goroutines call it
+// otherwise. A lane has one step at a time: call End before the lane's
+// next Begin (the Step's memory is reused).
+func (s *Scheduler) Begin(i int) *Step {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.begin(s.lanes[i])
+}
+
+func (s *Scheduler) begin(l *lane) *Step {
+	wall := time.Now()
+	defer func() { s.stats.schedWall += time.Since(wall) }()
+	now := s.cfg.Now()
+	for i := 0; i < len(l.running); {
+		if t := l.running[i]; t.cancel != nil {
+			s.end(t, ReasonCancelled, t.cancel, nil, now)
+			continue // end removed it from l.running
+		}
+		i++
+	}
+	if !s.stopped {
+		s.expireParked(now)
+		refused := s.admit(l, now)
+		if s.feat.shedding && s.shed(l, now, refused) {
+			s.admit(l, now)
+		}
+	}
+	if len(l.running) == 0 && len(l.toFree) == 0 {
+		return nil
+	}
+	// A lane has one step in flight: its buffers are reused.
+	st := &l.step
+	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...),
+		tasks: st.tasks[:0], seqs: st.seqs[:0], limits: st.limits[:0], starting: st.starting[:0],
+		startTok: st.startTok[:0], samplers: st.samplers[:0], tags: st.tags[:0],
+		startIDs: st.startIDs[:0], startErr: st.startErr[:0], mem: st.mem[:0], memIdx: st.memIdx[:0], out: st.out[:0]}
+	l.toFree = l.toFree[:0]
+	for _, t := range l.running {
+		st.tasks = append(st.tasks, t)
+		st.seqs = append(st.seqs, t.seq)
+		st.limits = append(st.limits, max(1, t.maxTokens-len(t.generated)))
+		st.starting = append(st.starting, t.starting)
+		var tok []int32
+		if t.starting {
+			// A rebuilt sequence re-evaluates what it generated.
+			tok = append(append(make([]int32, 0, t.promptLen+len(t.generated)), t.req.Prompt...), t.generated...)
+		}
+		st.startTok = append(st.startTok, tok)
+		st.samplers = append(st.samplers, t.sampler)
+		st.tags = append(st.tags, t.id)
+	}
+	l.busy = true
+	return st
+}
+
+// Run frees, starts and steps the engine. It touches only the Step and
+// the engine, so the scheduler stays unlocked meanwhile.
+func (st *Step) Run(ctx context.Context) error {
+	eng := st.l.eng
+	for _, id := range st.frees {
+		if err := eng.Free(id); err != nil {
+			st.freeErr = errors.Join(st.freeErr, err)
+		}
+	}
+	n := len(st.tasks)
+	st.startIDs = slices.Grow(st.startIDs[:0], n)[:n]
+	st.startErr = slices.Grow(st.startErr[:0], n)[:n]
+	clear(st.startErr)
+	st.mem, st.memIdx = st.mem[:0], st.memIdx[:0]
+	for i := range st.tasks {
+		seq := st.seqs[i]
+		if st.starting[i] {
+			id, err := eng.Start(st.startTok[i], st.samplers[i], st.tags[i])
+			st.startIDs[i], st.startErr[i] = id, err
+			if err != nil {
+				continue
+			}
+			seq = id
+		}
+		st.mem = append(st.mem, Member{Seq: seq, Limit: st.limits[i]})
+		st.memIdx = append(st.memIdx, i)
+	}
+	if len(st.mem) == 0 {
+		return nil
+	}
+	st.out = slices.Grow(st.out[:0], len(st.mem))[:len(st.mem)]
+	t0 := time.Now()
+	st.err = eng.Step(ctx, st.mem, st.out)
+	st.engineWall = time.Since(t0)
+	return st.err
+}
+
+// End delivers a step's results: tokens to streams, finished and parked
+// requests out of the batch, and the step's duration (by Config.Now) to
+// the lane's cost model.
+func (s *Scheduler) End(st *Step) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wall := time.Now()
+	defer func() { s.stats.schedWall += time.Since(wall) }()
+	now := s.cfg.Now()
+	l := st.l
+	l.busy = false
+	s.stats.engineWall += st.engineWall
+	l.engineWall += st.engineWall
+	if st.freeErr != nil {
+		s.stats.freeErrors++
+	}
+	for i, t := range st.tasks {
+		if !st.starting[i] {
+			continue
+		}
+		err := st.startErr[i]
+		if t.state != running || !t.starting {
+			// Ended while its Start was in flight (end released the
+			// slot): free what the Start allocated.
+			if err == nil {
+				l.toFree = append(l.toFree, st.startIDs[i])
+				l.cond.Signal()
+			}
+			continue
+		}
+		t.starting = false
+		if err != nil {
+			l.held--
+			s.end(t, ReasonError, err, nil, now)
+			continue
+		}
+		t.seq, t.hasSeq, t.prefilling = st.startIDs[i], true, true
+	}
+	if len(st.mem) == 0 {
+		return
+	}
+	l.steps++
+	l.stepClock += now.Sub(st.begin)
+	var sc stepCost
+	decodeTokens := 0
+	for j, i := range st.memIdx {
+		t, o := st.tasks[i], st.out[j]
+		if t.state != running || t.lane != l.idx {
+			continue
+		}
+		switch {
+		case st.err != nil:
+			s.end(t, ReasonError, st.err, nil, now)
+			continue
+		case o.Err != nil:
+			s.end(t, ReasonError, o.Err, nil, now)
+			continue
+		}
+		if o.Prefilled > 0 {
+			sc.prefill += o.Prefilled
+		} else if len(o.Tokens) > 0 {
+			sc.decode++
+			decodeTokens += len(o.Tokens)
+		}
+		s.stats.tokens += uint64(len(o.Tokens))
+		if t.cancel != nil {
+			s.end(t, ReasonCancelled, t.cancel, nil, now)
+			continue
+		}
+		if len(o.Tokens) == 0 {
+			continue
+		}
+		t.prefilling = false
+		var ev Event
+		s.consume(t, o.Tokens, &ev, now)
+		if t.state == running {
+			s.push(t, ev)
+		}
+	}
+	if st.err == nil {
+		sc.dur = now.Sub(st.begin)
+		l.cost.observe(sc, decodeTokens)
+	}
+}
+
+// consume delivers generated tokens to t's event, ending or parking it
+// when a stop, a segment end or a limit is reached.
+func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
+	ctxLen := s.lanes[max(t.lane, 0)].info.Context
+	for i, tok := range toks {
+		if isStop(t.req.StopTokens, tok) {
+			s.flushText(t, ev, now)
+			if t.state == running || t.state == waiting {
+				s.end(t, ReasonStop, nil, ev, now)
+			}
+			return
+		}
+		t.generated = append(t.generated, tok)
+		t.segTokens++
+		if t.firstTok.IsZero() {
+			t.firstTok = now
+		}
+		ev.Tokens = append(ev.Tokens, tok)
+		if d := t.req.Decoder; d != nil {
+			s.emitText(t, d.Next(tok), ev, now)
+			if t.state != running && t.state != waiting {
+				if t.state == parked {
+					t.carry = append(t.carry, toks[i+1:]...)
+				}
+				return
+			}
+		}
+		if len(t.generated) >= t.maxTokens || t.promptLen+len(t.generated) >= ctxLen {
+			s.flushText(t, ev, now)
+			if t.state == running || t.state == waiting {
+				reason := ReasonLength
+				if t.shed {
+					reason = ReasonShed
+				}
+				s.end(t, reason, nil, ev, now)
+			}
+			return
+		}
+	}
+}
+
+func isStop(stops []int32, tok int32) bool {
+	for _, s := range stops {
+		if s == tok {
+			return true
+		}
+	}
+	return false
+}
+
+// emitText adds newly decoded text: it ends the request at a stop string
+// and holds back a tail that may begin one.
+func (s *Scheduler) emitText(t *task, text string, ev *Event, now time.Time) {
+	if text == "" {
+		return
+	}
+	vis := t.held + text
+	t.held = ""
+	if stops := t.req.StopText; len(stops) > 0 {
+		if at := firstStop(vis, stops); at >= 0 {
+			s.deliverText(t, vis[:at], ev, now)
+			if t.state == running || t.state == waiting {
+				s.end(t, ReasonStop, nil, ev, now)
+			}
+			return
+		}
+		hb := holdback(vis, stops)
+		t.held = vis[len(vis)-hb:]
+		vis = vis[:len(vis)-hb]
+	}
+	s.deliverText(t, vis, ev, now)
+}
+
+// flushText releases held-back text and the decoder's partial character:
+// the request ends here, so neither can still become a stop string.
+func (s *Scheduler) flushText(t *task, ev *Event, now time.Time) {
+	if t.req.Decoder == nil {
+		return
+	}
+	rest := t.held + t.req.Decoder.Flush()
+	t.held = ""
+	s.deliverText(t, rest, ev, now)
+}
+
+// deliverText appends text to the event, parking t when it completes a
+// segment; text past the cut opens the next segment.
+func (s *Scheduler) deliverText(t *task, text string, ev *Event, now time.Time) {
+	if text == "" {
+		return
+	}
+	if t.req.Segment == nil || (t.state != running && t.state != waiting) {
+		ev.Text += text
+		return
+	}
+	old := len(t.segText)
+	t.segText += text
+	cut := t.req.Segment.Cut(t.segText)
+	if cut < 0 {
+		ev.Text += text
+		return
+	}
+	before := max(0, cut-old)
+	ev.Text += text[:before]
+	t.restText = text[before:] + t.held
+	t.held = ""
+	t.segText = ""
+	s.park(t, ev, now)
+}
+
+// firstStop returns the index of the earliest stop string in text, or -1.
+func firstStop(text string, stops []string) int {
+	best := -1
+	for _, st := range stops {
+		if i := indexOf(text, st); i >= 0 && (best < 0 || i < best) {
+			best = i
+		}
+	}
+	return best
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+// holdback is the length of the longest tail of text that is a proper
+// prefix of a stop string.
+func holdback(text string, stops []string) int {
+	best := 0
+	for _, st := range stops {
+		for n := min(len(st)-1, len(text)); n > best; n-- {
+			if text[len(text)-n:] == st[:n] {
+				best = n
+				break
+			}
+		}
+	}
+	return best
+}
+
+// push sends a token event, if it carries anything.
+func (s *Scheduler) push(t *task, ev Event) {
+	if len(ev.Tokens) == 0 && ev.Text == "" {
+		return
+	}
+	ev.Time = s.cfg.Now()
+	t.stream.push(ev)
+}
+
+// park ends the current segment and keeps the sequence for Resume.
+func (s *Scheduler) park(t *task, ev *Event, now time.Time) {
+	res := s.detach(t, ReasonSegment, nil, ev, now)
+	t.state = parked
+	t.parkedAt = now
+	s.parked++
+	if t.hasSeq {
+		l := s.lanes[t.lane]
+		l.parked = append(l.parked, t)
+	}
+	t.stream.push(Event{Done: true, Result: res, Time: now})
+	if s.parked > s.cfg.MaxParked {
+		var oldest *task
+		for _, x := range s.tasks {
+			if x.state == parked && x != t && (oldest == nil || x.parkedAt.Before(oldest.parkedAt)) {
+				oldest = x
+			}
+		}
+		if oldest != nil {
+			s.dropParked(oldest)
+			s.stats.expired++
+		}
+	}
+}
+
+// end finishes t: the pending event, then the final one. The sequence is
+// queued for freeing.
+func (s *Scheduler) end(t *task, reason Reason, err error, ev *Event, now time.Time) {
+	res := s.detach(t, reason, err, ev, now)
+	s.releaseSeq(t)
+	t.state = done
+	delete(s.tasks, t.id)
+	t.stream.push(Event{Done: true, Result: res, Time: now})
+}
+
+// detach ends t's current stream: it delivers the pending event, counts
+// the result and takes t out of its batch or queue.
+func (s *Scheduler) detach(t *task, reason Reason, err error, ev *Event, now time.Time) *Result {
+	if ev != nil {
+		s.push(t, *ev)
+		*ev = Event{}
+	}
+	res := s.result(t, reason, err, now)
+	if reason == ReasonSegment {
+		res.Resumable = true
+	}
+	s.record(res)
+	if t.stopCtx != nil {
+		t.stopCtx()
+		t.stopCtx = nil
+	}
+	switch t.state {
+	case running:
+		l := s.lanes[t.lane]
+		l.running = removeTask(l.running, t)
+		if t.starting {
+			// Its Start is in flight: End frees what it allocates.
+			t.starting = false
+			l.held--
+		}
+	case waiting:
+		s.removeWaiting(t)
+	}
+	return res
+}
+
+// finish ends a task with no pending event.
+func (s *Scheduler) finish(t *task, reason Reason, err error, now time.Time) {
+	s.end(t, reason, err, nil, now)
+}
+
+func (s *Scheduler) result(t *task, reason Reason, err error, now time.Time) *Result {
+	res := &Result{
+		ID: t.id, Reason: reason, Err: err,
+		PromptTokens: t.promptLen, CompletionTokens: t.segTokens, TotalGenerated: len(t.generated),
+		Arrival: t.arrival, Finish: now, Lane: max(t.lane, 0), Score: t.score,
+		HasDeadline: !t.deadline.IsZero(),
+	}
+	if t.segTokens > 0 {
+		res.FirstToken = t.firstTok
+	}
+	if t.shed {
+		res.ShedTokens = max(0, t.req.MaxTokens-len(t.generated))
+		if t.req.MaxTokens == 0 {
+			res.ShedTokens = 0
+		}
+	}
+	switch reason {
+	case ReasonCancelled, ReasonError:
+	default:
+		late := time.Duration(0)
+		if res.HasDeadline {
+			late = now.Sub(t.deadline)
+			res.DeadlineMet = late <= 0
+		}
+		res.Utility = t.req.Utility.At(late, t.relDL)
+	}
+	return res
+}

@@ -1,0 +1,109 @@
+package sched
+
+import (
+	"context"
+	"io"
+	"sync"
+)
+
+// Stream delivers one request's events (one segment's, for segmented
+// requests). The scheduler never blocks on a slow reader: events queue in
+// the stream (at most one per engine step) until Recv takes them.
+type Stream struct {
+	id     string
+	mu     sync.Mutex
+	events []Event
+	done   bool // the final event was queued
+	read   bool // the final event was received
+	ready  chan struct{}
+	result *Result
+	// finished is closed when the final event is queued.
+	finished chan struct{}
+}
+
+func newStream(id string) *Stream {
+	return &Stream{id: id, ready: make(chan struct{}, 1), finished: make(chan struct{})}
+}
+
+// ID is the request's id (for Resume).
+func (s *Stream) ID() string { return s.id }
+
+// Recv returns the next event, waiting for one. After the final event
+// (Done set) it returns io.EOF. It returns ctx's error if ctx ends first;
+// that does not cancel the request (the context given to Submit does).
+func (s *Stream) Recv(ctx context.Context) (Event, error) {
+	for {
+		s.mu.Lock()
+		if len(s.events) > 0 {
+			ev := s.events[0]
+			s.events[0] = Event{}
+			s.events = s.events[1:]
+			if ev.Done {
+				s.read = true
+			}
+			s.mu.Unlock()
+			return ev, nil
+		}
+		if s.read {
+			s.mu.Unlock()
+			return Event{}, io.EOF
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return Event{}, ctx.Err()
+		}
+	}
+}
+
+// Done is closed when the stream has its final event queued.
+func (s *Stream) Done() <-chan struct{} { return s.finished }
+
+// Result returns the final result, or nil before the stream ended.
+func (s *Stream) Result() *Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.result
+}
+
+// Wait waits for the end of the stream, discarding events, and returns
+// its result.
+func (s *Stream) Wait(ctx context.Context) (*Result, error) {
+	select {
+	case <-s.finished:
+		return s.Result(), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// push queues an event; it reports false when the stream already ended.
+func (s *Stream) push(ev Event) bool {
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return false
+	}
+	// Merge into a pending token event so a slow reader's backlog stays
+	// one event per kind, not one per step.
+	if n := len(s.events); n > 0 && !ev.Done && !s.events[n-1].Done {
+		last := &s.events[n-1]
+		last.Tokens = append(last.Tokens, ev.Tokens...)
+		last.Text += ev.Text
+		last.Time = ev.Time
+	} else {
+		s.events = append(s.events, ev)
+	}
+	if ev.Done {
+		s.done = true
+		s.result = ev.Result
+		close(s.finished)
+	}
+	s.mu.Unlock()
+	select {
+	case s.ready <- struct{}{}:
+	default:
+	}
+	return true
+}

@@ -1,0 +1,65 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The chat template. tandem's test models (stories260K and the like) have
+// no chat template, and tandem does not run the Jinja templates some GGUF
+// files carry, so chat requests use one plain transcript format:
+//
+//	{system message}\n\n
+//	User: {user message}\n
+//	Assistant: {assistant message}\n
+//	...
+//	Assistant:
+//
+// and generation stops at "\nUser:" so the model does not write the
+// user's next turn.
+const (
+	chatUser      = "User: "
+	chatAssistant = "Assistant:"
+	chatStop      = "\nUser:"
+)
+
+// renderChat applies the template; roles other than system, user and
+// assistant (and developer, OpenAI's newer name for system) are refused.
+func renderChat(msgs []chatMessage) (string, *apiError) {
+	if len(msgs) == 0 {
+		return "", badRequest("messages", "messages is empty; send at least one user message")
+	}
+	if len(msgs) > maxMessages {
+		return "", badRequest("messages", "%d messages, at most %d", len(msgs), maxMessages)
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		text, err := messageText(i, m.Content)
+		if err != nil {
+			return "", err
+		}
+		if b.Len()+len(text) > maxContentSize {
+			return "", badRequest("messages", "the conversation is over %d bytes", maxContentSize)
+		}
+		switch m.Role {
+		case "system", "developer":
+			b.WriteString(text)
+			b.WriteString("\n\n")
+		case "user":
+			b.WriteString(chatUser)
+			b.WriteString(text)
+			b.WriteString("\n")
+		case "assistant":
+			b.WriteString(chatAssistant)
+			b.WriteString(" ")
+			b.WriteString(text)
+			b.WriteString("\n")
+		case "":
+			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role is required")
+		default:
+			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role %q: want system, user or assistant", m.Role)
+		}
+	}
+	b.WriteString(chatAssistant)
+	return b.String(), nil
+}

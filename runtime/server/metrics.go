@@ -1,0 +1,173 @@
+package server
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/metrics"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+// snapshot is a scrape-time snapshot, kept for the rates /metrics reports.
+type snapshot struct {
+	at     time.Time
+	tokens uint64
+	busy   []time.Duration // per lane
+}
+
+// rateWindow is the span rates are measured over (or since the oldest
+// scrape, when scrapes are further apart).
+const rateWindow = 10 * time.Second
+
+// metrics writes the Prometheus text exposition format by hand (the
+// format is a few lines per metric; no client library needed).
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	m := &promWriter{w: w}
+	b := s.ready.Load()
+	m.gauge("tandem_up", "1 when the model is loaded and requests are served.", boolf(b != nil && !s.closing.Load()))
+	s.mu.Lock()
+	codes := make([]int, 0, len(s.byCode))
+	for c := range s.byCode {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	m.help("tandem_http_responses_total", "counter", "HTTP responses by status code.")
+	for _, c := range codes {
+		m.value("tandem_http_responses_total", fmt.Sprintf(`code="%d"`, c), float64(s.byCode[c]))
+	}
+	s.mu.Unlock()
+	mem := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(mem)
+	m.help("tandem_memory_bytes", "gauge", "Memory: Go runtime total and live heap, and the KV caches of allocated sequences.")
+	m.value("tandem_memory_bytes", `kind="go_total"`, float64(mem[0].Value.Uint64()))
+	m.value("tandem_memory_bytes", `kind="go_heap"`, float64(mem[1].Value.Uint64()))
+	if b == nil {
+		return
+	}
+	st := b.sc.Stats()
+	var kv int64
+	for _, l := range st.Lanes {
+		kv += l.KVBytes
+	}
+	m.value("tandem_memory_bytes", `kind="kv"`, float64(kv))
+
+	tokRate, busy := s.rates(st)
+	m.gauge("tandem_queue_depth", "Requests waiting for a lane.", float64(st.Waiting))
+	m.gauge("tandem_parked_requests", "Segmented requests parked until resumed.", float64(st.Parked))
+	m.counter("tandem_requests_admitted_total", "Requests and resumes accepted into the queue.", float64(st.Admitted))
+	m.counter("tandem_requests_rejected_total", "Requests refused with 429 because the queue was full.", float64(st.Rejected))
+	m.help("tandem_requests_finished_total", "counter", "Finished streams by outcome (segment: a segment ended and the request parked).")
+	for _, kv := range []struct {
+		k string
+		v uint64
+	}{{"completed", st.Completed}, {"segment", st.Segment}, {"cancelled", st.Cancelled}, {"failed", st.Failed}} {
+		m.value("tandem_requests_finished_total", `outcome="`+kv.k+`"`, float64(kv.v))
+	}
+	m.counter("tandem_deadline_hits_total", "Requests with a deadline that finished by it.", float64(st.DeadlineHits))
+	m.counter("tandem_deadline_misses_total", "Requests with a deadline that finished after it.", float64(st.DeadlineMisses))
+	m.counter("tandem_utility_total", "Sum of the time-utility of finished requests.", st.Utility)
+	m.counter("tandem_shed_requests_total", "Requests ended early under overload after their min_tokens.", float64(st.ShedRequests))
+	m.counter("tandem_shed_tokens_total", "Optional tokens not generated because of shedding.", float64(st.ShedTokens))
+	m.counter("tandem_admissions_deferred_total", "Times admission control kept a request waiting to protect a deadline.", float64(st.Deferred))
+	m.counter("tandem_kv_evictions_total", "Parked sequences whose KV cache was evicted under memory pressure.", float64(st.Evicted))
+	m.counter("tandem_parked_expired_total", "Parked requests dropped after the park TTL.", float64(st.Expired))
+	m.counter("tandem_tokens_generated_total", "Generated tokens, all lanes.", float64(st.Tokens))
+	m.gauge("tandem_tokens_per_second", "Generated tokens per second over the last 10 seconds.", tokRate)
+	m.counter("tandem_scheduler_seconds_total", "Wall time spent in the scheduler's own code.", st.SchedulerWall.Seconds())
+	m.counter("tandem_engine_seconds_total", "Wall time spent in engine steps.", st.EngineWall.Seconds())
+
+	m.help("tandem_lane_utilization", "gauge", "Fraction of the last 10 seconds each lane spent in steps.")
+	for i, l := range st.Lanes {
+		m.value("tandem_lane_utilization", lane(l), busy[i])
+	}
+	for _, g := range []struct {
+		name, help string
+		val        func(sched.LaneStats) float64
+	}{
+		{"tandem_lane_running", "Sequences in each lane's batch.", func(l sched.LaneStats) float64 { return float64(l.Running) }},
+		{"tandem_lane_sequences", "Allocated sequences (running, parked, resumed) per lane.", func(l sched.LaneStats) float64 { return float64(l.Sequences) }},
+		{"tandem_lane_max_sequences", "Sequence slots per lane.", func(l sched.LaneStats) float64 { return float64(l.MaxSeqs) }},
+		{"tandem_lane_kv_bytes", "KV memory of the allocated sequences per lane.", func(l sched.LaneStats) float64 { return float64(l.KVBytes) }},
+		{"tandem_lane_step_seconds", "Predicted step time at the current batch (the lane's cost model).", func(l sched.LaneStats) float64 { return l.StepTime.Seconds() }},
+		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
+	} {
+		m.help(g.name, "gauge", g.help)
+		for _, l := range st.Lanes {
+			m.value(g.name, lane(l), g.val(l))
+		}
+	}
+}
+
+func lane(l sched.LaneStats) string { return `lane="` + strings.ReplaceAll(l.Name, `"`, `'`) + `"` }
+
+func boolf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// rates compares st with the newest sample at least rateWindow old (or
+// the oldest kept) and returns tokens per second and each lane's busy
+// fraction.
+func (s *Server) rates(st sched.Stats) (float64, []float64) {
+	now := time.Now()
+	cur := snapshot{at: now, tokens: st.Tokens}
+	for _, l := range st.Lanes {
+		cur.busy = append(cur.busy, l.Busy)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Keep the newest sample at least a window old and the ones after it.
+	for len(s.samples) > 1 && now.Sub(s.samples[1].at) >= rateWindow {
+		s.samples = s.samples[1:]
+	}
+	base := cur
+	if len(s.samples) > 0 {
+		base = s.samples[0]
+	}
+	s.samples = append(s.samples, cur)
+	if n := len(s.samples); n > 256 { // scraped very often: thin the middle
+		s.samples = append(s.samples[:1], s.samples[n-255:]...)
+	}
+	busy := make([]float64, len(cur.busy))
+	dt := now.Sub(base.at).Seconds()
+	if dt <= 0 {
+		return 0, busy
+	}
+	for i := range busy {
+		if i < len(base.busy) {
+			busy[i] = min(1, (cur.busy[i]-base.busy[i]).Seconds()/dt)
+		}
+	}
+	return float64(cur.tokens-base.tokens) / dt, busy
+}
+
+type promWriter struct{ w io.Writer }
+
+func (p *promWriter) help(name, typ, help string) {
+	fmt.Fprintf(p.w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+func (p *promWriter) value(name, labels string, v float64) {
+	if labels != "" {
+		fmt.Fprintf(p.w, "%s{%s} %v\n", name, labels, v)
+		return
+	}
+	fmt.Fprintf(p.w, "%s %v\n", name, v)
+}
+
+func (p *promWriter) gauge(name, help string, v float64) {
+	p.help(name, "gauge", help)
+	p.value(name, "", v)
+}
+
+func (p *promWriter) counter(name, help string, v float64) {
+	p.help(name, "counter", help)
+	p.value(name, "", v)
+}

@@ -1,0 +1,471 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+func TestCompletionMatchesReference(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	want, n := fx.reference(t, "Once upon a time", 24)
+	code, _, body := post(t, fx.http.URL+"/v1/completions",
+		map[string]any{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0})
+	if code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	c := parse(t, body)
+	if c.Object != "text_completion" || len(c.Choices) != 1 || !strings.HasPrefix(c.ID, "cmpl-") {
+		t.Fatalf("shape: %s", body)
+	}
+	if got := c.Choices[0].Text; got != want {
+		t.Errorf("text %q\nwant %q", got, want)
+	}
+	if c.Usage == nil || c.Usage.CompletionTokens != n || c.Usage.PromptTokens == 0 ||
+		c.Usage.TotalTokens != c.Usage.PromptTokens+c.Usage.CompletionTokens {
+		t.Errorf("usage %+v, want %d completion tokens", c.Usage, n)
+	}
+	if fr := c.Choices[0].FinishReason; fr == nil || *fr != "length" {
+		t.Errorf("finish reason %v, want length", fr)
+	}
+
+	// Streaming gives the same text, then a finish chunk, the usage chunk
+	// and [DONE].
+	resp, err := http.Post(fx.http.URL+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":"Once upon a time","max_tokens":24,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("content type %q", ct)
+	}
+	chunks, done := sse(t, resp.Body)
+	if !done {
+		t.Fatal("stream did not end with [DONE]")
+	}
+	if got := streamText(chunks); got != want {
+		t.Errorf("streamed %q\nwant %q", got, want)
+	}
+	last := chunks[len(chunks)-1]
+	if last.Usage == nil || last.Usage.CompletionTokens != n || len(last.Choices) != 0 {
+		t.Errorf("last chunk %+v, want the usage chunk", last)
+	}
+	if fin := chunks[len(chunks)-2]; fin.Choices[0].FinishReason == nil || *fin.Choices[0].FinishReason != "length" || fin.Tandem == nil {
+		t.Errorf("finish chunk %+v", fin)
+	}
+}
+
+func TestChatCompletion(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	msgs := []map[string]any{
+		{"role": "system", "content": "You tell short stories."},
+		{"role": "user", "content": []map[string]string{{"type": "text", "text": "Tell me about a cat."}}},
+	}
+	code, _, body := post(t, fx.http.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 16, "temperature": 0})
+	if code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	c := parse(t, body)
+	if c.Object != "chat.completion" || c.Choices[0].Message == nil || c.Choices[0].Message.Role != "assistant" || !strings.HasPrefix(c.ID, "chatcmpl-") {
+		t.Fatalf("shape: %s", body)
+	}
+	want, _ := fx.reference(t, "You tell short stories.\n\nUser: Tell me about a cat.\nAssistant:", 16)
+	if i := strings.Index(want, "\nUser:"); i >= 0 {
+		want = want[:i]
+	}
+	if got := c.Choices[0].Message.Content; got != want {
+		t.Errorf("content %q\nwant %q", got, want)
+	}
+	resp, err := http.Post(fx.http.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+		`{"messages":[{"role":"system","content":"You tell short stories."},{"role":"user","content":"Tell me about a cat."}],"max_tokens":16,"temperature":0,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	chunks, done := sse(t, resp.Body)
+	if !done || len(chunks) < 2 {
+		t.Fatalf("%d chunks, done %v", len(chunks), done)
+	}
+	if d := chunks[0].Choices[0].Delta; d == nil || d.Role != "assistant" || chunks[0].Object != "chat.completion.chunk" {
+		t.Errorf("first chunk %+v, want the assistant role", chunks[0])
+	}
+	if got := streamText(chunks); got != want {
+		t.Errorf("streamed %q\nwant %q", got, want)
+	}
+}
+
+func TestChatTemplate(t *testing.T) {
+	got, err := renderChat([]chatMessage{
+		{Role: "system", Content: json.RawMessage(`"Be brief."`)},
+		{Role: "user", Content: json.RawMessage(`"Hi"`)},
+		{Role: "assistant", Content: json.RawMessage(`"Hello."`)},
+		{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"Bye"}]`)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant:"; got != want {
+		t.Errorf("template %q\nwant %q", got, want)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	long := strings.Repeat("once upon a time ", 200)
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		param            string
+	}{
+		{"malformed json", "/v1/completions", `{"prompt": "x"`, 400, ""},
+		{"not json", "/v1/completions", `prompt=x`, 400, ""},
+		{"empty body", "/v1/completions", ``, 400, ""},
+		{"array body", "/v1/completions", `[1,2]`, 400, ""},
+		{"trailing data", "/v1/completions", `{"prompt":"x"} {}`, 400, ""},
+		{"unknown field", "/v1/completions", `{"prompt":"x","temprature":0}`, 400, "temprature"},
+		{"wrong type", "/v1/completions", `{"prompt":"x","max_tokens":"ten"}`, 400, "max_tokens"},
+		{"wrong nested type", "/v1/completions", `{"prompt":"x","utility":{"value":"high"}}`, 400, "utility.value"},
+		{"missing prompt", "/v1/completions", `{"max_tokens":5}`, 400, "prompt"},
+		{"prompt wrong type", "/v1/completions", `{"prompt":{"a":1}}`, 400, "prompt"},
+		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt"},
+		{"token outside vocab", "/v1/completions", `{"prompt":[1,99999]}`, 400, "prompt"},
+		{"prompt over context", "/v1/completions", `{"prompt":"` + long + `"}`, 400, "prompt"},
+		{"max_tokens 0", "/v1/completions", `{"prompt":"x","max_tokens":0}`, 400, "max_tokens"},
+		{"max_tokens negative", "/v1/completions", `{"prompt":"x","max_tokens":-3}`, 400, "max_tokens"},
+		{"max_tokens huge", "/v1/completions", `{"prompt":"x","max_tokens":100000000}`, 400, "max_tokens"},
+		{"max_tokens float", "/v1/completions", `{"prompt":"x","max_tokens":1.5}`, 400, "max_tokens"},
+		{"negative deadline", "/v1/completions", `{"prompt":"x","deadline_ms":-5}`, 400, "deadline_ms"},
+		{"zero deadline", "/v1/completions", `{"prompt":"x","deadline_ms":0}`, 400, "deadline_ms"},
+		{"absurd deadline", "/v1/completions", `{"prompt":"x","deadline_ms":1e15}`, 400, "deadline_ms"},
+		{"priority", "/v1/completions", `{"prompt":"x","priority":50}`, 400, "priority"},
+		{"min over max", "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":8}`, 400, "min_tokens"},
+		{"utility negative", "/v1/completions", `{"prompt":"x","utility":{"value":-1}}`, 400, "utility.value"},
+		{"utility unknown", "/v1/completions", `{"prompt":"x","utility":{"weight":1}}`, 400, "weight"},
+		{"segment name", "/v1/completions", `{"prompt":"x","segment":"paragraph"}`, 400, "segment"},
+		{"segment regex", "/v1/completions", `{"prompt":"x","segment":{"regex":"("}}`, 400, "segment.regex"},
+		{"segment empty match", "/v1/completions", `{"prompt":"x","segment":{"regex":"a*"}}`, 400, "segment.regex"},
+		{"segment type", "/v1/completions", `{"prompt":"x","segment":5}`, 400, "segment"},
+		{"temperature", "/v1/completions", `{"prompt":"x","temperature":5}`, 400, "temperature"},
+		{"top_p", "/v1/completions", `{"prompt":"x","top_p":0}`, 400, "top_p"},
+		{"n", "/v1/completions", `{"prompt":"x","n":3}`, 400, "n"},
+		{"stop type", "/v1/completions", `{"prompt":"x","stop":5}`, 400, "stop"},
+		{"too many stops", "/v1/completions", `{"prompt":"x","stop":["a","b","c","d","e"]}`, 400, "stop"},
+		{"logprobs", "/v1/completions", `{"prompt":"x","logprobs":5}`, 400, "logprobs"},
+		{"echo", "/v1/completions", `{"prompt":"x","echo":true}`, 400, "echo"},
+		{"stream_options alone", "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options"},
+		{"both max fields", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":3}`, 400, "max_completion_tokens"},
+		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, "messages"},
+		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"robot","content":"x"}]}`, 400, "messages[0].role"},
+		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","text":""}]}]}`, 400, "messages[0].content[0].type"},
+		{"resume bad deadline", "/v1/resume/cmpl-x", `{"deadline_ms":-1}`, 400, "deadline_ms"},
+		{"resume unknown", "/v1/resume/cmpl-nope", `{}`, 404, ""},
+		{"unknown route", "/v1/engines", `{}`, 404, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, body := post(t, fx.http.URL+tc.path, tc.body)
+			if code != tc.status {
+				t.Fatalf("status %d, want %d: %s", code, tc.status, body)
+			}
+			c := parse(t, body)
+			if c.Error == nil || c.Error.Message == "" || c.Error.Type == "" {
+				t.Fatalf("no OpenAI-style error body: %s", body)
+			}
+			if tc.param != "" && (c.Error.Param == nil || *c.Error.Param != tc.param) {
+				t.Errorf("param %v, want %q (%s)", c.Error.Param, tc.param, c.Error.Message)
+			}
+		})
+	}
+	resp, err := http.Get(fx.http.URL + "/v1/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Errorf("GET /v1/completions: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+	// Nothing leaked from the refused requests.
+	if n := fx.live(); n != 0 {
+		t.Errorf("%d sequences live", n)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	fx.srv.cfg.MaxBodyBytes = 100
+	code, _, body := post(t, fx.http.URL+"/v1/completions", `{"prompt":"`+strings.Repeat("a", 200)+`"}`)
+	if code != 413 || !strings.Contains(string(body), "error") {
+		t.Errorf("status %d: %s", code, body)
+	}
+}
+
+func TestNotLoadedIs503(t *testing.T) {
+	srv := New(Config{Model: "m"})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	code, hdr, body := post(t, ts.URL+"/v1/completions", `{"prompt":"x"}`)
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "model_not_loaded") {
+		t.Errorf("completions before load: %d %q %s", code, hdr.Get("Retry-After"), body)
+	}
+	resp, err := http.Get(ts.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Errorf("healthz before load: %d", resp.StatusCode)
+	}
+	resp, err = http.Get(ts.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("models before load: %d", resp.StatusCode)
+	}
+}
+
+func TestQueueFullIs429(t *testing.T) {
+	e := newGateEngine()
+	sc, err := sched.New(sched.Config{MaxBatch: 1, MaxQueue: 1}, nil, sched.Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, fixtureOpts{}) // for a tokenizer only
+	srv := New(Config{})
+	srv.Ready(sc, f.tok)
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	results := make(chan int, 2)
+	for range 2 {
+		go func() {
+			code, _, _ := post(t, ts.URL+"/v1/completions", `{"prompt":"a","max_tokens":2}`)
+			results <- code
+		}()
+	}
+	<-e.stepped // one request runs...
+	waitUntil(t, "a request queued", func() bool { return sc.Stats().Waiting == 1 })
+	code, hdr, body := post(t, ts.URL+"/v1/completions", `{"prompt":"a","max_tokens":2}`)
+	if code != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "queue_full") {
+		t.Errorf("third request: %d, Retry-After %q: %s", code, hdr.Get("Retry-After"), body)
+	}
+	close(e.gate)
+	for range 2 {
+		if c := <-results; c != 200 {
+			t.Errorf("held request finished with %d", c)
+		}
+	}
+	sc.Shutdown(context.Background())
+}
+
+func TestClientDisconnectFreesKV(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	req, _ := http.NewRequest("POST", fx.http.URL+"/v1/completions", strings.NewReader(
+		`{"prompt":"Once upon a time","max_tokens":400,"temperature":0,"stream":true,"min_tokens":0}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for range 3 { // a few chunks arrive
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fx.live() != 1 {
+		t.Fatalf("%d sequences live mid-stream, want 1", fx.live())
+	}
+	if st := fx.sc.Stats(); st.Lanes[0].KVBytes == 0 {
+		t.Fatalf("no KV memory in use mid-stream")
+	}
+	resp.Body.Close() // the client goes away
+	waitUntil(t, "KV freed after disconnect", func() bool { return fx.live() == 0 && fx.sc.Stats().Lanes[0].KVBytes == 0 })
+	waitUntil(t, "cancel counted", func() bool { return fx.sc.Stats().Cancelled == 1 })
+	if st := fx.sc.Stats(); st.Tokens >= 400 {
+		t.Errorf("generated %d tokens: the request ran to the end", st.Tokens)
+	}
+}
+
+// TestSegmentsResumeOverHTTP: a segmented request returns one statement
+// at a time and resuming continues exactly where it stopped.
+func TestSegmentsResumeOverHTTP(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	want, _ := fx.reference(t, "Once upon a time", 60)
+	code, _, body := post(t, fx.http.URL+"/v1/completions",
+		map[string]any{"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0, "segment": "statement", "deadline_ms": 60000})
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	var got strings.Builder
+	segments := 0
+	for {
+		c := parse(t, body)
+		got.WriteString(c.Choices[0].Text)
+		if c.Tandem == nil {
+			t.Fatalf("no tandem info: %s", body)
+		}
+		if !c.Tandem.Resumable {
+			break
+		}
+		segments++
+		if c.Tandem.Finish != "segment" || *c.Choices[0].FinishReason != "stop" || c.Tandem.DeadlineMet == nil || !*c.Tandem.DeadlineMet {
+			t.Errorf("segment %d: %s", segments, body)
+		}
+		stream := segments%2 == 0
+		resp, err := http.Post(fx.http.URL+"/v1/resume/"+c.Tandem.ID, "application/json",
+			strings.NewReader(fmt.Sprintf(`{"deadline_ms":60000,"stream":%v}`, stream)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stream {
+			chunks, done := sse(t, resp.Body)
+			resp.Body.Close()
+			if !done || len(chunks) == 0 {
+				t.Fatal("resumed stream did not finish")
+			}
+			fin := chunks[len(chunks)-1]
+			text := streamText(chunks)
+			fin.Choices[0].Text = text
+			data, _ := json.Marshal(fin)
+			body = data
+			continue
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("resume: %d %s", resp.StatusCode, body)
+		}
+	}
+	if segments < 2 {
+		t.Errorf("%d segments; want several statements in 60 tokens", segments)
+	}
+	if got.String() != want {
+		t.Errorf("segments joined %q\nwant %q", got.String(), want)
+	}
+	if n := fx.live(); n != 0 {
+		t.Errorf("%d sequences live after the last segment", n)
+	}
+	// Discarding a parked request frees it.
+	_, _, body = post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once upon a time","max_tokens":60,"temperature":0,"segment":"statement"}`)
+	c := parse(t, body)
+	req, _ := http.NewRequest("DELETE", fx.http.URL+"/v1/resume/"+c.Tandem.ID, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("delete: %d", resp.StatusCode)
+	}
+	waitUntil(t, "discarded sequence freed", func() bool { return fx.live() == 0 })
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{lanes: 2})
+	post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":5,"deadline_ms":60000}`)
+	post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":0}`)
+	resp, err := http.Get(fx.http.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(data)
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Errorf("content type %q", resp.Header.Get("Content-Type"))
+	}
+	for _, want := range []string{
+		"tandem_up 1", "tandem_queue_depth 0", "tandem_requests_admitted_total 1", "tandem_requests_rejected_total 0",
+		"tandem_deadline_hits_total 1", "tandem_deadline_misses_total 0", `tandem_http_responses_total{code="400"} 1`,
+		`tandem_lane_utilization{lane="cpu0"}`, `tandem_lane_utilization{lane="cpu1"}`, "tandem_tokens_per_second",
+		`tandem_memory_bytes{kind="kv"}`, `tandem_memory_bytes{kind="go_heap"}`, "tandem_tokens_generated_total 5",
+		`tandem_requests_finished_total{outcome="completed"} 1`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	// Every line is a comment or "name{labels} value".
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		if strings.HasPrefix(line, "# HELP ") || strings.HasPrefix(line, "# TYPE ") {
+			continue
+		}
+		var name string
+		var v float64
+		if _, err := fmt.Sscanf(strings.Replace(line, " ", "\t", 1), "%s\t%g", &name, &v); err != nil {
+			t.Errorf("bad metric line %q: %v", line, err)
+		}
+	}
+	resp, err = http.Get(fx.http.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(data), `"status":"ok"`) {
+		t.Errorf("healthz %d %s", resp.StatusCode, data)
+	}
+	resp, err = http.Get(fx.http.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(data), `"id":"stories260K"`) {
+		t.Errorf("models: %s", data)
+	}
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	short := make(chan int)
+	go func() {
+		code, _, _ := post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":3}`)
+		short <- code
+	}()
+	resp, err := http.Post(fx.http.URL+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"Once upon a time","max_tokens":500,"stream":true,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if _, err := rd.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-short; c != 200 {
+		t.Errorf("short request: %d", c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := fx.srv.Shutdown(ctx); err == nil {
+		t.Error("shutdown reported a full drain, but a 500-token request was running")
+	}
+	rest, _ := io.ReadAll(rd)
+	if !strings.Contains(string(rest), "shutting_down") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("stream after shutdown ends %q", tail(string(rest), 200))
+	}
+	code, _, body := post(t, fx.http.URL+"/v1/completions", `{"prompt":"x"}`)
+	if code != 503 {
+		t.Errorf("after shutdown: %d %s", code, body)
+	}
+	if fx.live() != 0 {
+		t.Errorf("%d sequences live after shutdown", fx.live())
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

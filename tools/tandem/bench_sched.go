@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+func runBenchSched(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench sched", "[--model FILE] [--sim-shape NAME] [flags]",
+		"Benchmarks the request scheduler: Poisson arrivals stepping from light load\n"+
+			"to overload, a mix of planners (short, tight deadlines), chats, background\n"+
+			"summaries (min_tokens) and a share of adversarial long-output prompts,\n"+
+			"under the policies FIFO, least-uncertainty-first (luf), earliest-deadline-\n"+
+			"first (edf), RT-LM as published (rtlm, raw counts) and tandem's. It runs\n"+
+			"the real engine on --model (lanes of --lanes threads), and the same\n"+
+			"scheduler in a discrete-event simulator whose per-step costs are measured\n"+
+			"on a synthetic model of --sim-shape (or given by --sim-costs); the\n"+
+			"simulator charges the scheduler's own run time. Load 1.0 is the lanes'\n"+
+			"measured token capacity at full batch divided by the mean request length.\n"+
+			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.", stdout, stderr,
+		"tandem bench sched --model stories260K.gguf --out /tmp/sched",
+		"tandem bench sched --real=false --sim-costs 300,30,5 --variance small,normal,large",
+		"tandem bench sched --model stories260K.gguf --sim-shape '' --loads 0.5,1.5")
+	modelPath := fs.String("model", "", "model for the real-engine runs (default: the embedded model)")
+	tokPath := fs.String("tokenizer", "", "its tokenizer (default: the model's own)")
+	real := fs.Bool("real", true, "run the real engine")
+	simShape := fs.String("sim-shape", "tinyllama-1.1b", "shape whose step costs the simulator uses ('' skips the simulator)")
+	simType := fs.String("sim-type", "q4_0", "weight type of the synthetic model")
+	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C = per step, per decoding member, per prefill token (skips measuring)")
+	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs")
+	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare")
+	loads := fs.String("loads", "0.3,0.6,0.9,1.2,1.6", "offered loads (1.0: the measured capacity)")
+	adversarial := fs.String("adversarial", "0,0.2,0.4", "shares of adversarial long-output prompts")
+	variance := fs.String("variance", "normal", "output-length variance within a class: small, normal, large (the real engine uses the first)")
+	requests := fs.Int("requests", 150, "requests per real-engine run")
+	simRequests := fs.Int("sim-requests", 600, "requests per simulated run")
+	lanesFlag := fs.String("lanes", "1,1", "threads per lane (the simulator uses as many lanes)")
+	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
+	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
+	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
+	outDir := fs.String("out", "", "directory for sched.md, sched.json and sched.svg")
+	seed := fs.Uint64("seed", 1, "workload seed")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	pols, err := parsePolicies(*policies)
+	if err != nil {
+		return err
+	}
+	loadList, err := parseFloats("--loads", *loads, 0.01, 100)
+	if err != nil {
+		return err
+	}
+	advList, err := parseFloats("--adversarial", *adversarial, 0, 1)
+	if err != nil {
+		return err
+	}
+	var vars []bench.Variance
+	for _, v := range strings.Split(*variance, ",") {
+		x, err := bench.ParseVariance(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%w: --variance: %v", errUsage, err)
+		}
+		vars = append(vars, x)
+	}
+	threads, err := parseLanes(*lanesFlag)
+	if err != nil {
+		return err
+	}
+	if *requests < 10 || *simRequests < 10 || *maxBatch < 1 {
+		return fmt.Errorf("%w: --requests and --sim-requests must be at least 10, --max-batch at least 1", errUsage)
+	}
+	if *outDir != "" {
+		if err := os.MkdirAll(*outDir, 0o755); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
+		seed: *seed, stderr: stderr}
+
+	var rows []bench.SchedRow
+	var notes []string
+	if *real {
+		r, note, err := cfg.real(ctx, *modelPath, *tokPath, *calib, threads, *requests)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r...)
+		notes = append(notes, note)
+	}
+	if *simShape != "" || *simCosts != "" {
+		costs, note, err := simStepCosts(*simShape, *simType, *simCosts, *simThreads, stderr)
+		if err != nil {
+			return err
+		}
+		r, err := cfg.sim(costs, len(threads), *simRequests, *ablate)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r...)
+		notes = append(notes, note)
+	}
+	if len(rows) == 0 {
+		return fmt.Errorf("%w: nothing to run: --real=false and no simulator shape or costs", errUsage)
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "Scheduler benchmark (tandem bench sched %s)\n\n", strings.Join(args, " "))
+	for _, n := range notes {
+		fmt.Fprintf(&md, "- %s\n", n)
+	}
+	md.WriteString("\n" + bench.SchedTable(rows) + "\nAt the highest load, tandem against FIFO:\n\n" + bench.GoalTable(bench.Goals(rows)))
+	fmt.Fprint(stdout, md.String())
+	if *outDir != "" {
+		data, _ := json.MarshalIndent(rows, "", "  ")
+		for name, content := range map[string][]byte{"sched.md": []byte(md.String()), "sched.json": data, "sched.svg": []byte(bench.SchedSVG(rows))} {
+			if err := os.WriteFile(filepath.Join(*outDir, name), content, 0o644); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(stderr, "wrote sched.md, sched.json and sched.svg to %s\n", *outDir)
+	}
+	return nil
+}
+
+type schedBench struct {
+	policies    []policyVariant
+	loads       []float64
+	adversarial []float64
+	variances   []bench.Variance
+	maxBatch    int
+	seed        uint64
+	stderr      io.Writer
+}
+
+// policyVariant is a policy, possibly with parts of tandem switched off.
+type policyVariant struct {
+	name   string
+	policy sched.Policy
+	ablate sched.Ablation
+}
+
+func parsePolicies(s string) ([]policyVariant, error) {
+	var out []policyVariant
+	for _, p := range strings.Split(s, ",") {
+		pol, err := sched.ParsePolicy(strings.TrimSpace(p))
+		if err != nil {
+			return nil, fmt.Errorf("%w: --policies: %v", errUsage, err)
+		}
+		out = append(out, policyVariant{name: pol.String(), policy: pol})
+	}
+	return out, nil
+}
+
+func parseFloats(flag, s string, lo, hi float64) ([]float64, error) {
+	var out []float64
+	for _, p := range strings.Split(s, ",") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || x < lo || x > hi {
+			return nil, fmt.Errorf("%w: %s %q: want numbers in %g..%g separated by commas", errUsage, flag, s, lo, hi)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// meanTokens is the mean output length a workload asks for (what the
+// simulator generates; the real model may stop some earlier).
+func meanTokens(reqs []bench.WorkRequest) float64 {
+	var s float64
+	for _, r := range reqs {
+		s += float64(min(r.Natural, r.MaxTokens))
+	}
+	return s / float64(len(reqs))
+}
+
+// rate turns an offered load into arrivals per second: load × token
+// capacity (every lane at full batch) ÷ mean request length.
+func (b schedBench) rate(load float64, lanes []bench.StepCosts, adv float64, v bench.Variance, tokTime time.Duration) float64 {
+	var capacity float64
+	for _, c := range lanes {
+		capacity += c.Capacity(b.maxBatch)
+	}
+	sample := bench.Workload(bench.WorkloadConfig{Requests: 2000, Adversarial: adv, Variance: v, TokenTime: tokTime, Seed: b.seed + 99})
+	return load * capacity / meanTokens(sample)
+}
+
+func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, threads []int, n int) ([]bench.SchedRow, string, error) {
+	f, err := openModel(modelPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	tok, err := loadTokenizer(f, tokPath)
+	if err != nil {
+		return nil, "", err
+	}
+	est, calPath, err := loadEstimator(calib, modelPath)
+	if err != nil {
+		return nil, "", err
+	}
+	if calPath == "" {
+		// Calibrated in memory only: a benchmark writes nothing beside
+		// the model (run tandem calibrate to keep one).
+		fmt.Fprintln(b.stderr, "no calibration for this model: calibrating in memory (tandem calibrate saves one)")
+		cal, err := calibrate(ctx, f, tok, bench.CalibrationPrompts(300, bench.VarianceNormal, 448, b.seed+1000),
+			calibrateOptions{threads: onePerCore(), temperature: 0.8, seed: b.seed, epochs: 1500, maxTokens: 448, modelPath: modelPath}, b.stderr)
+		if err != nil {
+			return nil, "", err
+		}
+		est = sched.NewEstimator(cal)
+		calPath = fmt.Sprintf("calibrated now (validation MAE %.1f tokens, fallback %.1f)", cal.Validation.MAE, cal.Validation.FallbackMAE)
+	}
+	fmt.Fprintf(b.stderr, "measuring step costs of %s with %d thread(s)\n", filepath.Base(f.Path), threads[0])
+	cost, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads[0], Batches: []int{1, 2, 4, b.maxBatch}})
+	if err != nil {
+		return nil, "", err
+	}
+	ctxLen := min(512, cost.Context)
+	lanes, closeLanes, err := cpuLanes(f, threads, 16, ctxLen, weights.F32)
+	if err != nil {
+		return nil, "", err
+	}
+	defer closeLanes()
+	encode := func(s string) ([]int32, error) { return tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true}) }
+	probe, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: 1024}, est, lanes...)
+	if err != nil {
+		return nil, "", err
+	}
+	ids, _ := encode("Once upon a time")
+	tokTime, capacity, err := bench.LiveCapacity(ctx, probe, ids, len(lanes), b.maxBatch)
+	probe.Shutdown(context.Background())
+	if err != nil {
+		return nil, "", err
+	}
+	// One lane of the live capacity, so rate() sums it back.
+	costs := make([]bench.StepCosts, len(lanes))
+	for i := range costs {
+		per := time.Duration(float64(b.maxBatch) / (capacity / float64(len(lanes))) * float64(time.Second))
+		costs[i] = bench.StepCosts{A: per, MaxSeqs: 16, Context: ctxLen}
+	}
+	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
+	v := b.variances[0]
+	total := len(b.adversarial) * len(b.loads) * len(b.policies)
+	bar := progress.New(b.stderr, "real-engine runs", uint64(total))
+	defer bar.Done()
+	var rows []bench.SchedRow
+	done := uint64(0)
+	for _, adv := range b.adversarial {
+		for _, load := range b.loads {
+			rate := b.rate(load, costs, adv, v, tokTime)
+			reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
+				TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed})
+			for _, p := range b.policies {
+				s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
+				if err != nil {
+					return nil, "", err
+				}
+				for i := range lanes {
+					s.SeedCost(i, cost.A, cost.B, cost.C)
+				}
+				run, err := bench.RunLive(ctx, s, reqs, encode, stopTokens(tok))
+				s.Shutdown(context.Background())
+				if err != nil {
+					return nil, "", err
+				}
+				row := bench.Summarize(run)
+				row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
+				rows = append(rows, row)
+				done++
+				bar.Set(done)
+			}
+		}
+	}
+	note := fmt.Sprintf("%s: %d lane(s) of %v threads; live capacity %.0f tok/s (all lanes, full batches), one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
+		name, len(lanes), threads, capacity, 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
+		cost.C.Round(100*time.Nanosecond), calPath)
+	return rows, note, nil
+}
+
+// simStepCosts parses --sim-costs or measures the step costs of a
+// synthetic model of shape (written to a temporary directory and
+// removed).
+func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) (bench.StepCosts, string, error) {
+	if given != "" {
+		ms, err := parseFloats("--sim-costs", given, 0, 1e6)
+		if err != nil || len(ms) != 3 {
+			return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C", errUsage, given)
+		}
+		d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+		c := bench.StepCosts{Name: "sim", A: d(ms[0]), B: d(ms[1]), C: d(ms[2]), MaxSeqs: 16, Context: 2048}
+		return c, fmt.Sprintf("sim: given step costs %v + %v/member + %v/prefill token", c.A, c.B, c.C), nil
+	}
+	sh, err := weights.LookupShape(shape)
+	if err != nil {
+		return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-shape: %v", errUsage, err)
+	}
+	dt, err := weights.ParseDType(typ)
+	if err != nil {
+		return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-type: %v", errUsage, err)
+	}
+	dir, err := os.MkdirTemp("", "tandem-bench-sched-")
+	if err != nil {
+		return bench.StepCosts{}, "", err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s.gguf", sh.Name, strings.ToLower(dt.String())))
+	bar := progress.New(stderr, "synth "+filepath.Base(path), 0)
+	err = weights.Synth(path, weights.SynthOptions{Shape: sh, Type: dt, Seed: 1,
+		Progress: func(done, total uint64) { bar.SetTotal(total); bar.Set(done) }})
+	bar.Done()
+	if err != nil {
+		return bench.StepCosts{}, "", err
+	}
+	f, err := weights.Open(path)
+	if err != nil {
+		return bench.StepCosts{}, "", err
+	}
+	defer f.Close()
+	fmt.Fprintf(stderr, "measuring step costs of %s with %d thread(s)\n", filepath.Base(path), threads)
+	c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Batches: []int{1, 2, 4, 8}, Reps: 3})
+	if err != nil {
+		return bench.StepCosts{}, "", err
+	}
+	c.Name = "sim " + sh.Name
+	return c, fmt.Sprintf("%s (%s): measured step = %v + %v/member + %v/prefill token with %d thread(s) (one sequence: %.2f tok/s)",
+		c.Name, strings.ToLower(dt.String()), c.A.Round(time.Millisecond), c.B.Round(time.Microsecond), c.C.Round(time.Microsecond), threads,
+		1/c.TokenTime().Seconds()), nil
+}
+
+func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]bench.SchedRow, error) {
+	if cost.Name == "" {
+		cost.Name = "sim"
+	}
+	lanes := make([]bench.StepCosts, nLanes)
+	for i := range lanes {
+		lanes[i] = cost
+		lanes[i].Name = fmt.Sprintf("%s lane %d", cost.Name, i)
+	}
+	pols := b.policies
+	if ablate {
+		pols = append(pols,
+			policyVariant{"tandem -shed", sched.Tandem, sched.Ablation{NoShedding: true}},
+			policyVariant{"tandem -admit", sched.Tandem, sched.Ablation{NoAdmission: true}},
+			policyVariant{"tandem -route", sched.Tandem, sched.Ablation{NoRouting: true}})
+	}
+	total := len(b.variances) * len(b.adversarial) * len(b.loads) * len(pols)
+	bar := progress.New(b.stderr, "simulated runs", uint64(total))
+	defer bar.Done()
+	var rows []bench.SchedRow
+	done := uint64(0)
+	for _, v := range b.variances {
+		est, err := simEstimator(v, b.seed)
+		if err != nil {
+			return nil, err
+		}
+		for _, adv := range b.adversarial {
+			for _, load := range b.loads {
+				rate := b.rate(load, lanes, adv, v, cost.TokenTime())
+				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
+					TokenTime: cost.TokenTime(), MaxTokens: cost.Context - 64, Seed: b.seed})
+				for _, p := range pols {
+					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
+						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})
+					if err != nil {
+						return nil, err
+					}
+					row := bench.Summarize(run)
+					row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = cost.Name, p.name, load, rate, adv, v.String()
+					rows = append(rows, row)
+					done++
+					bar.Set(done)
+				}
+			}
+		}
+	}
+	return rows, nil
+}
+
+// simEstimator trains the estimator on simulated generations: a held-out
+// workload (another seed) with the lengths the simulator will produce.
+func simEstimator(v bench.Variance, seed uint64) (*sched.Estimator, error) {
+	reqs := bench.CalibrationPrompts(1000, v, 1<<20, seed+500)
+	var xs [][]float64
+	var ys []float64
+	for _, r := range reqs {
+		words := len(strings.Fields(r.Prompt))
+		f := sched.Extract(r.Prompt, 1+int(math.Ceil(1.3*float64(words))))
+		xs = append(xs, f[:])
+		ys = append(ys, float64(min(r.Natural, r.MaxTokens)))
+	}
+	m, err := sched.TrainMLP(xs, ys, sched.TrainOptions{Seed: seed, Epochs: 600})
+	if err != nil {
+		return nil, err
+	}
+	var scores []float64
+	for _, x := range xs {
+		scores = append(scores, m.Predict(x))
+	}
+	return sched.NewEstimator(&sched.Calibration{MLP: m, Scores: sched.Percentiles(scores)}), nil
+}

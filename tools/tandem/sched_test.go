@@ -1,0 +1,109 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+// calibrateSmall runs tandem calibrate on stories260K with a small corpus
+// and returns the file it wrote.
+func calibrateSmall(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "stories260K.calib.json")
+	code, stdout, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"),
+		"--n", "40", "--max-tokens", "64", "--epochs", "100", "--lanes", "1", "--out", out)
+	if code != 0 {
+		t.Fatalf("calibrate: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"MLP on features", "prompt length (fallback)", "wrote " + out} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("calibrate output lacks %q:\n%s", want, stdout)
+		}
+	}
+	return out
+}
+
+func TestCalibrate(t *testing.T) {
+	path := calibrateSmall(t)
+	c, err := sched.LoadCalibration(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Samples != 40 || c.Model != "stories260K.gguf" || c.Validation.N != 8 || len(c.Scores) != 21 {
+		t.Errorf("calibration %+v", c)
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"few.txt":  "one\ntwo\n",
+		"bad.json": strings.Repeat(`{"prompt":"x","max_tokens":"many"}`+"\n", 12),
+	} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o644)
+		if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", p, "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, name) {
+			t.Errorf("%s: exit %d: %s", name, code, stderr)
+		}
+	}
+	if code, _, _ := tandem(t, "calibrate", "--n", "0"); code != 2 {
+		t.Errorf("--n 0: exit %d, want 2", code)
+	}
+}
+
+func TestBenchSchedSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real engine for a few seconds")
+	}
+	calib := calibrateSmall(t)
+	out := t.TempDir()
+	code, stdout, stderr := tandem(t, "bench", "sched", "--model", testutil.Model(t, "stories260K.gguf"), "--calibration", calib,
+		"--requests", "20", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo",
+		"--sim-costs", "50,10,1", "--sim-requests", "40", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"| real stories260K |", "| sim |", "| tandem |", "| fifo |", "tandem -shed", "p99 FIFO → tandem"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	var rows []map[string]any
+	data, err := os.ReadFile(filepath.Join(out, "sched.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &rows); err != nil || len(rows) != 2+5 {
+		t.Errorf("sched.json: %d rows, %v", len(rows), err)
+	}
+	for _, f := range []string{"sched.md", "sched.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if code, _, _ := tandem(t, "bench", "sched", "--loads", "x"); code != 2 {
+		t.Errorf("bad --loads: exit %d", code)
+	}
+}
+
+func TestParseLanes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int
+		ok   bool
+	}{
+		{"3,1", []int{3, 1}, true}, {"cpu:2", []int{2}, true}, {"0", nil, false}, {"gpu", nil, false}, {"a", nil, false},
+	} {
+		got, err := parseLanes(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
+			t.Errorf("parseLanes(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+	if got, err := parseLanes(""); err != nil || len(got) != 1 || got[0] < 1 {
+		t.Errorf("default lanes %v, %v", got, err)
+	}
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/server"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+func runServe(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--lanes T,T] [flags]",
+		"Serves a model over HTTP: OpenAI-compatible /v1/completions and\n"+
+			"/v1/chat/completions (streaming with \"stream\": true), /v1/models, tandem's\n"+
+			"scheduling extensions (deadline_ms, priority, segment, min_tokens, utility;\n"+
+			"POST /v1/resume/{id}), /metrics (Prometheus) and /healthz. Requests are\n"+
+			"scheduled by the uncertainty-aware scheduler over one or more CPU lanes,\n"+
+			"each with its own threads and KV cache. With no --model it serves the\n"+
+			"embedded default model. The uncertainty estimator is read from\n"+
+			"MODEL.calib.json when it exists (see tandem calibrate). SIGINT or SIGTERM\n"+
+			"drain in-flight requests for --drain-timeout, then cancel the rest.", stdout, stderr,
+		"tandem serve",
+		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
+		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
+	modelPath := fs.String("model", "", "model file (default: the embedded model)")
+	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
+	draft := fs.String("draft", "", "draft model for speculative decoding (not yet available in serve)")
+	lanesFlag := fs.String("lanes", "", "threads per CPU lane, comma separated; the first lane is the primary, later ones take long requests (default: one lane on all physical cores)")
+	name := fs.String("name", "", "model id in the API (default: the model file's name)")
+	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
+	calib := fs.String("calibration", "", "uncertainty calibration file (default: MODEL.calib.json when it exists)")
+	ctxLen := fs.Int("ctx", 0, "context per sequence (0: the model's)")
+	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
+	maxSeqs := fs.Int("max-seqs", 16, "sequence slots per lane (running and parked; bounds KV memory)")
+	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
+	maxQueue := fs.Int("max-queue", 256, "waiting requests before 429")
+	maxTokens := fs.Int("max-tokens", 256, "max_tokens for requests that do not set it")
+	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
+	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if *draft != "" {
+		return errors.New("--draft: speculative decoding is not yet available in serve; it plugs in as a sched.Engine when runtime/spec's engine lands. Serve without --draft for now")
+	}
+	if *backend != "" {
+		if err := kernels.SetBackend(*backend); err != nil {
+			return fmt.Errorf("%w: --kernels: %v", errUsage, err)
+		}
+	}
+	policy, err := sched.ParsePolicy(*policyFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --policy: %v", errUsage, err)
+	}
+	threads, err := parseLanes(*lanesFlag)
+	if err != nil {
+		return err
+	}
+	kvt, err := weights.ParseDType(*kvType)
+	if err != nil || (kvt != weights.F32 && kvt != weights.F16) {
+		return fmt.Errorf("%w: --kv-type %q: want f32 or f16", errUsage, *kvType)
+	}
+	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 || *ctxLen < 0 {
+		return fmt.Errorf("%w: --max-seqs, --max-batch, --max-queue and --max-tokens must be positive", errUsage)
+	}
+	if *name == "" {
+		*name = "default"
+		if *modelPath != "" {
+			*name = strings.TrimSuffix(filepath.Base(*modelPath), filepath.Ext(*modelPath))
+		}
+	}
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+
+	// Listen first: a busy port fails at once, and /healthz answers
+	// (503, loading) while the model loads.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	}
+	srv := server.New(server.Config{Model: *name, DefaultMaxTokens: *maxTokens})
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	fmt.Fprintf(stderr, "tandem serve: listening on http://%s, loading %s\n", ln.Addr(), *name)
+
+	f, err := openModel(*modelPath)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	defer f.Close()
+	tok, err := loadTokenizer(f, *tokPath)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	est, calPath, err := loadEstimator(*calib, *modelPath)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	lanes, closeLanes, err := cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	defer closeLanes()
+	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: *maxBatch, MaxQueue: *maxQueue, ParkTTL: *parkTTL,
+		DefaultMaxTokens: *maxTokens}, est, lanes...)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	srv.Ready(sc, tok)
+	estimator := "prompt length (uncalibrated: run tandem calibrate)"
+	if calPath != "" {
+		estimator = calPath
+	}
+	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, policy %s, context %d, estimator %s\n",
+		len(lanes), threads, policy, sc.Context(), estimator)
+
+	select {
+	case err := <-serveErr:
+		sc.Shutdown(context.Background())
+		return fmt.Errorf("http server: %w", err)
+	case s := <-sig:
+		fmt.Fprintf(stderr, "tandem serve: %v: draining in-flight requests for up to %v (again to stop now)\n", s, *drain)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	go func() {
+		<-sig
+		cancel()
+	}()
+	// The scheduler drains (then cancels) the requests; the HTTP server
+	// stops listening and waits for the handlers, which end with them.
+	drained := make(chan error, 1)
+	go func() { drained <- srv.Shutdown(ctx) }()
+	hctx, hcancel := context.WithTimeout(context.Background(), *drain+5*time.Second)
+	defer hcancel()
+	herr := hs.Shutdown(hctx)
+	if err := <-drained; err != nil {
+		fmt.Fprintf(stderr, "tandem serve: drain timed out; the remaining requests were cancelled\n")
+	}
+	if herr != nil && !errors.Is(herr, context.DeadlineExceeded) {
+		return herr
+	}
+	fmt.Fprintln(stderr, "tandem serve: stopped")
+	return nil
+}
+
+// parseLanes reads --lanes: threads per CPU lane. Empty means one lane on
+// all physical cores. "gpu" is refused until a GPU backend exists.
+func parseLanes(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return []int{kernels.PhysicalCores()}, nil
+	}
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimPrefix(strings.TrimSpace(part), "cpu:")
+		if part == "gpu" || strings.HasPrefix(part, "gpu:") {
+			return nil, fmt.Errorf("%w: --lanes %q: this build has no GPU lane yet; use thread counts for CPU lanes", errUsage, s)
+		}
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("%w: --lanes %q: want thread counts 1..256 separated by commas, e.g. 3,1", errUsage, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
