@@ -36,8 +36,10 @@ type SampleOptions struct {
 // distribution, the data a draft is distilled on.
 func Sample(ctx context.Context, m *model.Model, o SampleOptions) ([]int32, error) {
 	c := m.Config()
-	if o.Sequences <= 0 || o.Length < 2 || o.Length > c.Context {
-		return nil, fmt.Errorf("train: sample %d sequences of %d tokens: want at least one of 2..%d (the model's context)", o.Sequences, o.Length, c.Context)
+	// The last token of a sequence is sampled, never fed: Length may
+	// be the context plus one, as a training window is.
+	if o.Sequences <= 0 || o.Length < 2 || o.Length > c.Context+1 {
+		return nil, fmt.Errorf("train: sample %d sequences of %d tokens: want at least one of 2..%d (the model's context + 1)", o.Sequences, o.Length, c.Context+1)
 	}
 	if o.BOS < 0 || int(o.BOS) >= c.Vocab {
 		return nil, fmt.Errorf("train: sample: BOS %d is outside the vocabulary of %d", o.BOS, c.Vocab)
@@ -53,7 +55,7 @@ func Sample(ctx context.Context, m *model.Model, o SampleOptions) ([]int32, erro
 	if o.Temperature == 0 {
 		o.Temperature = 1
 	}
-	cache, err := kv.New(kv.Config{Layers: c.Layers, KVDim: c.KVDim(), Context: o.Length, Type: weights.F32})
+	cache, err := kv.New(kv.Config{Layers: c.Layers, KVDim: c.KVDim(), Context: o.Length - 1, Type: weights.F32})
 	if err != nil {
 		return nil, err
 	}

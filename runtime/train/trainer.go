@@ -126,6 +126,9 @@ func NewTrainerWindows(p *Params[float32], train, valid *Windows, teacher Teache
 	return t, nil
 }
 
+// SetLog replaces Options.Log.
+func (t *Trainer) SetLog(f func(Progress)) { t.opts.Log = f }
+
 // Windows returns the training windows (for reporting epoch sizes).
 func (t *Trainer) Windows() *Windows { return t.train }
 

@@ -33,6 +33,10 @@ func init() {
 		"tokenize": {"encode text to token ids", runTokenize},
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
 		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
+		"corpus":   {"write a synthetic story corpus and learn a BPE vocabulary", runCorpus},
+		"train":    {"train a llama model on a text corpus", runTrain},
+		"distill":  {"train a draft model for a target on the target's own outputs", runDistill},
+		"eval":     {"held-out loss of models and a draft's agreement with a target", runEval},
 		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
 	}
 }
