@@ -78,63 +78,56 @@ func (e *Engine[T]) Backward(p, g *Params[T]) error {
 // head shared by a group of query heads are summed without races.
 func (e *Engine[T]) attentionGrad(A *layerActs[T]) {
 	c := e.cfg
-	B, Tn, hd, d := e.b, e.t, c.HeadDim, c.Dim
+	Tn, hd, d := e.t, c.HeadDim, c.Dim
 	kvd := c.KVHeads * hd
 	group := c.Heads / c.KVHeads
 	scale := T(float32(1 / math.Sqrt(float64(hd))))
-	e.pool.Run(B*c.KVHeads, func(lo, hi int) {
-		sp := kernels.NewPool(1)
-		var sc scratch[T]
-		for task := lo; task < hi; task++ {
-			b, kh := task/c.KVHeads, task%c.KVHeads
-			kH := gather(sc.get(0, Tn*hd), A.k, b*Tn, Tn, kvd, kh*hd, hd)
-			vH := gather(sc.get(1, Tn*hd), A.v, b*Tn, Tn, kvd, kh*hd, hd)
-			kT := sc.get(2, hd*Tn)
-			transpose(nil, kT, kH, Tn, hd)
-			dK, dV := sc.get(3, Tn*hd), sc.get(4, Tn*hd)
-			clear(dK)
-			clear(dV)
-			tmp := sc.get(5, Tn*hd)
-			for gi := range group {
-				h := kh*group + gi
-				P := A.p[(b*c.Heads+h)*Tn*Tn : (b*c.Heads+h+1)*Tn*Tn]
-				dO := gather(sc.get(6, Tn*hd), e.datt, b*Tn, Tn, d, h*hd, hd)
-				dOT := sc.get(7, hd*Tn)
-				transpose(nil, dOT, dO, Tn, hd)
-				qH := gather(sc.get(8, Tn*hd), A.q, b*Tn, Tn, d, h*hd, hd)
-				qT := sc.get(9, hd*Tn)
-				transpose(nil, qT, qH, Tn, hd)
+	e.kvTasks(A, func(sp *kernels.Pool, sc *scratch[T], b, kh int, kH, vH []T) {
+		kT := sc.get(2, hd*Tn)
+		transpose(nil, kT, kH, Tn, hd)
+		dK, dV := sc.get(3, Tn*hd), sc.get(4, Tn*hd)
+		clear(dK)
+		clear(dV)
+		tmp := sc.get(5, Tn*hd)
+		for gi := range group {
+			h := kh*group + gi
+			P := A.p[(b*c.Heads+h)*Tn*Tn : (b*c.Heads+h+1)*Tn*Tn]
+			dO := gather(sc.get(6, Tn*hd), e.datt, b*Tn, Tn, d, h*hd, hd)
+			dOT := sc.get(7, hd*Tn)
+			transpose(nil, dOT, dO, Tn, hd)
+			qH := gather(sc.get(8, Tn*hd), A.q, b*Tn, Tn, d, h*hd, hd)
+			qT := sc.get(9, hd*Tn)
+			transpose(nil, qT, qH, Tn, hd)
 
-				dP := sc.get(10, Tn*Tn)
-				mm(sp, dP, vH, dO, Tn, hd, Tn) // dP[t][s] = dO_t·v_s
-				pT := sc.get(11, Tn*Tn)
-				transpose(nil, pT, P, Tn, Tn)
-				mm(sp, tmp, dOT, pT, hd, Tn, Tn) // tmp[s][c] = Σ_t P[t][s]·dO[t][c]
-				addTo(dV, tmp)
+			dP := sc.get(10, Tn*Tn)
+			mm(sp, dP, vH, dO, Tn, hd, Tn) // dP[t][s] = dO_t·v_s
+			pT := sc.get(11, Tn*Tn)
+			transpose(nil, pT, P, Tn, Tn)
+			mm(sp, tmp, dOT, pT, hd, Tn, Tn) // tmp[s][c] = Σ_t P[t][s]·dO[t][c]
+			addTo(dV, tmp)
 
-				dS := dP // overwritten row by row
-				for t := range Tn {
-					pr, gr := P[t*Tn:(t+1)*Tn], dP[t*Tn:(t+1)*Tn]
-					var dotp T
-					for s := 0; s <= t; s++ {
-						dotp += pr[s] * gr[s]
-					}
-					for s := 0; s <= t; s++ {
-						dS[t*Tn+s] = pr[s] * (gr[s] - dotp) * scale
-					}
-					clear(dS[t*Tn+t+1 : (t+1)*Tn])
+			dS := dP // overwritten row by row
+			for t := range Tn {
+				pr, gr := P[t*Tn:(t+1)*Tn], dP[t*Tn:(t+1)*Tn]
+				var dotp T
+				for s := 0; s <= t; s++ {
+					dotp += pr[s] * gr[s]
 				}
-				dQ := sc.get(12, Tn*hd)
-				mm(sp, dQ, kT, dS, hd, Tn, Tn) // dQ[t][c] = Σ_s dS[t][s]·k_s[c]
-				scatter(e.dq, dQ, b*Tn, Tn, d, h*hd, hd)
-				dST := pT // P's transpose is no longer needed
-				transpose(nil, dST, dS, Tn, Tn)
-				mm(sp, tmp, qT, dST, hd, Tn, Tn) // tmp[s][c] = Σ_t dS[t][s]·q_t[c]
-				addTo(dK, tmp)
+				for s := 0; s <= t; s++ {
+					dS[t*Tn+s] = pr[s] * (gr[s] - dotp) * scale
+				}
+				clear(dS[t*Tn+t+1 : (t+1)*Tn])
 			}
-			scatter(e.dk, dK, b*Tn, Tn, kvd, kh*hd, hd)
-			scatter(e.dv, dV, b*Tn, Tn, kvd, kh*hd, hd)
+			dQ := sc.get(12, Tn*hd)
+			mm(sp, dQ, kT, dS, hd, Tn, Tn) // dQ[t][c] = Σ_s dS[t][s]·k_s[c]
+			scatter(e.dq, dQ, b*Tn, Tn, d, h*hd, hd)
+			dST := pT // P's transpose is no longer needed
+			transpose(nil, dST, dS, Tn, Tn)
+			mm(sp, tmp, qT, dST, hd, Tn, Tn) // tmp[s][c] = Σ_t dS[t][s]·q_t[c]
+			addTo(dK, tmp)
 		}
+		scatter(e.dk, dK, b*Tn, Tn, kvd, kh*hd, hd)
+		scatter(e.dv, dV, b*Tn, Tn, kvd, kh*hd, hd)
 	})
 }
 

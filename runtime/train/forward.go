@@ -301,31 +301,43 @@ func (e *Engine[T]) rope(x []T, heads, t int, dir T) {
 // tasks run in parallel.
 func (e *Engine[T]) attention(A *layerActs[T]) {
 	c := e.cfg
-	B, Tn, hd, d := e.b, e.t, c.HeadDim, c.Dim
-	kvd := c.KVHeads * hd
+	Tn, hd, d := e.t, c.HeadDim, c.Dim
 	group := c.Heads / c.KVHeads
 	scale := T(float32(1 / math.Sqrt(float64(hd))))
-	e.pool.Run(B*c.KVHeads, func(lo, hi int) {
+	e.kvTasks(A, func(sp *kernels.Pool, sc *scratch[T], b, kh int, kH, vH []T) {
+		vT := sc.get(2, hd*Tn)
+		transpose(nil, vT, vH, Tn, hd)
+		for g := range group {
+			h := kh*group + g
+			qH := gather(sc.get(3, Tn*hd), A.q, b*Tn, Tn, d, h*hd, hd)
+			P := A.p[(b*c.Heads+h)*Tn*Tn : (b*c.Heads+h+1)*Tn*Tn]
+			mm(sp, P, kH, qH, Tn, hd, Tn) // P[t][s] = q_t·k_s
+			for t := range Tn {
+				causalSoftmax(P[t*Tn:(t+1)*Tn], t, scale)
+			}
+			o := sc.get(4, Tn*hd)
+			mm(sp, o, vT, P, hd, Tn, Tn) // o[t][c] = Σ_s P[t][s]·v_s[c]
+			scatter(A.att, o, b*Tn, Tn, d, h*hd, hd)
+		}
+	})
+}
+
+// kvTasks runs fn for every (sequence, KV head) pair on the pool. Each
+// task gets serial matmuls (a one-thread pool), scratch of its own whose
+// slots 0 and 1 hold the head's K and V gathered into contiguous T×hd
+// blocks, and owns that head's rows of every output.
+func (e *Engine[T]) kvTasks(A *layerActs[T], fn func(sp *kernels.Pool, sc *scratch[T], b, kh int, kH, vH []T)) {
+	c := e.cfg
+	Tn, hd := e.t, c.HeadDim
+	kvd := c.KVHeads * hd
+	e.pool.Run(e.b*c.KVHeads, func(lo, hi int) {
 		sp := kernels.NewPool(1)
 		var sc scratch[T]
 		for task := lo; task < hi; task++ {
 			b, kh := task/c.KVHeads, task%c.KVHeads
 			kH := gather(sc.get(0, Tn*hd), A.k, b*Tn, Tn, kvd, kh*hd, hd)
 			vH := gather(sc.get(1, Tn*hd), A.v, b*Tn, Tn, kvd, kh*hd, hd)
-			vT := sc.get(2, hd*Tn)
-			transpose(nil, vT, vH, Tn, hd)
-			for g := range group {
-				h := kh*group + g
-				qH := gather(sc.get(3, Tn*hd), A.q, b*Tn, Tn, d, h*hd, hd)
-				P := A.p[(b*c.Heads+h)*Tn*Tn : (b*c.Heads+h+1)*Tn*Tn]
-				mm(sp, P, kH, qH, Tn, hd, Tn) // P[t][s] = q_t·k_s
-				for t := range Tn {
-					causalSoftmax(P[t*Tn:(t+1)*Tn], t, scale)
-				}
-				o := sc.get(4, Tn*hd)
-				mm(sp, o, vT, P, hd, Tn, Tn) // o[t][c] = Σ_s P[t][s]·v_s[c]
-				scatter(A.att, o, b*Tn, Tn, d, h*hd, hd)
-			}
+			fn(sp, &sc, b, kh, kH, vH)
 		}
 	})
 }

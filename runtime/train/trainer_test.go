@@ -291,3 +291,18 @@ func TestBadShapesAndData(t *testing.T) {
 		t.Errorf("10 tokens for a 16-token context: %v", err)
 	}
 }
+
+func FuzzParseShape(f *testing.F) {
+	f.Add("64,128,2,8,4,128")
+	f.Add("1,1,1,1,1")
+	f.Add("64,,2,8,4")
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := ParseShape(s, 50, 64)
+		if err != nil {
+			return
+		}
+		if CheckConfig(c) != nil || c.Dim%c.Heads != 0 || c.Heads%c.KVHeads != 0 || c.HeadDim%2 != 0 || ShapeString(c) == "" {
+			t.Fatalf("%q parsed to an invalid shape %+v", s, c)
+		}
+	})
+}

@@ -81,6 +81,11 @@ func runDistill(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		dc = dp.Cfg
+		if *shapeFlag != "" {
+			if c, err := train.ParseShape(*shapeFlag, tc.Vocab, dc.Context); err != nil || train.ShapeString(c) != train.ShapeString(dc) {
+				return fmt.Errorf("%w: --shape %s does not match --init's shape %s", errUsage, *shapeFlag, train.ShapeString(dc))
+			}
+		}
 		if dc.Vocab != tc.Vocab {
 			return fmt.Errorf("--init %s has a vocabulary of %d, the target's is %d", *tf.init, dc.Vocab, tc.Vocab)
 		}
