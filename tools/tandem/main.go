@@ -34,6 +34,10 @@ func init() {
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
 		"inflate":  {"embed a real small model in a large shape, output unchanged (for benchmarks)", runInflate},
 		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
+		"corpus":   {"write a synthetic story corpus and learn a BPE vocabulary", runCorpus},
+		"train":    {"train a llama model on a text corpus", runTrain},
+		"distill":  {"train a draft model for a target on the target's own outputs", runDistill},
+		"eval":     {"held-out loss of models and a draft's agreement with a target", runEval},
 		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
 
 		// The scheduler's verbs (a block of their own keeps the alignment above).
