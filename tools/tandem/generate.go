@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"io"
 	"os"
 	"os/signal"
@@ -18,14 +19,8 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// defaultModel is a small random-weight model (see README): it lets
-// `tandem generate` run with nothing downloaded. Regenerate it with
-// `make default-model`.
-//
-//go:embed defaultmodel/default.gguf
-var defaultModel []byte
-
-const defaultModelName = "embedded default model (random weights)"
+// defaultModelName is the embedded default's Path.
+const defaultModelName = defaultmodel.TargetName
 
 func runGenerate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("generate", "[--model FILE] [--tokenizer FILE] [--prompt TEXT] [flags]",
@@ -226,7 +221,7 @@ func nonNil(ids []int32) []int32 {
 // openModel opens path, or the embedded default model when path is "".
 func openModel(path string) (*weights.File, error) {
 	if path == "" {
-		return weights.Parse(defaultModel, defaultModelName)
+		return defaultmodel.Target()
 	}
 	return weights.Open(path)
 }
