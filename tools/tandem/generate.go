@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"fmt"
 	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
