@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,7 +72,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 		mh = append(mh, fmt.Sprintf("%s: %s", m.name, m.help))
 	}
 	return &runFlags{
-		budget: fs.String("budget", "", "most bytes of model weights held in memory, like 512MiB or 1.5GB; auto: "+
+		budget: fs.String("budget", "", "most bytes of model weights held in memory, like 512MiB, 1.5GB or 25% (of the weights); auto: "+
 			fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory; min: the smallest the model allows (printed). Layers beyond it stream from the file"),
 		mode:      fs.String("mode", "", "how the weights are held (default: resident without --budget, stdpl with one):\n"+strings.Join(mh, "\n")),
 		io:        fs.String("io", "pread", "how streamed weights are read: pread (into buffers tandem owns) or mmap (the file mapping)"),
@@ -170,8 +171,16 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 		opt.Budget = uint64(float64(avail) * autoBudgetShare)
 		fmt.Fprintf(stderr, "budget auto: %s (%.0f%% of %s available)\n", progress.Bytes(opt.Budget), 100*autoBudgetShare, progress.Bytes(avail))
 	default:
+		if pct, ok := strings.CutSuffix(b, "%"); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(pct), 64)
+			if err != nil || v <= 0 || v > 100 {
+				return rc, fmt.Errorf("%w: --budget %s: want a share of the weights between 0%% and 100%%, like 25%%", errUsage, *r.budget)
+			}
+			opt.Budget = uint64(float64(probe.Total) * v / 100)
+			break
+		}
 		if opt.Budget, err = parseSize(b); err != nil {
-			return rc, fmt.Errorf("%w: --budget: %v (or auto, or min)", errUsage, err)
+			return rc, fmt.Errorf("%w: --budget: %v (or N%%, auto, min)", errUsage, err)
 		}
 	}
 	plan, groups, err := model.PlanStream(f, opt)

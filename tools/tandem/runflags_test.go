@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -50,6 +51,7 @@ func TestGenerateStreamed(t *testing.T) {
 		{"min-std-mmap", []string{"--budget", "min", "--mode", "std", "--io", "mmap"}, "pins nothing"},
 		{"half-throttled", []string{"--budget", "600KB", "--io-bandwidth", "2GB/s", "--io-latency", "20us"}, ""},
 		{"all", []string{"--budget", "64MiB", "--mode", "std"}, ""},
+		{"share", []string{"--budget", "80%"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, errOut := generateJSON(t, append([]string{"--model", path}, tc.args...)...)
@@ -65,6 +67,17 @@ func TestGenerateStreamed(t *testing.T) {
 			}
 			if tc.note != "" && !strings.Contains(errOut, tc.note) {
 				t.Errorf("stderr %q does not say %q", errOut, tc.note)
+			}
+			if tc.name == "share" {
+				f, err := weights.Open(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				probe, _, _ := model.PlanStream(f, weights.StreamOptions{})
+				f.Close()
+				if want := uint64(float64(probe.Total) * 0.8); s.BudgetBytes != want {
+					t.Errorf("--budget 80%% of %d bytes gave %d, want %d", probe.Total, s.BudgetBytes, want)
+				}
 			}
 			if tc.name == "all" && (s.BytesRead != 0 || s.PinnedBytes == 0) {
 				t.Errorf("a budget above the model pinned %d and read %d bytes after warm-up", s.PinnedBytes, s.BytesRead)
@@ -90,6 +103,8 @@ func TestGenerateRunFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--budget", "1KiB"}, 1, "needs at least"},
 		{[]string{"--budget", "lots"}, 2, "--budget"},
+		{[]string{"--budget", "0%"}, 2, "between 0% and 100%"},
+		{[]string{"--budget", "150%"}, 2, "between 0% and 100%"},
 		{[]string{"--mode", "turbo"}, 2, "want one of resident|target|std|stdpl|sd|bild|tree"},
 		{[]string{"--mode", "resident", "--budget", "1MiB"}, 2, "need a streaming mode"},
 		{[]string{"--io-bandwidth", "400MB/s"}, 2, "need a streaming mode"},
