@@ -13,7 +13,7 @@ import (
 // second. TANDEM_BENCH_SHAPES overrides the shapes
 // ("dim,hidden,layers,heads,kv,ctx;..."), TANDEM_BENCH_VOCAB the vocabulary.
 func BenchmarkStep(b *testing.B) {
-	shapes := []string{"256,704,5,8,4,256", "96,256,3,4,2,256"}
+	shapes := []string{"192,512,6,6,3,256", "96,256,3,4,2,256"} // the default pair (Makefile: models)
 	if s := os.Getenv("TANDEM_BENCH_SHAPES"); s != "" {
 		shapes = splitList(s)
 	}

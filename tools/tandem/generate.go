@@ -25,8 +25,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("generate", "[--model FILE] [--tokenizer FILE] [--prompt TEXT] [flags]",
 		"Generates text, streaming it to stdout as tokens arrive; statistics go to\n"+
 			"stderr. The model is a GGUF or a llama2.c .bin (which needs --tokenizer); with\n"+
-			"no --model the embedded default runs (random weights: it proves the pipeline,\n"+
-			"its text is noise). Generation stops at EOS, at BOS (llama2.c models end a\n"+
+			"no --model tandem's own pair runs: a 2.6M-parameter story model with its\n"+
+			"0.4M-parameter draft, speculating in a tree (--mode target: the model alone).\n"+
+			"Generation stops at EOS, at BOS (llama2.c models end a\n"+
 			"story with it), at --max-tokens or when the context is full.\n"+
 			"With --budget the weights beyond the budget stream from the file each token,\n"+
 			"layer by layer (the page cache is dropped behind them, so the budget is real);\n"+
@@ -80,7 +81,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rc, err := rf.resolve(f, *sf.draft != "", stderr)
+	rc, err := rf.resolve(f, sf.wanted(*modelPath, *rf.mode), stderr)
 	if err != nil {
 		return err
 	}

@@ -3,12 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/corpus"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -216,15 +217,47 @@ func TestSynthThenGenerate(t *testing.T) {
 	}
 }
 
+// TestDefaultModelRuns runs the README's first command: the embedded
+// target speculates with the embedded draft, writes a story in the
+// corpus's words, and gives the same text as the target alone.
 func TestDefaultModelRuns(t *testing.T) {
-	code, out, errOut := tandem(t, "generate", "--max-tokens", "8", "--json")
-	if code != 0 || !strings.Contains(out, `"generated_tokens":8`) {
-		t.Errorf("default model: %d %s %s", code, out, errOut)
+	var runs [2]struct {
+		Text  string `json:"text"`
+		Stats struct {
+			Spec *specStats `json:"speculative"`
+		} `json:"stats"`
 	}
-	if _, err := os.Stat("defaultmodel/default.gguf"); err != nil {
-		t.Error(err)
+	for i, mode := range []string{"tree", "target"} {
+		code, out, errOut := tandem(t, "generate", "--max-tokens", "60", "--json", "--mode", mode)
+		if code != 0 || json.Unmarshal([]byte(out), &runs[i]) != nil {
+			t.Fatalf("default model, --mode %s: exit %d: %s %s", mode, code, out, errOut)
+		}
+	}
+	tree, alone := runs[0], runs[1]
+	if tree.Stats.Spec == nil || tree.Stats.Spec.TargetPasses == 0 || alone.Stats.Spec != nil {
+		t.Fatalf("speculative stats: tree %+v, target alone %+v", tree.Stats.Spec, alone.Stats.Spec)
+	}
+	if tree.Text != alone.Text {
+		t.Errorf("tree wrote %q, the target alone %q", tree.Text, alone.Text)
+	}
+	known := map[string]bool{}
+	for i := range 2000 {
+		for _, w := range strings.FieldsFunc(corpus.Story(1, i), notLetter) {
+			known[w] = true
+		}
+	}
+	words := strings.FieldsFunc(tree.Text, notLetter)
+	if len(words) < 20 {
+		t.Errorf("the default target wrote %q", tree.Text)
+	}
+	for _, w := range words {
+		if !known[w] {
+			t.Errorf("the default target wrote %q, not a word of the story corpus, in %q", w, tree.Text)
+		}
 	}
 }
+
+func notLetter(r rune) bool { return !unicode.IsLetter(r) }
 
 func TestInfo(t *testing.T) {
 	orin := filepath.Join("..", "..", "jetson", "testdata", "orin-agx-jp5")

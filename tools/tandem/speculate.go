@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -44,6 +45,33 @@ func addSpecFlags(fs *flag.FlagSet) *specFlags {
 		fallback:    fs.Float64("fallback", 0.5, "bild: the draft hands over when its top probability falls below this"),
 		rollback:    fs.Float64("rollback", 2, "bild: roll back a draft token whose cross-entropy under the model exceeds this"),
 	}
+}
+
+// wanted reports whether generation speculates: with --draft, or with the
+// embedded default target (which has its draft embedded beside it) unless
+// --mode asks for the target alone.
+func (sf *specFlags) wanted(modelPath, mode string) bool {
+	if *sf.draft != "" || modelPath != "" {
+		return *sf.draft != ""
+	}
+	for _, m := range runModes {
+		if m.name == mode {
+			return m.speculative
+		}
+	}
+	return true
+}
+
+// openDraftFile opens --draft, or the embedded draft when it is empty.
+func (sf *specFlags) openDraftFile() (*weights.File, error) {
+	if *sf.draft == "" {
+		return defaultmodel.Draft()
+	}
+	f, err := weights.Open(*sf.draft)
+	if err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	return f, nil
 }
 
 // config turns the flags into a decoder configuration for method.
@@ -108,9 +136,9 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 	if err != nil {
 		return nil, err
 	}
-	f, err := weights.Open(*sf.draft)
+	f, err := sf.openDraftFile()
 	if err != nil {
-		return nil, fmt.Errorf("--draft: %w", err)
+		return nil, err
 	}
 	p := &draftPair{file: f}
 	fail := func(err error) (*draftPair, error) {

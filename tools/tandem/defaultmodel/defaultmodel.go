@@ -1,6 +1,7 @@
 // Package defaultmodel embeds tandem's own model pair, trained by
-// `make models` (README, "Training"), so generate, serve, bench and the
-// mobile facade run with no files and no network.
+// `make models` (README, "Training"): a target and a draft that share
+// one vocabulary, so generate, serve, bench and the mobile facade show
+// speculative decoding with no files and no network.
 package defaultmodel
 
 import (
@@ -9,21 +10,29 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-//go:embed default.gguf
-var target []byte
+var (
+	//go:embed target.gguf
+	target []byte
+	//go:embed draft.gguf
+	draft []byte
+)
 
-// TargetName is the Path of the embedded target's weights.File; callers
-// compare against it to tell the embedded model from a file (it has no
-// file to stream from).
-const TargetName = "embedded default model (random weights)"
+// The Paths of the embedded models' weights.Files. Callers compare
+// against them (IsEmbedded) to tell an embedded model from a file: it
+// has no file to stream from.
+const (
+	TargetName = "embedded default target"
+	DraftName  = "embedded default draft"
+)
 
 // Target parses the embedded target. Each call returns a new File over
 // the same read-only bytes.
-func Target() (*weights.File, error) {
-	return weights.Parse(target, TargetName)
-}
+func Target() (*weights.File, error) { return weights.Parse(target, TargetName) }
+
+// Draft parses the embedded draft, the target's speculative partner.
+func Draft() (*weights.File, error) { return weights.Parse(draft, DraftName) }
 
 // IsEmbedded reports whether f is one of the embedded models.
 func IsEmbedded(f *weights.File) bool {
-	return f != nil && f.Path == TargetName
+	return f != nil && (f.Path == TargetName || f.Path == DraftName)
 }
