@@ -108,9 +108,9 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 	if err != nil {
 		return nil, err
 	}
-	f, err := weights.Open(*sf.draft)
+	f, err := sf.openDraftFile(targetTok, target.File().Path, tokPath)
 	if err != nil {
-		return nil, fmt.Errorf("--draft: %w", err)
+		return nil, err
 	}
 	p := &draftPair{file: f}
 	fail := func(err error) (*draftPair, error) {
@@ -119,19 +119,6 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		}
 		f.Close()
 		return nil, err
-	}
-	dtokPath := *sf.draftTok
-	if dtokPath == "" {
-		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-			dtokPath = tokPath
-		}
-	}
-	dtok, err := loadTokenizer(f, dtokPath)
-	if err != nil {
-		return fail(fmt.Errorf("--draft: %w", err))
-	}
-	if err := spec.CheckVocab(dtok, targetTok, f.Path, target.File().Path); err != nil {
-		return fail(err)
 	}
 	if p.model, err = model.Load(f, model.Options{Pool: pool}); err != nil {
 		return fail(err)
@@ -148,6 +135,33 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		fmt.Fprintf(stderr, "note: %s\n", n)
 	}
 	return p, nil
+}
+
+// openDraftFile opens --draft and refuses it unless its vocabulary is
+// the target's (targetName says where that came from): its tokenizer is
+// --draft-tokenizer, else the draft's own, else the target's file
+// tokPath. Every verb that speculates loads its draft here.
+func (sf *specFlags) openDraftFile(targetTok *tokenizer.Tokenizer, targetName, tokPath string) (*weights.File, error) {
+	f, err := weights.Open(*sf.draft)
+	if err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	dtokPath := *sf.draftTok
+	if dtokPath == "" {
+		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+			dtokPath = tokPath
+		}
+	}
+	dtok, err := loadTokenizer(f, dtokPath)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	if err := spec.CheckVocab(dtok, targetTok, f.Path, targetName); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // specStats are the speculative figures generate reports.
