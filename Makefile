@@ -32,6 +32,14 @@ bench-stream:
 	@mkdir -p $(STREAM_PLOTS)
 	$(GO) run ./tools/tandem bench stream --from $(SHARED)/models/stories260K.bin --shape tinyllama-1.1b --types q4_0,f16 --runs 3 --plots $(STREAM_PLOTS)
 
+# bench-sched runs the scheduling benchmark: the real engine on
+# stories260K (two 1-thread lanes) and the simulator with step costs
+# measured on tinyllama-1.1b q4_0, FIFO/LUF/EDF/RT-LM/tandem at loads from
+# light to overload with 0-40% adversarial prompts; it writes sched.md,
+# sched.json and sched.svg to bench/results.
+bench-sched:
+	$(GO) run ./tools/tandem bench sched --model $(SHARED)/models/stories260K.gguf --out bench/results
+
 # fuzz runs every fuzz target for FUZZTIME.
 fuzz:
 	@for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
