@@ -45,6 +45,14 @@ bench-spec:
 	$(GO) run ./tools/tandem bench spec $(SPEC_PAIR) --types q4_0 --budgets 25,50 --storage 400MB/s,1.5GB/s,disk
 	$(GO) run ./tools/tandem bench spec $(SPEC_PAIR) --types f16 --budgets 25 --storage 400MB/s
 
+# bench-sched runs the scheduling benchmark: the real engine on
+# stories260K (two 1-thread lanes) and the simulator with step costs
+# measured on tinyllama-1.1b q4_0, FIFO/LUF/EDF/RT-LM/tandem at loads from
+# light to overload with 0-40% adversarial prompts; it writes sched.md,
+# sched.json and sched.svg to bench/results.
+bench-sched:
+	$(GO) run ./tools/tandem bench sched --model $(SHARED)/models/stories260K.gguf --out bench/results
+
 # fuzz runs every fuzz target for FUZZTIME.
 fuzz:
 	@for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \

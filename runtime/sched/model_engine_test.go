@@ -229,16 +229,9 @@ func TestLiveSchedulerMatchesReference(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				ev, err := st.Recv(context.Background())
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				got[i] = append(got[i], ev.Tokens...)
-				if ev.Done {
-					return
-				}
+			var err error
+			if got[i], _, err = recvAll(st); err != nil {
+				t.Error(err)
 			}
 		}()
 	}

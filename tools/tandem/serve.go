@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -16,13 +17,16 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/server"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--lanes T,T] [flags]",
+	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--draft FILE] [--lanes T,T] [flags]",
 		"Serves a model over HTTP: OpenAI-compatible /v1/completions and\n"+
 			"/v1/chat/completions (streaming with \"stream\": true), /v1/models, tandem's\n"+
 			"scheduling extensions (deadline_ms, priority, segment, min_tokens, utility;\n"+
@@ -31,14 +35,20 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"each with its own threads and KV cache. With no --model it serves the\n"+
 			"embedded default model. The uncertainty estimator is read from\n"+
 			"MODEL.calib.json when it exists (see tandem calibrate). SIGINT or SIGTERM\n"+
-			"drain in-flight requests for --drain-timeout, then cancel the rest.", stdout, stderr,
+			"drain in-flight requests for --drain-timeout, then cancel the rest.\n"+
+			"With --draft every lane decodes speculatively: the small draft model, sharing\n"+
+			"the model's tokenizer, guesses tokens that the model verifies in one pass\n"+
+			"(--mode tree or sd: the output is the model's own; bild: lossy). The\n"+
+			"speculative tuning flags (--max-tree, --draft-len, ...) are generate's.", stdout, stderr,
 		"tandem serve",
 		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
+		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin --ctx 256",
 		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
-	draft := fs.String("draft", "", "draft model for speculative decoding (not yet available in serve)")
+	sf := addSpecFlags(fs)
+	modeFlag := fs.String("mode", "tree", "with --draft: tree (token tree), sd (classic speculative decoding) or bild (Big-Little, lossy)")
 	lanesFlag := fs.String("lanes", "", "threads per CPU lane, comma separated; the first lane is the primary, later ones take long requests (default: one lane on all physical cores)")
 	name := fs.String("name", "", "model id in the API (default: the model file's name)")
 	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
@@ -52,11 +62,17 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
-	if _, err := parse(fs, args, 0, 0); err != nil {
+	_, err := parse(fs, args, 0, 0)
+	if err != nil {
 		return err
 	}
-	if *draft != "" {
-		return errors.New("--draft: speculative decoding is not yet available in serve; it plugs in as a sched.Engine when runtime/spec's engine lands. Serve without --draft for now")
+	var specCfg spec.Config
+	if *sf.draft != "" {
+		if specCfg, err = serveSpecConfig(sf, *modeFlag); err != nil {
+			return err
+		}
+	} else if flagSet(fs, "mode") {
+		return fmt.Errorf("%w: --mode %s needs a draft model: add --draft FILE", errUsage, *modeFlag)
 	}
 	if *backend != "" {
 		if err := kernels.SetBackend(*backend); err != nil {
@@ -117,7 +133,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
-	lanes, closeLanes, err := cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
+	var lanes []sched.Lane
+	var closeLanes func()
+	var specEngines []*sched.SpecEngine
+	if *sf.draft != "" {
+		lanes, specEngines, closeLanes, err = specLanes(f, tok, *tokPath, sf, specCfg, threads, *maxSeqs, *ctxLen, kvt)
+	} else {
+		lanes, closeLanes, err = cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
+	}
 	if err != nil {
 		hs.Close()
 		return err
@@ -134,8 +157,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if calPath != "" {
 		estimator = calPath
 	}
-	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, policy %s, context %d, estimator %s\n",
-		len(lanes), threads, policy, sc.Context(), estimator)
+	decoding := "plain"
+	if *sf.draft != "" {
+		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
+	}
+	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, %s decoding, policy %s, context %d, estimator %s\n",
+		len(lanes), threads, decoding, policy, sc.Context(), estimator)
+	defer printSpecStats(stderr, specEngines)
 
 	select {
 	case err := <-serveErr:
@@ -186,4 +214,75 @@ func parseLanes(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// serveSpecConfig reads --mode and the speculative tuning flags. The
+// target is resident in serve, so the IO pipeline never applies.
+func serveSpecConfig(sf *specFlags, mode string) (spec.Config, error) {
+	for _, m := range runModes {
+		if m.name == mode && m.speculative {
+			return sf.config(m.method, nil)
+		}
+	}
+	return spec.Config{}, fmt.Errorf("%w: --mode %q: want tree, sd or bild", errUsage, mode)
+}
+
+// flagSet says whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// specLanes makes one speculative lane per entry of threads: the target
+// and the draft (opened once by openDraftFile, which checks that it shares
+// the target's tokenizer tok) are loaded per lane from their mappings on
+// the lane's own kernel pool, which draft and target take turns on.
+func specLanes(target *weights.File, tok *tokenizer.Tokenizer, tokPath string, sf *specFlags, cfg spec.Config,
+	threads []int, maxSeqs, ctxLen int, kvType weights.DType) ([]sched.Lane, []*sched.SpecEngine, func(), error) {
+	df, err := sf.openDraftFile(tok, target.Path, tokPath)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var models []*model.Model // each lane's draft, then its target
+	closeAll := func() {
+		for _, m := range models {
+			m.Close()
+		}
+		df.Close()
+	}
+	var lanes []sched.Lane
+	var engines []*sched.SpecEngine
+	for i, th := range threads {
+		tm, err := model.Load(target, model.Options{Threads: th})
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		dm, err := model.Load(df, model.Options{Pool: tm.Pool()})
+		if err != nil {
+			tm.Close()
+			closeAll()
+			return nil, nil, nil, fmt.Errorf("--draft: %w", err)
+		}
+		models = append(models, dm, tm)
+		name := fmt.Sprintf("spec%d", i)
+		e, err := sched.NewSpecEngine(dm, tm, cfg, sched.SpecEngineOptions{Name: name, MaxSeqs: maxSeqs, Context: ctxLen, KVType: kvType})
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, fmt.Errorf("--draft: %w", err)
+		}
+		lanes = append(lanes, sched.Lane{Name: name, Engine: e})
+		engines = append(engines, e)
+	}
+	return lanes, engines, closeAll, nil
+}
+
+// printSpecStats says how much the draft saved, lane by lane.
+func printSpecStats(w io.Writer, engines []*sched.SpecEngine) {
+	for i, e := range engines {
+		st := e.Stats()
+		fmt.Fprintf(w, "tandem serve: lane spec%d: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f\n",
+			i, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
+	}
 }

@@ -4,26 +4,31 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
 )
 
-// TestServeEndToEnd runs the serve verb on a free port, talks to it, then
-// stops it with SIGTERM as a service manager would.
-func TestServeEndToEnd(t *testing.T) {
+// startServe runs the serve verb with args on a free port until it says
+// it is ready, and returns its address, its stderr lines so far, and a
+// channel that receives its exit code.
+func startServe(t *testing.T, args ...string) (string, []string, chan int) {
+	t.Helper()
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
-	var out strings.Builder
 	go func() {
-		done <- run([]string{"serve", "--addr", "127.0.0.1:0", "--model", testutil.Model(t, "stories260K.gguf"),
-			"--lanes", "1,1", "--ctx", "256", "--drain-timeout", "2s"}, &out, pw)
+		done <- run(append([]string{"serve", "--addr", "127.0.0.1:0", "--drain-timeout", "2s"}, args...), io.Discard, pw)
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)
@@ -40,9 +45,36 @@ func TestServeEndToEnd(t *testing.T) {
 		}
 	}
 	go io.Copy(io.Discard, pr)
-	if addr == "" {
+	if addr == "" || !strings.Contains(log[len(log)-1], "ready:") {
 		t.Fatalf("serve did not start: %v", log)
 	}
+	return addr, log, done
+}
+
+// stopServe stops a server started by startServe with SIGTERM, as a
+// service manager would, and checks that it exits cleanly.
+func stopServe(t *testing.T, addr string, done chan int) {
+	t.Helper()
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
+	if _, err := http.Get(addr + "/healthz"); err == nil {
+		t.Error("still answering after shutdown")
+	}
+}
+
+// TestServeEndToEnd runs the serve verb on a free port, talks to it, then
+// stops it.
+func TestServeEndToEnd(t *testing.T) {
+	addr, log, done := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--lanes", "1,1", "--ctx", "256")
 	if !strings.Contains(log[len(log)-1], "2 lane(s)") {
 		t.Errorf("ready line %q", log[len(log)-1])
 	}
@@ -65,25 +97,114 @@ func TestServeEndToEnd(t *testing.T) {
 	if !strings.Contains(string(body), `"id":"stories260K"`) {
 		t.Errorf("models: %s", body)
 	}
-	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+	stopServe(t, addr, done)
+}
+
+// TestServeDraft serves stories260K with llama2xs as its draft and gets
+// the target's greedy text (the shared reference vectors, decoded) back
+// through /v1/completions, for each lossless mode, several requests at
+// once.
+func TestServeDraft(t *testing.T) {
+	tok, err := tokenizer.Load(testutil.Model(t, "tok512.bin"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not stop on SIGTERM")
+	n := 48
+	if testing.Short() {
+		n = 16
 	}
-	if _, err := http.Get(addr + "/healthz"); err == nil {
-		t.Error("still answering after shutdown")
+	type record struct {
+		Prompt       string  `json:"prompt"`
+		PromptIDs    []int32 `json:"prompt_ids"`
+		GeneratedIDs []int32 `json:"generated_ids"`
+	}
+	var recs []record
+	data, err := os.ReadFile(testutil.Testdata(t, "stories260K.greedy.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n")[:3] {
+		var r record
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	want := make([]string, len(recs))
+	for i, r := range recs {
+		dec := tok.NewDecoder()
+		for _, id := range r.PromptIDs {
+			dec.Next(id)
+		}
+		var b strings.Builder
+		for _, id := range r.GeneratedIDs[:n] {
+			if id == 1 {
+				t.Fatalf("record %d ends within %d tokens; pick a longer one", i, n)
+			}
+			b.WriteString(dec.Next(id))
+		}
+		want[i] = b.String() + dec.Flush()
+	}
+	for _, mode := range []string{"tree", "sd"} {
+		t.Run(mode, func(t *testing.T) {
+			addr, log, done := startServe(t, "--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
+				"--draft", testutil.Model(t, "llama2xs_model.bin"), "--mode", mode, "--lanes", "1", "--ctx", "256")
+			if ready := log[len(log)-1]; !strings.Contains(ready, "speculative ("+mode) {
+				t.Errorf("ready line %q does not say it speculates", ready)
+			}
+			var wg sync.WaitGroup
+			for i, r := range recs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0}`, r.Prompt, n)
+					resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer resp.Body.Close()
+					var got struct {
+						Choices []struct{ Text string }
+						Usage   struct {
+							CompletionTokens int `json:"completion_tokens"`
+						}
+					}
+					if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 || len(got.Choices) != 1 {
+						t.Errorf("record %d: status %d, %v, %+v", i, resp.StatusCode, err, got)
+						return
+					}
+					if got.Choices[0].Text != want[i] || got.Usage.CompletionTokens != n {
+						t.Errorf("record %d: %d tokens %q\nwant %d tokens %q", i, got.Usage.CompletionTokens, got.Choices[0].Text, n, want[i])
+					}
+				}()
+			}
+			wg.Wait()
+			stopServe(t, addr, done)
+		})
 	}
 }
 
-func TestServeRefusesDraftForNow(t *testing.T) {
-	code, _, stderr := tandem(t, "serve", "--draft", "x.gguf")
-	if code != 1 || !strings.Contains(stderr, "not yet") {
-		t.Errorf("exit %d: %s", code, stderr)
+// TestServeDraftRefused: bad speculative settings fail before serving,
+// saying what is wrong.
+func TestServeDraftRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"mode without draft", []string{"--mode", "sd"}, 2, "needs a draft model"},
+		{"unknown mode", []string{"--draft", "x.bin", "--mode", "std"}, 2, "want tree, sd or bild"},
+		{"bad tuning", []string{"--draft", "x.bin", "--max-tree", "0"}, 2, "--max-tree"},
+		{"missing draft", []string{"--model", testutil.Model(t, "stories260K.gguf"), "--draft", "/nonexistent/draft.bin"}, 1, "--draft"},
+		{"other vocabulary", []string{"--model", testutil.Model(t, "stories260K.gguf"), "--draft", testutil.Model(t, "llama-2-tiny-random.gguf")}, 1, "tokenizer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := tandem(t, append([]string{"serve", "--addr", "127.0.0.1:0"}, tc.args...)...)
+			if code != tc.code || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d (want %d): %s", code, tc.code, stderr)
+			}
+		})
 	}
 }

@@ -62,18 +62,6 @@ func (sf *specFlags) wanted(modelPath, mode string) bool {
 	return true
 }
 
-// openDraftFile opens --draft, or the embedded draft when it is empty.
-func (sf *specFlags) openDraftFile() (*weights.File, error) {
-	if *sf.draft == "" {
-		return defaultmodel.Draft()
-	}
-	f, err := weights.Open(*sf.draft)
-	if err != nil {
-		return nil, fmt.Errorf("--draft: %w", err)
-	}
-	return f, nil
-}
-
 // config turns the flags into a decoder configuration for method.
 func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, error) {
 	cfg := spec.Config{Method: method, BranchThreshold: *sf.threshold, MaxTree: *sf.maxTree, MaxBranches: *sf.maxBranches,
@@ -136,7 +124,7 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 	if err != nil {
 		return nil, err
 	}
-	f, err := sf.openDraftFile()
+	f, err := sf.openDraftFile(targetTok, target.File().Path, tokPath)
 	if err != nil {
 		return nil, err
 	}
@@ -147,19 +135,6 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		}
 		f.Close()
 		return nil, err
-	}
-	dtokPath := *sf.draftTok
-	if dtokPath == "" {
-		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-			dtokPath = tokPath
-		}
-	}
-	dtok, err := loadTokenizer(f, dtokPath)
-	if err != nil {
-		return fail(fmt.Errorf("--draft: %w", err))
-	}
-	if err := spec.CheckVocab(dtok, targetTok, f.Path, target.File().Path); err != nil {
-		return fail(err)
 	}
 	if p.model, err = model.Load(f, model.Options{Pool: pool}); err != nil {
 		return fail(err)
@@ -176,6 +151,40 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		fmt.Fprintf(stderr, "note: %s\n", n)
 	}
 	return p, nil
+}
+
+// openDraftFile opens --draft (the embedded draft when it is empty) and
+// refuses it unless its vocabulary is the target's (targetName says where
+// that came from): its tokenizer is --draft-tokenizer, else the draft's
+// own, else the target's file tokPath. Every verb that speculates loads
+// its draft here.
+func (sf *specFlags) openDraftFile(targetTok *tokenizer.Tokenizer, targetName, tokPath string) (*weights.File, error) {
+	var f *weights.File
+	var err error
+	if *sf.draft == "" {
+		f, err = defaultmodel.Draft()
+	} else if f, err = weights.Open(*sf.draft); err != nil {
+		err = fmt.Errorf("--draft: %w", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	dtokPath := *sf.draftTok
+	if dtokPath == "" {
+		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+			dtokPath = tokPath
+		}
+	}
+	dtok, err := loadTokenizer(f, dtokPath)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	if err := spec.CheckVocab(dtok, targetTok, f.Path, targetName); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // specStats are the speculative figures generate reports.

@@ -1,0 +1,300 @@
+package sched
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync/atomic"
+
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// SpecEngineOptions configures NewSpecEngine.
+type SpecEngineOptions struct {
+	Name string
+	// MaxSeqs is the sequence slots, running and parked together: each
+	// holds a sequence in the draft's KV cache and one in the target's
+	// (default 16).
+	MaxSeqs int
+	// Context is the tokens per sequence (0: the smaller of the two
+	// models' contexts).
+	Context int
+	// KVType is weights.F32 (default) or weights.F16, for both caches.
+	KVType weights.DType
+	// PrefillBudget is the most prompt tokens one step prefills, all
+	// joining sequences together; one sequence is always prefilled
+	// whatever its length (default 256). A spec.Decoder prefills a
+	// prompt in one call, so the budget is counted in whole prompts.
+	PrefillBudget int
+	// PrefillChunk is the tokens per Forward of a prefill (default:
+	// spec.DefaultChunkSize).
+	PrefillChunk int
+}
+
+// SpecEngine is the speculative engine: each sequence is a spec.Decoder
+// pairing a draft with the target, all of them sharing one draft KV cache
+// and one target KV cache. A step runs one draft-and-verify round per
+// decoding member (the decoders run one after another: a spec.Decoder
+// verifies one sequence's tree per target pass) and yields every token
+// the round accepted, at least one. Tokens past a member's Limit are kept
+// and handed out by the next Steps before the decoder runs again.
+//
+// With greedy sampling the tokens are exactly the target's; with
+// temperature they follow the target's distribution (spec.Decoder is
+// lossless for the tree and SD methods).
+type SpecEngine struct {
+	draft, target  *model.Model
+	dcache, tcache *kv.Cache
+	cfg            spec.Config
+	opt            SpecEngineOptions
+	limit          int // context both models and caches allow
+	seqs           map[SeqID]*specSeq
+	next           SeqID
+	live           atomic.Int64 // len(seqs), readable from any goroutine
+	stats          atomic.Pointer[spec.Stats]
+	done           spec.Stats // counters of freed decoders
+}
+
+type specSeq struct {
+	dec    *spec.Decoder
+	prompt []int32 // the context to prefill; nil once started
+	buf    []int32 // tokens emitted by the decoder, not yet handed out
+	out    []int32 // the slice handed out by the last Step
+}
+
+// NewSpecEngine makes an engine on a draft/target pair with its own KV
+// caches. The draft must share the target's vocabulary (check the
+// tokenizers with spec.CheckVocab first: New only compares sizes). cfg is
+// copied for every sequence; a stateful Trigger (a pointer, like
+// *spec.CostAware) is copied too, so sequences never share its state.
+// Neither model may be used by anything else while the engine runs; they
+// may share one kernel pool, since draft and target never compute at
+// once here. cfg.Pipeline is not supported (it needs a streamed target
+// and its own lane goroutine) and is refused.
+func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOptions) (*SpecEngine, error) {
+	if opt.MaxSeqs <= 0 {
+		opt.MaxSeqs = 16
+	}
+	if opt.PrefillBudget <= 0 {
+		opt.PrefillBudget = 256
+	}
+	if opt.PrefillChunk <= 0 {
+		opt.PrefillChunk = spec.DefaultChunkSize
+	}
+	if opt.KVType == 0 {
+		opt.KVType = weights.F32
+	}
+	if opt.Name == "" {
+		opt.Name = "spec"
+	}
+	if cfg.Pipeline {
+		return nil, fmt.Errorf("sched: engine %s: the speculative pipeline is not supported in a scheduler lane; leave spec.Config.Pipeline off", opt.Name)
+	}
+	if dv, tv := draft.Config().Vocab, target.Config().Vocab; dv != tv {
+		return nil, fmt.Errorf("sched: engine %s: the draft has %d tokens and the target %d: %w", opt.Name, dv, tv, spec.ErrVocab)
+	}
+	ctx := opt.Context
+	if ctx == 0 {
+		ctx = min(draft.Config().Context, target.Config().Context)
+	}
+	newCache := func(m *model.Model, which string) (*kv.Cache, error) {
+		c, err := m.NewCache(min(ctx, m.Config().Context), opt.KVType)
+		if err != nil {
+			return nil, fmt.Errorf("sched: engine %s: %s cache: %w", opt.Name, which, err)
+		}
+		kc := c.Config()
+		kc.MaxSeqs = opt.MaxSeqs
+		if c, err = kv.New(kc); err != nil {
+			return nil, fmt.Errorf("sched: engine %s: %s cache: %w", opt.Name, which, err)
+		}
+		return c, nil
+	}
+	e := &SpecEngine{draft: draft, target: target, cfg: cfg, opt: opt, seqs: map[SeqID]*specSeq{}}
+	var err error
+	if e.dcache, err = newCache(draft, "draft"); err != nil {
+		return nil, err
+	}
+	if e.tcache, err = newCache(target, "target"); err != nil {
+		return nil, err
+	}
+	// A throwaway decoder checks cfg and says which context both models
+	// allow; it allocates nothing in the caches until Start.
+	d, err := spec.New(draft, target, e.dcache, e.tcache, nil, e.seqConfig())
+	if err != nil {
+		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
+	}
+	e.limit = d.Limit()
+	e.stats.Store(&spec.Stats{Method: cfg.Method.String()})
+	return e, nil
+}
+
+// seqConfig is cfg for one more decoder: its Trigger copied when it
+// keeps state behind a pointer.
+func (e *SpecEngine) seqConfig() spec.Config {
+	cfg := e.cfg
+	if cfg.Trigger != nil {
+		if v := reflect.ValueOf(cfg.Trigger); v.Kind() == reflect.Pointer && !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+			c := reflect.New(v.Elem().Type())
+			c.Elem().Set(v.Elem())
+			cfg.Trigger = c.Interface().(spec.Trigger)
+		}
+	}
+	return cfg
+}
+
+// Info implements Engine.
+func (e *SpecEngine) Info() EngineInfo {
+	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: e.limit,
+		SeqBytes: e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes(), Threads: e.target.Pool().Threads()}
+}
+
+// Live is the number of allocated sequences. Safe to call from any
+// goroutine (metrics, tests).
+func (e *SpecEngine) Live() int { return int(e.live.Load()) }
+
+// KVBytesInUse is the KV memory of the allocated sequences, draft and
+// target together. Safe to call from any goroutine.
+func (e *SpecEngine) KVBytesInUse() int64 {
+	return e.live.Load() * (e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes())
+}
+
+// Stats are the speculative counters of every sequence since the engine
+// was made (updated after each step). Safe to call from any goroutine.
+func (e *SpecEngine) Stats() spec.Stats { return *e.stats.Load() }
+
+// Start implements Engine. The sequence's decoder is made now, with
+// sampler as the target's sampler; its prefill runs in a later Step.
+func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (SeqID, error) {
+	if len(tokens) == 0 {
+		return 0, fmt.Errorf("sched: engine %s: start: no tokens", e.opt.Name)
+	}
+	if len(tokens) > e.limit {
+		return 0, fmt.Errorf("sched: engine %s: %d tokens exceed the context of %d: %w", e.opt.Name, len(tokens), e.limit, ErrContextFull)
+	}
+	vocab := int32(e.target.Config().Vocab)
+	for i, t := range tokens {
+		if t < 0 || t >= vocab {
+			return 0, fmt.Errorf("%w: token %d at %d is outside the vocabulary of %d", ErrInvalid, t, i, vocab)
+		}
+	}
+	if len(e.seqs) >= e.opt.MaxSeqs {
+		return 0, fmt.Errorf("sched: engine %s: all %d sequences are in use; free one or raise MaxSeqs", e.opt.Name, e.opt.MaxSeqs)
+	}
+	d, err := spec.New(e.draft, e.target, e.dcache, e.tcache, sampler, e.seqConfig())
+	if err != nil {
+		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
+	}
+	id := e.next
+	e.next++
+	e.seqs[id] = &specSeq{dec: d, prompt: append([]int32(nil), tokens...)}
+	e.live.Add(1)
+	return id, nil
+}
+
+// Free implements Engine: the decoder's sequences in both caches are
+// released, and tokens it emitted but did not hand out are dropped (a
+// rebuilt sequence generates them again).
+func (e *SpecEngine) Free(id SeqID) error {
+	s, ok := e.seqs[id]
+	if !ok {
+		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
+	}
+	s.dec.Close()
+	e.done = addSpecStats(e.done, s.dec.Stats())
+	delete(e.seqs, id)
+	e.live.Add(-1)
+	return nil
+}
+
+// Step implements Engine: members with buffered tokens take them; the
+// others prefill (within PrefillBudget) or run one speculative round.
+func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	defer e.publishStats()
+	budget := e.opt.PrefillBudget
+	prefilled := false
+	for i, mb := range members {
+		out[i] = StepOut{}
+		s, ok := e.seqs[mb.Seq]
+		if !ok {
+			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, kv.ErrUnknownSeq)
+			continue
+		}
+		switch {
+		case len(s.buf) > 0:
+		case s.prompt != nil:
+			if prefilled && len(s.prompt) > budget {
+				continue // no prefill budget left this step
+			}
+			if err := s.dec.Start(ctx, s.prompt, e.opt.PrefillChunk); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: prefill: %w", e.opt.Name, mb.Seq, err)
+				continue
+			}
+			prefilled = true
+			budget -= len(s.prompt)
+			out[i].Prefilled = len(s.prompt)
+			s.prompt = nil
+			continue
+		default:
+			toks, err := s.dec.Step(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, err)
+				continue
+			}
+			s.buf = append(s.buf, toks...)
+		}
+		n := min(max(mb.Limit, 1), len(s.buf))
+		s.out = append(s.out[:0], s.buf[:n]...)
+		s.buf = s.buf[:copy(s.buf, s.buf[n:])]
+		out[i].Tokens = s.out
+	}
+	return nil
+}
+
+// publishStats stores the counters of the freed decoders and the live
+// ones for Stats.
+func (e *SpecEngine) publishStats() {
+	st := e.done
+	st.AcceptLen = slices.Clone(st.AcceptLen)
+	for _, s := range e.seqs {
+		st = addSpecStats(st, s.dec.Stats())
+	}
+	st.Method = e.cfg.Method.String()
+	e.stats.Store(&st)
+}
+
+// addSpecStats sums two decoders' counters.
+func addSpecStats(a, b spec.Stats) spec.Stats {
+	a.Emitted += b.Emitted
+	a.TargetPasses += b.TargetPasses
+	a.DraftSteps += b.DraftSteps
+	a.DraftTokens += b.DraftTokens
+	a.Verified += b.Verified
+	a.Accepted += b.Accepted
+	a.MaxTree = max(a.MaxTree, b.MaxTree)
+	a.PipelineSteps += b.PipelineSteps
+	a.KeptNodes += b.KeptNodes
+	for len(a.AcceptLen) < len(b.AcceptLen) {
+		a.AcceptLen = append(a.AcceptLen, 0)
+	}
+	for n, c := range b.AcceptLen {
+		a.AcceptLen[n] += c
+	}
+	a.DraftTime += b.DraftTime
+	a.TargetTime += b.TargetTime
+	a.IOWait += b.IOWait
+	return a
+}

@@ -1,0 +1,365 @@
+package sched
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// specContext caps the pair's context (llama2xs's own is 256).
+const specContext = 256
+
+// greedyRecord is a line of the shared reference vectors.
+type greedyRecord struct {
+	PromptIDs    []int32 `json:"prompt_ids"`
+	GeneratedIDs []int32 `json:"generated_ids"`
+}
+
+// greedyRecords reads stories260K's greedy references, each cut at n
+// tokens and before a closing BOS (a stop token, which streams do not
+// carry).
+func greedyRecords(t *testing.T, n int) []greedyRecord {
+	t.Helper()
+	f, err := os.Open(testutil.Testdata(t, "stories260K.greedy.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []greedyRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var r greedyRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("stories260K.greedy.jsonl line %d: %v", len(out)+1, err)
+		}
+		if i := slices.Index(r.GeneratedIDs, 1); i >= 0 {
+			r.GeneratedIDs = r.GeneratedIDs[:i]
+		}
+		r.GeneratedIDs = r.GeneratedIDs[:min(n, len(r.GeneratedIDs))]
+		out = append(out, r)
+	}
+	if len(out) < 4 {
+		t.Fatalf("stories260K.greedy.jsonl holds %d records, want at least 4", len(out))
+	}
+	return out
+}
+
+// specTokens is how many tokens the parity tests generate per request:
+// fewer under the race detector, which slows decoding about tenfold.
+func specTokens() int {
+	if raceEnabled || testing.Short() {
+		return 24
+	}
+	return 120
+}
+
+// loadShared loads a model from the shared models with one thread.
+func loadShared(t *testing.T, name string) *model.Model {
+	t.Helper()
+	f, err := weights.Open(testutil.Model(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(f, model.Options{Threads: 1})
+	if err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.Close()
+		f.Close()
+	})
+	return m
+}
+
+// newSpecEngine pairs llama2xs (draft) with stories260K (target).
+func newSpecEngine(t *testing.T, cfg spec.Config, maxSeqs int) *SpecEngine {
+	t.Helper()
+	e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"), cfg,
+		SpecEngineOptions{MaxSeqs: maxSeqs, Context: specContext, PrefillBudget: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestSpecEngineLimitOne: driven directly with Limit 1 (every extra token
+// a round accepts is buffered) and with a large Limit, members joining at
+// different steps and into freed slots, every sequence gets exactly the
+// target's greedy tokens, and the draft saves target passes.
+func TestSpecEngineLimitOne(t *testing.T) {
+	n := specTokens()
+	recs := greedyRecords(t, n)[:4]
+	for _, tc := range []struct {
+		name  string
+		cfg   spec.Config
+		limit int
+	}{
+		{"tree/limit1", spec.Config{Method: spec.Tree}, 1},
+		{"tree/limit-n", spec.Config{Method: spec.Tree}, n},
+		{"sd/limit1", spec.Config{Method: spec.SD, DraftLen: 4}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newSpecEngine(t, tc.cfg, 3)
+			got := make([][]int32, len(recs))
+			seqs := make([]SeqID, len(recs))
+			active := map[int]bool{}
+			start := func(i int) {
+				id, err := e.Start(recs[i].PromptIDs, nil, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				seqs[i], active[i] = id, true
+			}
+			start(0)
+			start(1)
+			for step := 0; len(active) > 0; step++ {
+				if step == 2 {
+					start(2)
+				}
+				var members []Member
+				var which []int
+				for i := range recs {
+					if active[i] {
+						members = append(members, Member{Seq: seqs[i], Limit: min(tc.limit, len(recs[i].GeneratedIDs)-len(got[i]))})
+						which = append(which, i)
+					}
+				}
+				out := make([]StepOut, len(members))
+				if err := e.Step(context.Background(), members, out); err != nil {
+					t.Fatal(err)
+				}
+				for j, i := range which {
+					if out[j].Err != nil {
+						t.Fatal(out[j].Err)
+					}
+					if len(out[j].Tokens) > members[j].Limit {
+						t.Fatalf("step %d: %d tokens for a limit of %d", step, len(out[j].Tokens), members[j].Limit)
+					}
+					got[i] = append(got[i], out[j].Tokens...)
+					if len(got[i]) == len(recs[i].GeneratedIDs) {
+						delete(active, i)
+						if err := e.Free(seqs[i]); err != nil {
+							t.Fatal(err)
+						}
+						if i == 0 {
+							start(3) // joins into the freed slot
+						}
+					}
+				}
+			}
+			for i, r := range recs {
+				if !slices.Equal(got[i], r.GeneratedIDs) {
+					t.Errorf("record %d:\n got %v\nwant %v", i, got[i], r.GeneratedIDs)
+				}
+			}
+			st := e.Stats()
+			t.Logf("%d tokens in %d target passes (%.2f per pass), acceptance %.2f", st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
+			if st.TargetPasses >= st.Emitted {
+				t.Errorf("%d target passes for %d tokens: the draft never helped", st.TargetPasses, st.Emitted)
+			}
+			if e.Live() != 0 || e.KVBytesInUse() != 0 {
+				t.Errorf("%d sequences (%d bytes) still live", e.Live(), e.KVBytesInUse())
+			}
+			checkCachesFree(t, e)
+		})
+	}
+}
+
+// checkCachesFree allocates every slot of both caches: it fails if a
+// freed sequence still holds one.
+func checkCachesFree(t *testing.T, e *SpecEngine) {
+	t.Helper()
+	for _, c := range []*kv.Cache{e.dcache, e.tcache} {
+		var ids []int
+		for range e.opt.MaxSeqs {
+			id, err := c.NewSeq()
+			if err != nil {
+				t.Fatalf("a freed sequence still holds a cache slot: %v", err)
+			}
+			ids = append(ids, id)
+		}
+		for _, id := range ids {
+			c.Free(id)
+		}
+	}
+}
+
+// TestSpecEngineScheduler: concurrent requests through the live scheduler
+// on a speculative lane get exactly the target's greedy tokens.
+func TestSpecEngineScheduler(t *testing.T) {
+	n := specTokens()
+	recs := greedyRecords(t, n)
+	if raceEnabled || testing.Short() {
+		recs = recs[:4]
+	}
+	e := newSpecEngine(t, spec.Config{}, 4)
+	s, err := New(Config{MaxBatch: 3}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	got := make([][]int32, len(recs))
+	var wg sync.WaitGroup
+	for i, r := range recs {
+		st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: len(r.GeneratedIDs), StopTokens: []int32{1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			toks, res, err := recvAll(st)
+			got[i] = toks
+			if err != nil {
+				t.Error(err)
+			} else if res.Reason != ReasonLength {
+				t.Errorf("request %d ended with %v (%v)", i, res.Reason, res.Err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, r := range recs {
+		if !slices.Equal(got[i], r.GeneratedIDs) {
+			t.Errorf("record %d: scheduled\n got %v\nwant %v", i, got[i], r.GeneratedIDs)
+		}
+	}
+	waitFor(t, func() bool { return e.Live() == 0 })
+	if st := e.Stats(); st.TargetPasses >= st.Emitted {
+		t.Errorf("%d target passes for %d tokens: the draft never helped", st.TargetPasses, st.Emitted)
+	}
+}
+
+// recvAll reads a stream to its end; unlike collect it may run outside
+// the test's goroutine.
+func recvAll(st *Stream) ([]int32, *Result, error) {
+	var toks []int32
+	for {
+		ev, err := st.Recv(context.Background())
+		if err != nil {
+			return toks, nil, err
+		}
+		toks = append(toks, ev.Tokens...)
+		if ev.Done {
+			return toks, ev.Result, nil
+		}
+	}
+}
+
+// TestSpecEngineCancelFrees: cancelling a request mid-generation frees
+// its sequences in both the draft's and the target's cache.
+func TestSpecEngineCancelFrees(t *testing.T) {
+	recs := greedyRecords(t, 200)
+	e := newSpecEngine(t, spec.Config{}, 2)
+	s, err := New(Config{}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	for _, r := range recs[:2] {
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := s.Submit(ctx, Request{Prompt: r.PromptIDs, MaxTokens: specContext})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if e.Live() != 1 {
+			t.Fatalf("%d sequences live while decoding, want 1", e.Live())
+		}
+		cancel()
+		waitFor(t, func() bool { return e.Live() == 0 })
+	}
+	checkCachesFree(t, e)
+}
+
+func TestSpecEngineErrors(t *testing.T) {
+	draft, target := loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin")
+	if _, err := NewSpecEngine(draft, target, spec.Config{Pipeline: true}, SpecEngineOptions{}); err == nil {
+		t.Error("pipeline accepted")
+	}
+	if _, err := NewSpecEngine(draft, target, spec.Config{MaxTree: -1}, SpecEngineOptions{}); err == nil {
+		t.Error("negative tree size accepted")
+	}
+	e, err := NewSpecEngine(draft, target, spec.Config{Trigger: &spec.CostAware{}}, SpecEngineOptions{MaxSeqs: 1, Context: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := e.Info(); info.Context != 16 || info.MaxSeqs != 1 || info.SeqBytes <= 0 {
+		t.Errorf("info %+v, want context 16, one sequence, its bytes", info)
+	}
+	if a, b := e.seqConfig().Trigger, e.seqConfig().Trigger; a == b || a == e.cfg.Trigger {
+		t.Error("sequences share one stateful trigger")
+	}
+	for _, tc := range []struct {
+		name   string
+		tokens []int32
+		want   error
+	}{
+		{"empty", nil, nil},
+		{"outside the vocabulary", []int32{1, 9999}, ErrInvalid},
+		{"negative token", []int32{1, -3}, ErrInvalid},
+		{"over the context", make([]int32, 17), ErrContextFull},
+	} {
+		_, err := e.Start(tc.tokens, nil, "")
+		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	id, err := e.Start([]int32{1, 403}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Start([]int32{1}, nil, ""); err == nil {
+		t.Error("start past MaxSeqs accepted")
+	}
+	out := make([]StepOut, 2)
+	if err := e.Step(context.Background(), []Member{{Seq: id, Limit: 1}, {Seq: 77, Limit: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(out[1].Err, kv.ErrUnknownSeq) || out[0].Prefilled != 2 || out[0].Err != nil {
+		t.Errorf("unknown member: %v; known member prefilled %d (%v)", out[1].Err, out[0].Prefilled, out[0].Err)
+	}
+	// Decode to the context's end: the last step reports it full.
+	var toks []int32
+	for range 20 {
+		if err := e.Step(context.Background(), []Member{{Seq: id, Limit: 1}}, out[:1]); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Err != nil {
+			if !errors.Is(out[0].Err, kv.ErrContextFull) {
+				t.Errorf("at the context's end: %v, want kv.ErrContextFull", out[0].Err)
+			}
+			break
+		}
+		toks = append(toks, out[0].Tokens...)
+	}
+	if len(toks) < 16-2 {
+		t.Errorf("%d tokens before the context of 16 filled after a prompt of 2", len(toks))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.Step(ctx, []Member{{Seq: id, Limit: 1}}, out[:1]); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled step: %v", err)
+	}
+	if err := e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Free(id); !errors.Is(err, kv.ErrUnknownSeq) {
+		t.Errorf("second free: %v, want kv.ErrUnknownSeq", err)
+	}
+	checkCachesFree(t, e)
+}
