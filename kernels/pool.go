@@ -12,14 +12,21 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Pool runs kernels on a fixed set of worker goroutines. A Pool is used
 // by one caller at a time (the model's Forward); Run is not reentrant.
+//
+// A decode step hands the workers a few hundred short tasks (one per
+// matrix, tens of microseconds each), so handing over must cost far less
+// than that: waking a parked goroutine costs tens to hundreds of
+// microseconds on a VM. Workers therefore spin, yielding, for a while
+// after each task before they park, and the caller spins for their
+// results the same way.
 type Pool struct {
 	threads int
-	work    []chan task
-	wg      sync.WaitGroup
+	workers []*worker
 	once    sync.Once
 }
 
@@ -28,24 +35,91 @@ type task struct {
 	fn     func(lo, hi int)
 }
 
+// worker is one goroutine's mailbox. Run writes t, then bumps seq; the
+// worker runs t and stores seq into done.
+type worker struct {
+	t        task
+	seq      atomic.Uint64
+	done     atomic.Uint64
+	sleeping atomic.Bool
+	closed   atomic.Bool
+	wake     chan struct{} // a token for a parked worker
+}
+
+// spinYields bounds a spin: about a millisecond of runtime.Gosched calls
+// when nothing else is runnable, far longer than the gap between a
+// forward pass's tasks, far shorter than an idle pool's life.
+const spinYields = 5000
+
 // NewPool starts threads workers (the caller's goroutine is one of them).
 // threads <= 0 means the number of physical cores.
 func NewPool(threads int) *Pool {
 	if threads <= 0 {
 		threads = PhysicalCores()
 	}
-	p := &Pool{threads: threads, work: make([]chan task, threads-1)}
-	for i := range p.work {
-		ch := make(chan task, 1)
-		p.work[i] = ch
-		go func() {
-			for t := range ch {
-				t.fn(t.lo, t.hi)
-				p.wg.Done()
-			}
-		}()
+	p := &Pool{threads: threads, workers: make([]*worker, threads-1)}
+	for i := range p.workers {
+		w := &worker{wake: make(chan struct{}, 1)}
+		p.workers[i] = w
+		go w.loop()
 	}
 	return p
+}
+
+func (w *worker) loop() {
+	var last uint64
+	for {
+		if !w.await(last) {
+			return
+		}
+		last = w.seq.Load()
+		w.t.fn(w.t.lo, w.t.hi)
+		w.t = task{}
+		w.done.Store(last)
+	}
+}
+
+// await waits until seq moves past last (true) or the pool closes
+// (false): spinning first, then parked on wake.
+func (w *worker) await(last uint64) bool {
+	for i := 0; i < spinYields; i++ {
+		if w.seq.Load() != last {
+			return true
+		}
+		if w.closed.Load() {
+			return false
+		}
+		runtime.Gosched()
+	}
+	w.sleeping.Store(true)
+	for w.seq.Load() == last { // re-checked after sleeping is set: no lost wake-up
+		if w.closed.Load() {
+			return false
+		}
+		<-w.wake
+	}
+	w.sleeping.Store(false)
+	return true
+}
+
+// post hands t to the worker.
+func (w *worker) post(t task) {
+	w.t = t
+	w.seq.Add(1)
+	if w.sleeping.Load() {
+		select {
+		case w.wake <- struct{}{}:
+		default: // a token is already waiting
+		}
+	}
+}
+
+// wait returns when the worker has finished its latest task.
+func (w *worker) wait() {
+	want := w.seq.Load()
+	for w.done.Load() != want {
+		runtime.Gosched()
+	}
 }
 
 // Threads is the number of workers.
@@ -54,8 +128,12 @@ func (p *Pool) Threads() int { return p.threads }
 // Close stops the workers. The Pool must not be used afterwards.
 func (p *Pool) Close() {
 	p.once.Do(func() {
-		for _, ch := range p.work {
-			close(ch)
+		for _, w := range p.workers {
+			w.closed.Store(true)
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
 		}
 	})
 }
@@ -82,7 +160,6 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 	per, extra := units/workers, units%workers
 	lo := 0
 	var mine task
-	p.wg.Add(workers - 1)
 	for w := 0; w < workers; w++ {
 		u := per
 		if w < extra {
@@ -93,12 +170,14 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 		if w == workers-1 {
 			mine = t
 		} else {
-			p.work[w] <- t
+			p.workers[w].post(t)
 		}
 		lo = hi
 	}
 	mine.fn(mine.lo, mine.hi)
-	p.wg.Wait()
+	for w := 0; w < workers-1; w++ {
+		p.workers[w].wait()
+	}
 }
 
 // PhysicalCores counts physical cores on Linux (SMT siblings share a
