@@ -30,10 +30,13 @@ AVX512 INLINE float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // scales8 converts the f16 scales at the start of 8 consecutive blocks
 // of bb bytes to float.
+// Scalar loads rather than a gather: vpgatherdd is microcoded and slow
+// on CPUs with the gather-data-sampling mitigation.
 AVX512 INLINE __m256 scales8(const uint8_t *blk, int bb) {
-	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
-	__m256i g = _mm256_i32gather_epi32((const int *)blk, idx, 1);
-	return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+	__m128i h = _mm_setr_epi16((short)tk_le16(blk), (short)tk_le16(blk + bb), (short)tk_le16(blk + 2 * bb),
+		(short)tk_le16(blk + 3 * bb), (short)tk_le16(blk + 4 * bb), (short)tk_le16(blk + 5 * bb),
+		(short)tk_le16(blk + 6 * bb), (short)tk_le16(blk + 7 * bb));
+	return _mm256_cvtph_ps(h);
 }
 
 // weights64 unpacks blocks b and b+1 of a Q8_0 (bb 34) or Q4_0 (bb 18)
@@ -61,6 +64,10 @@ AVX512 INLINE __m256i weights32(const int bb, const uint8_t *blk) {
 	v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
 	return _mm256_and_si256(v, _mm256_set1_epi8(15));
 }
+
+// PREFETCH_BLOCKS is how far ahead of the block being computed q32_tile
+// prefetches a row (prefetching past a row's end is harmless).
+#define PREFETCH_BLOCKS 64
 
 // q32_tile computes an R×C tile of a Q8_0/Q4_0 matmul: rows r0..r0+R-1,
 // columns j0..j0+C-1. R and C are constants at every call site.
@@ -96,6 +103,14 @@ AVX512 INLINE void q32_tile(const int bb, const int R, const int C, float *out, 
 	for (; b + 8 <= nb; b += 8) {
 		__m512 sw[4], sx[4];
 		for (int r = 0; r < R; r++) {
+			// Decode streams each row from memory once: ask for the
+			// blocks PREFETCH_BLOCKS ahead, so several rows' lines are in
+			// flight at a time (the hardware prefetcher alone keeps the
+			// kernel latency-bound).
+			const char *ahead = (const char *)(row[r] + (b + PREFETCH_BLOCKS) * bb);
+			_mm_prefetch(ahead, _MM_HINT_T0);
+			_mm_prefetch(ahead + 64, _MM_HINT_T0);
+			_mm_prefetch(ahead + 128, _MM_HINT_T0);
 			sw[r] = _mm512_castps256_ps512(scales8(row[r] + b * bb, bb));
 		}
 		for (int c = 0; c < C; c++) {
