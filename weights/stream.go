@@ -427,22 +427,35 @@ func (s *Streamer) pinnedViews(g int, views [][]byte) {
 // time the reads took.
 func (s *Streamer) load(sl *slot, buf []byte) (time.Duration, error) {
 	start := time.Now()
-	sl.views = make([][]byte, len(s.tensors[sl.group]))
-	off := sl.off
-	for i, t := range s.tensors[sl.group] {
-		var err error
-		if s.opt.Method == IOPread {
-			dst := buf[off : off+t.Size]
-			err = s.readAt(dst, t.Offset, t.Name)
-			sl.views[i] = dst
-		} else {
-			err = s.touch(t)
+	ts := s.tensors[sl.group]
+	sl.views = make([][]byte, len(ts))
+	if s.opt.Method == IOMmap {
+		for i, t := range ts {
+			if err := s.touch(t); err != nil {
+				return time.Since(start), err
+			}
 			sl.views[i] = t.Data
 		}
-		if err != nil {
+		return time.Since(start), nil
+	}
+	// Tensors that lie back to back in the file are read as one run, so
+	// the requests are ChunkBytes long rather than a tensor each (a
+	// layer's small attention matrices would otherwise be short reads).
+	off := sl.off
+	for i := 0; i < len(ts); {
+		j, n := i+1, ts[i].Size
+		for j < len(ts) && ts[j].Offset == ts[i].Offset+n {
+			n += ts[j].Size
+			j++
+		}
+		if err := s.readAt(buf[off:off+n], ts[i].Offset, ts[i].Name); err != nil {
 			return time.Since(start), err
 		}
-		off += t.Size
+		for k := i; k < j; k++ {
+			sl.views[k] = buf[off : off+ts[k].Size : off+ts[k].Size]
+			off += ts[k].Size
+		}
+		i = j
 	}
 	return time.Since(start), nil
 }
