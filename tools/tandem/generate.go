@@ -56,6 +56,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0: the model's)")
 	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
+	device := fs.String("device", "cpu", "where the model computes: cpu, or cuda / cuda:N for an NVIDIA GPU (a binary built with -tags cuda; see README, \"CUDA\")")
 	asJSON := fs.Bool("json", false, `print one JSON object {"prompt_ids","ids","text","stats"} instead of streaming`)
 	rf := addRunFlags(fs)
 	sf := addSpecFlags(fs)
@@ -87,7 +88,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	}
 	pool := kernels.NewPool(*threads)
 	defer pool.Close()
-	mopt := model.Options{Pool: pool, Stream: rc.stream}
+	mopt := model.Options{Pool: pool, Stream: rc.stream, Device: *device}
 	var lane *spec.Lane
 	if rc.mode.speculative && rc.stream != nil {
 		lane = spec.NewLane() // the draft computes while the model waits on IO

@@ -104,6 +104,7 @@ func TestGenerateRunFlagErrors(t *testing.T) {
 		{[]string{"--budget", "1KiB"}, 1, "needs at least"},
 		{[]string{"--budget", "lots"}, 2, "--budget"},
 		{[]string{"--budget", "0%"}, 2, "between 0% and 100%"},
+		{[]string{"--device", "tpu"}, 1, `unknown device "tpu"`},
 		{[]string{"--budget", "150%"}, 2, "between 0% and 100%"},
 		{[]string{"--mode", "turbo"}, 2, "want one of resident|target|std|stdpl|sd|bild|tree"},
 		{[]string{"--mode", "resident", "--budget", "1MiB"}, 2, "need a streaming mode"},
