@@ -61,6 +61,20 @@ test-arm64:
 		(cd $$pkg && TANDEM_SHARED=$(SHARED) $(QEMU) -L /usr/aarch64-linux-gnu $$bin -test.short) || exit 1; \
 	done
 
+# mobile-check generates the gomobile bindings of mobile/ with gobind (Java
+# and Objective-C) and compiles the Java, with a stand-in for Android's
+# Context and a class calling the API as the example app does, with javac
+# (needs a JDK: apt-get install openjdk-17-jdk-headless).
+# The "_" keeps the generated Go files out of ./... patterns.
+MOBILE_BIND = bin/_mobile-bind
+.PHONY: mobile-check
+mobile-check:
+	@command -v javac >/dev/null || (echo "javac not found: apt-get install openjdk-17-jdk-headless"; exit 1)
+	rm -rf $(MOBILE_BIND) && mkdir -p $(MOBILE_BIND)/classes
+	$(GO) tool gobind -lang=java,objc -outdir $(MOBILE_BIND) ./mobile
+	javac --release 8 -d $(MOBILE_BIND)/classes $$(find $(MOBILE_BIND)/java mobile/testdata/javastubs mobile/testdata/javacheck -name '*.java')
+	@echo "mobile-check: bindings generated and the Java compiles ($$(find $(MOBILE_BIND)/classes -name '*.class' | wc -l) classes)"
+
 # default-model regenerates the embedded random-weight model.
 default-model:
 	$(GO) run ./tools/tandem synth --dims 64,172,4,8,4,512,256 --type q8_0 --seed 1 tools/tandem/defaultmodel/default.gguf
