@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sched"
-	"github.com/tandem-llm/tandem/runtime/tokenizer"
 )
 
 // TokenCallback receives a generation's text as it is produced. An app
@@ -259,8 +258,8 @@ func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
 	}
 }
 
-// schedRequest checks r and makes the scheduler's request: the prompt
-// tokenized with BOS, EOS and BOS as stop tokens, a primed text decoder.
+// schedRequest checks r and makes the scheduler's request (the prompt
+// as sched.Request.SetTextPrompt fills it).
 // Range checks the scheduler makes itself (priority, min_tokens against
 // max_tokens, the stop strings) come back from Submit with its messages.
 func (e *Engine) schedRequest(r *request) (sched.Request, error) {
@@ -334,22 +333,9 @@ func (e *Engine) schedRequest(r *request) (sched.Request, error) {
 		req.Segment = seg
 	}
 
-	ids, err := e.tok.Encode(*r.Prompt, tokenizer.EncodeOptions{AddBOS: true})
-	if err != nil {
-		return req, fmt.Errorf("prompt: cannot tokenize: %w", err)
+	if err := req.SetTextPrompt(e.tok, *r.Prompt); err != nil {
+		return req, err
 	}
-	req.Prompt, req.Text = ids, *r.Prompt
-	for _, id := range []int32{e.tok.EOS(), e.tok.BOS()} {
-		// llama2.c models end a story with BOS.
-		if id >= 0 {
-			req.StopTokens = append(req.StopTokens, id)
-		}
-	}
-	dec := e.tok.NewDecoder()
-	for _, id := range ids {
-		dec.Next(id) // primed, so the first piece keeps its leading space
-	}
-	req.Decoder = dec
 	return req, nil
 }
 
