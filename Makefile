@@ -83,6 +83,20 @@ test-arm64:
 		(cd $$pkg && TANDEM_SHARED=$(SHARED) $(QEMU) -L /usr/aarch64-linux-gnu $$bin -test.short) || exit 1; \
 	done
 
+# mobile-check generates the gomobile bindings of mobile/ with gobind (Java
+# and Objective-C) and compiles the Java, with a stand-in for Android's
+# Context and a class calling the API as the example app does, with javac
+# (needs a JDK: apt-get install openjdk-17-jdk-headless).
+# The "_" keeps the generated Go files out of ./... patterns.
+MOBILE_BIND = bin/_mobile-bind
+.PHONY: mobile-check
+mobile-check:
+	@command -v javac >/dev/null || (echo "javac not found: apt-get install openjdk-17-jdk-headless"; exit 1)
+	rm -rf $(MOBILE_BIND) && mkdir -p $(MOBILE_BIND)/classes
+	$(GO) tool gobind -lang=java,objc -outdir $(MOBILE_BIND) ./mobile
+	javac --release 8 -d $(MOBILE_BIND)/classes $$(find $(MOBILE_BIND)/java mobile/testdata/javastubs mobile/testdata/javacheck -name '*.java')
+	@echo "mobile-check: bindings generated and the Java compiles ($$(find $(MOBILE_BIND)/classes -name '*.class' | wc -l) classes)"
+
 # cuda builds the CUDA backend (build tag cuda, kernels/cuda): it installs
 # Debian's CUDA toolkit when cuda.h is missing (cuda-deps, needs root),
 # vets the tagged code, builds bin/tandem-cuda and compiles the tagged

@@ -6,6 +6,7 @@ require (
 	github.com/edsrzf/mmap-go v1.2.0
 	github.com/openai/openai-go/v3 v3.96.0
 	github.com/shirou/gopsutil/v3 v3.24.5
+	golang.org/x/mobile v0.0.0-20261011034528-197770444867
 	golang.org/x/sys v0.49.0
 	gorgonia.org/cu v0.9.6
 )
@@ -24,4 +25,9 @@ require (
 	github.com/tklauser/go-sysconf v0.3.12 // indirect
 	github.com/tklauser/numcpus v0.6.1 // indirect
 	github.com/yusufpapurcu/wmi v1.2.4 // indirect
+	golang.org/x/mod v0.42.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/tools v0.52.0 // indirect
 )
+
+tool golang.org/x/mobile/cmd/gobind

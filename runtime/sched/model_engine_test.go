@@ -2,7 +2,6 @@ package sched
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -186,20 +185,14 @@ func TestModelEngineErrors(t *testing.T) {
 // entry of threads.
 func newRealScheduler(t *testing.T, f *weights.File, cfg Config, maxSeqs int, threads ...int) (*Scheduler, []*ModelEngine) {
 	t.Helper()
-	var lanes []Lane
+	lanes, closeLanes, err := CPULanes(f, CPULaneOptions{Threads: threads, MaxSeqs: maxSeqs, Context: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeLanes() })
 	var engines []*ModelEngine
-	for i, th := range threads {
-		m, err := model.Load(f, model.Options{Threads: th})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		e, err := NewModelEngine(m, ModelEngineOptions{Name: fmt.Sprintf("cpu%d", i), MaxSeqs: maxSeqs, Context: 512})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines = append(engines, e)
-		lanes = append(lanes, Lane{Engine: e})
+	for _, l := range lanes {
+		engines = append(engines, l.Engine.(*ModelEngine))
 	}
 	s, err := New(cfg, nil, lanes...)
 	if err != nil {

@@ -1,8 +1,11 @@
 package sched
 
 import (
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
 )
 
 func FuzzSegmentCut(f *testing.F) {
@@ -38,5 +41,32 @@ func TestUtilityFunction(t *testing.T) {
 		if got := tc.u.At(tc.late, rel); got != tc.want {
 			t.Errorf("%+v at %v late: %v, want %v", tc.u, tc.late, got, tc.want)
 		}
+	}
+}
+
+func TestSetTextPrompt(t *testing.T) {
+	_, tok := realModel(t)
+	var r Request
+	if err := r.SetTextPrompt(tok, "Once upon a time"); err != nil {
+		t.Fatal(err)
+	}
+	want, err := tok.Encode("Once upon a time", tokenizer.EncodeOptions{AddBOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.Prompt, want) || r.Text != "Once upon a time" || !slices.Contains(r.StopTokens, tok.EOS()) || !slices.Contains(r.StopTokens, tok.BOS()) {
+		t.Errorf("request %+v", r)
+	}
+	// Primed: the next word keeps its leading space.
+	full, err := tok.Encode("Once upon a time there", tokenizer.EncodeOptions{AddBOS: true})
+	if err != nil || !slices.Equal(full[:len(want)], want) {
+		t.Fatalf("%v: %v does not extend the prompt %v", err, full, want)
+	}
+	var got string
+	for _, id := range full[len(want):] {
+		got += r.Decoder.Next(id)
+	}
+	if got != " there" {
+		t.Errorf("decoder after the prompt gave %q, want %q", got, " there")
 	}
 }

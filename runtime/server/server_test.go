@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -245,26 +246,32 @@ func TestQueueFullIs429(t *testing.T) {
 	srv.Ready(sc, f.tok)
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
+	// Deferred after ts.Close, so it runs first: a failed check must not
+	// leave the held requests blocking the server's Close.
+	defer sc.Shutdown(context.Background())
+	release := sync.OnceFunc(func() { close(e.gate) })
+	defer release()
 	results := make(chan int, 2)
-	for range 2 {
-		go func() {
-			code, _, _ := post(t, ts.URL+"/v1/completions", `{"prompt":"a","max_tokens":2}`)
-			results <- code
-		}()
+	send := func() {
+		code, _, _ := post(t, ts.URL+"/v1/completions", `{"prompt":"a","max_tokens":2}`)
+		results <- code
 	}
+	// One at a time: the first must leave the queue for the batch before
+	// the second arrives, or the second finds the queue full.
+	go send()
 	<-e.stepped // one request runs...
-	waitUntil(t, "a request queued", func() bool { return sc.Stats().Waiting == 1 })
+	go send()
+	waitUntil(t, "a request queued", func() bool { st := sc.Stats(); return st.Waiting+st.Lanes[0].Waiting == 1 })
 	code, hdr, body := post(t, ts.URL+"/v1/completions", `{"prompt":"a","max_tokens":2}`)
 	if code != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "queue_full") {
 		t.Errorf("third request: %d, Retry-After %q: %s", code, hdr.Get("Retry-After"), body)
 	}
-	close(e.gate)
+	release()
 	for range 2 {
 		if c := <-results; c != 200 {
 			t.Errorf("held request finished with %d", c)
 		}
 	}
-	sc.Shutdown(context.Background())
 }
 
 func TestClientDisconnectFreesKV(t *testing.T) {

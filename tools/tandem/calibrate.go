@@ -18,7 +18,6 @@ import (
 	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
-	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
@@ -334,28 +333,6 @@ func stopTokens(tok *tokenizer.Tokenizer) []int32 {
 
 // cpuLanes loads one model per lane from f (the mapping is shared) with
 // its own kernel pool and KV cache.
-func cpuLanes(f *weights.File, threads []int, maxSeqs, ctxLen int, kvType weights.DType) ([]sched.Lane, func(), error) {
-	var lanes []sched.Lane
-	var models []*model.Model
-	closeAll := func() {
-		for _, m := range models {
-			m.Close()
-		}
-	}
-	for i, th := range threads {
-		m, err := model.Load(f, model.Options{Threads: th})
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		models = append(models, m)
-		name := fmt.Sprintf("cpu%d", i)
-		e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{Name: name, MaxSeqs: maxSeqs, Context: ctxLen, KVType: kvType})
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		lanes = append(lanes, sched.Lane{Name: name, Engine: e})
-	}
-	return lanes, closeAll, nil
+func cpuLanes(f *weights.File, threads []int, maxSeqs, ctxLen int, kvType weights.DType) ([]sched.Lane, func() error, error) {
+	return sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: maxSeqs, Context: ctxLen, KVType: kvType})
 }

@@ -139,7 +139,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *sf.draft != "" {
 		lanes, specEngines, closeLanes, err = specLanes(f, tok, *tokPath, sf, specCfg, threads, *maxSeqs, *ctxLen, kvt)
 	} else {
-		lanes, closeLanes, err = cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
+		var closeCPU func() error
+		lanes, closeCPU, err = cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
+		closeLanes = func() {
+			if closeCPU != nil {
+				closeCPU()
+			}
+		}
 	}
 	if err != nil {
 		hs.Close()

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+)
+
+// TestPlanner runs the planner briefly on the embedded model: every step
+// arrives as a segment, executes, and the parked sequence resumes.
+func TestPlanner(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--steps", "3", "--execute", "1ms", "--max-step-chars", "40", "--threads", "1"}, &out, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{"step 1:", "executing step 1", "step 3:", "plan stopped after 3 steps",
+		"scheduler: 1 admitted, 3 segments", "lane cpu0: 1 threads", "0 sequences held"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestPlannerEnds: a plan whose token budget runs out ends with its
+// reason instead of waiting for a step that never comes.
+func TestPlannerEnds(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--model", testutil.Model(t, "stories260K.gguf"), "--goal", "Once upon a time",
+		"--max-tokens", "5", "--max-step-chars", "1000", "--execute", "0s", "--threads", "1"}, &out, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "plan ended: length after 5 tokens") {
+		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+func TestPlannerErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--steps", "0"}, "at least 1"},
+		{[]string{"--deadline", "0s"}, "--deadline"},
+		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"--model", "/nowhere/model.gguf"}, "/nowhere/model.gguf"},
+		{[]string{"--model", testutil.Model(t, "llama2xs_model.bin")}, "pass --tokenizer"},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), tc.args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--help"}, &out, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "robot planner") {
+		t.Errorf("--help: %v\n%s", err, out.String())
+	}
+}

@@ -1,0 +1,251 @@
+package mobile
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/shirou/gopsutil/v3/mem"
+
+	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
+	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// config is NewEngine's JSON. Every field is optional: "{}" (or "") runs
+// the embedded default model on one lane of all physical cores.
+type config struct {
+	// Model is the GGUF (or llama2.c .bin) file, an absolute path in the
+	// app's private storage; empty: the embedded default model.
+	Model string `json:"model"`
+	// Tokenizer is a tokenizer.bin or GGUF vocabulary (empty: the
+	// model's own; llama2.c models need one).
+	Tokenizer string `json:"tokenizer"`
+	// Draft is a draft model for speculative decoding (not yet served
+	// through the scheduler; see NewEngine).
+	Draft string `json:"draft"`
+	// Calibration is the uncertainty estimator (empty: MODEL.calib.json
+	// when it exists, else the prompt length).
+	Calibration string `json:"calibration"`
+	// Budget is the most bytes of weights each lane holds: "" keeps the
+	// whole (mapped) file, "auto" takes autoShare of available memory,
+	// "min" the smallest the model allows, or a size like "512MiB".
+	Budget string `json:"budget"`
+	// Threads is the kernel threads of a single lane (0: all physical
+	// cores); Lanes gives one entry per lane instead.
+	Threads int   `json:"threads"`
+	Lanes   []int `json:"lanes"`
+	// Context is the tokens per sequence (0: the model's).
+	Context int `json:"context"`
+	// MaxSeqs is the sequence slots per lane, running and parked.
+	MaxSeqs int `json:"max_seqs"`
+	// MaxBatch is the most sequences a lane decodes together.
+	MaxBatch int `json:"max_batch"`
+	// MaxTokens bounds requests that do not set max_tokens.
+	MaxTokens int `json:"max_tokens"`
+	// KVType is "f32" (default) or "f16" (half the KV memory).
+	KVType string `json:"kv_type"`
+	// Policy is the scheduling policy (tandem, fifo, luf, edf, rtlm).
+	Policy string `json:"policy"`
+}
+
+// Defaults sized for a phone: an app runs a few generations at once, and
+// every sequence slot's KV memory counts against the app.
+const (
+	defaultMaxSeqs   = 8
+	defaultMaxBatch  = 4
+	defaultMaxTokens = 256
+	maxLanes         = 8
+	maxThreads       = 256
+)
+
+// autoShare is the share of available memory budget "auto" gives the
+// weights, less than the CLI's: Android's low-memory killer ends apps
+// that grow too far, and the app's own heap, the KV cache and the
+// activations need the rest.
+const autoShare = 0.5
+
+// availableMemory reports the memory budget "auto" divides (a test seam).
+var availableMemory = func() (uint64, error) {
+	vm, err := mem.VirtualMemory()
+	if err != nil {
+		return 0, err
+	}
+	return vm.Available, nil
+}
+
+// lanes returns the threads of each lane.
+func (c *config) lanes() ([]int, error) {
+	switch {
+	case len(c.Lanes) > 0 && c.Threads != 0:
+		return nil, fmt.Errorf("threads %d and lanes %v: give threads (one lane) or lanes (threads per lane), not both", c.Threads, c.Lanes)
+	case len(c.Lanes) > maxLanes:
+		return nil, fmt.Errorf("lanes %v: at most %d lanes", c.Lanes, maxLanes)
+	case len(c.Lanes) > 0:
+		for i, n := range c.Lanes {
+			if n < 1 || n > maxThreads {
+				return nil, fmt.Errorf("lanes[%d] = %d: want 1..%d threads", i, n, maxThreads)
+			}
+		}
+		return c.Lanes, nil
+	case c.Threads < 0 || c.Threads > maxThreads:
+		return nil, fmt.Errorf("threads %d: want 1..%d (0: all physical cores)", c.Threads, maxThreads)
+	case c.Threads > 0:
+		return []int{c.Threads}, nil
+	}
+	return []int{kernels.PhysicalCores()}, nil
+}
+
+// check validates the fields that need no files.
+func (c *config) check() error {
+	switch {
+	case c.Draft != "":
+		return fmt.Errorf("draft %q: speculative decoding does not run through the scheduler yet; leave draft empty", c.Draft)
+	case c.Context < 0:
+		return fmt.Errorf("context %d is negative (0: the model's)", c.Context)
+	case c.MaxSeqs < 0 || c.MaxSeqs > 1024:
+		return fmt.Errorf("max_seqs %d: want 1..1024 (0: %d)", c.MaxSeqs, defaultMaxSeqs)
+	case c.MaxBatch < 0 || c.MaxBatch > 256:
+		return fmt.Errorf("max_batch %d: want 1..256 (0: %d)", c.MaxBatch, defaultMaxBatch)
+	case c.MaxTokens < 0:
+		return fmt.Errorf("max_tokens %d is negative (0: %d)", c.MaxTokens, defaultMaxTokens)
+	}
+	if c.MaxSeqs == 0 {
+		c.MaxSeqs = defaultMaxSeqs
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = defaultMaxBatch
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = defaultMaxTokens
+	}
+	if c.Policy == "" {
+		c.Policy = "tandem"
+	}
+	if c.KVType == "" {
+		c.KVType = "f32"
+	}
+	return nil
+}
+
+// kvType reads kv_type.
+func (c *config) kvType() (weights.DType, error) {
+	t, err := weights.ParseDType(c.KVType)
+	if err != nil || (t != weights.F32 && t != weights.F16) {
+		return 0, fmt.Errorf("kv_type %q: want f32 or f16", c.KVType)
+	}
+	return t, nil
+}
+
+// openModel opens the model file, or the embedded default for "".
+func openModel(path string) (*weights.File, error) {
+	if path == "" {
+		return defaultmodel.Target()
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("model %q: %w; copy the model into the app's files directory (Context.getFilesDir()) and pass its absolute path, or leave model empty for the embedded default", path, err)
+	}
+	f, err := weights.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: %w", path, err)
+	}
+	return f, nil
+}
+
+// openTokenizer reads the tokenizer file, or the model's own vocabulary.
+func openTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
+	if path != "" {
+		tok, err := tokenizer.Load(path)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer %q: %w", path, err)
+		}
+		return tok, nil
+	}
+	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+		return nil, fmt.Errorf("%s has no vocabulary (llama2.c models keep it in a separate tokenizer.bin): set tokenizer", f.Path)
+	}
+	return tokenizer.FromMetadata(&f.Metadata)
+}
+
+// openEstimator reads the calibration, explicit or beside the model.
+func openEstimator(path, modelPath string) (*sched.Estimator, error) {
+	if path == "" && modelPath != "" {
+		if def := sched.CalibrationPath(modelPath); fileExists(def) {
+			path = def
+		}
+	}
+	if path == "" {
+		return sched.NewEstimator(nil), nil
+	}
+	c, err := sched.LoadCalibration(path)
+	if err != nil {
+		return nil, fmt.Errorf("calibration %q: %w", path, err)
+	}
+	return sched.NewEstimator(c), nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// memoryPlan is what the budget resolved to.
+type memoryPlan struct {
+	stream *weights.StreamOptions // nil: the whole file, mapped
+	note   string                 // how the budget was chosen, for Stats
+}
+
+// planMemory resolves the budget for lanes lanes over f. Each lane holds
+// its own weights, so a budget is divided among them.
+func planMemory(f *weights.File, budget string, lanes int) (memoryPlan, error) {
+	b := strings.ToLower(strings.TrimSpace(budget))
+	if b == "" {
+		return memoryPlan{note: "resident (no budget)"}, nil
+	}
+	if defaultmodel.IsEmbedded(f) {
+		if b == "auto" {
+			return memoryPlan{note: "resident (the embedded model is small and has no file to stream from)"}, nil
+		}
+		return memoryPlan{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; set model, or leave budget empty or auto", budget)
+	}
+	opt := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
+	// The plan at budget 0 fails but reports the total and the minimum.
+	probe, _, err := model.PlanStream(f, opt)
+	if err != nil && probe.Min == 0 {
+		return memoryPlan{}, err
+	}
+	var total uint64
+	note := strings.TrimSpace(budget) // how the budget was chosen
+	switch b {
+	case "min":
+		total = probe.Min * uint64(lanes)
+	case "auto":
+		avail, err := availableMemory()
+		if err != nil {
+			return memoryPlan{}, fmt.Errorf("budget auto: reading available memory: %w; give a size like 512MiB instead", err)
+		}
+		total = uint64(float64(avail) * autoShare)
+		note = fmt.Sprintf("auto: %.0f%% of %s available", 100*autoShare, progress.Bytes(avail))
+		if total/uint64(lanes) >= probe.Total {
+			return memoryPlan{note: note + "; the whole model fits, resident"}, nil
+		}
+	default:
+		if total, err = units.ParseSize(b); err != nil {
+			return memoryPlan{}, fmt.Errorf("budget: %w (or auto, or min)", err)
+		}
+	}
+	opt.Budget = total / uint64(lanes)
+	if opt.Budget < probe.Min {
+		return memoryPlan{}, fmt.Errorf("budget %s leaves %s per lane for %d lane(s); %s needs at least %s per lane: use fewer lanes, a larger budget, or \"min\"",
+			note, progress.Bytes(opt.Budget), lanes, f.Path, progress.Bytes(probe.Min))
+	}
+	if _, _, err := model.PlanStream(f, opt); err != nil {
+		return memoryPlan{}, fmt.Errorf("budget %s: %w", note, err)
+	}
+	return memoryPlan{stream: &opt, note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(opt.Budget), note)}, nil
+}

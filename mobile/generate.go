@@ -1,0 +1,390 @@
+package mobile
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
+)
+
+// TokenCallback receives a generation's text as it is produced. An app
+// implements it in Kotlin or Java. Its methods are called on the thread
+// that called Generate or Resume (a background thread: post to the UI
+// thread to show the text), one at a time, in order.
+type TokenCallback interface {
+	// OnToken receives the text of newly generated tokens (one or more
+	// tokens; text is held back while it may begin a stop string).
+	OnToken(text string)
+	// OnSegment receives a completed segment's whole text, for requests
+	// with "segment", just before Generate (or Resume) returns with
+	// finish "segment".
+	OnSegment(text string)
+}
+
+// request is Generate's JSON: the server's completion request, minus
+// what a single in-process caller has no use for.
+type request struct {
+	ID            string          `json:"id"`
+	Prompt        *string         `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	MinTokens     *int            `json:"min_tokens"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	TopK          *int            `json:"top_k"`
+	MinP          *float64        `json:"min_p"`
+	RepeatPenalty *float64        `json:"repeat_penalty"`
+	Seed          *int64          `json:"seed"`
+	DeadlineMs    *float64        `json:"deadline_ms"`
+	Priority      int             `json:"priority"`
+	Segment       json.RawMessage `json:"segment"`
+	Stop          []string        `json:"stop"`
+}
+
+// resumeRequest is Resume's JSON.
+type resumeRequest struct {
+	DeadlineMs *float64 `json:"deadline_ms"`
+	MaxTokens  *int     `json:"max_tokens"`
+}
+
+// result is what Generate and Resume return, as JSON.
+type result struct {
+	ID               string  `json:"id"`
+	Text             string  `json:"text"`
+	Finish           string  `json:"finish"` // stop, length, segment, shed, cancelled
+	Resumable        bool    `json:"resumable"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	GeneratedTotal   int     `json:"generated_total"` // over all segments
+	ShedTokens       int     `json:"shed_tokens"`
+	DeadlineMet      *bool   `json:"deadline_met,omitempty"`
+	Utility          float64 `json:"utility"`
+	Lane             int     `json:"lane"`
+	Uncertainty      float64 `json:"uncertainty"` // predicted output tokens
+	FirstTokenMs     float64 `json:"first_token_ms"`
+	TotalMs          float64 `json:"total_ms"`
+}
+
+const (
+	defaultTemperature = 1.0 // the server's (OpenAI's) default; send 0 for greedy decoding
+	maxIDBytes         = 128
+	maxRequestBytes    = 1 << 20
+	maxDeadlineMs      = float64(sched.MaxDeadline / time.Millisecond)
+)
+
+// Generate runs one request and blocks until it ends, streaming its text
+// to cb (which may be null). Call it from a background thread, e.g. a
+// Kotlin coroutine on Dispatchers.Default, never the UI thread: the work
+// runs on the engine's lanes, and the calling thread waits and runs the
+// callbacks. requestJSON is a JSON object like the server's completion
+// request:
+//
+//	prompt          the text to continue (required)
+//	id              names the request for Cancel and Resume (default:
+//	                one is assigned; it is in the result)
+//	max_tokens      tokens to generate at most (default: the engine's)
+//	min_tokens      under overload the request may end early, never
+//	                before these (default: max_tokens, all mandatory)
+//	temperature     0..2 (default 1; 0 is greedy), top_p, top_k, min_p,
+//	repeat_penalty  sampling, as the server takes them
+//	seed            makes sampling reproducible (default: random)
+//	deadline_ms     the soft deadline, which the scheduler keeps
+//	priority        a strict class, -10..10
+//	segment         "line", "statement" or {"regex": "..."}: the request
+//	                ends at each segment with finish "segment" and is
+//	                parked until Resume(id, ...)
+//	stop            strings that end the generation
+//
+// It returns the result as JSON: id, text, finish (stop, length, segment,
+// shed or cancelled), resumable, token counts, deadline_met, lane,
+// uncertainty and timings. A request cancelled by Cancel or Close returns
+// normally with finish "cancelled"; bad requests and engine failures are
+// errors.
+func (e *Engine) Generate(requestJSON string, cb TokenCallback) (string, error) {
+	var r request
+	if err := decodeJSON(requestJSON, &r, "request"); err != nil {
+		return "", err
+	}
+	req, err := e.schedRequest(&r)
+	if err != nil {
+		return "", fmt.Errorf("mobile: request: %w", err)
+	}
+	ctx, done, err := e.begin(&req.ID)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	st, err := e.sc.Submit(ctx, req)
+	if err != nil {
+		return "", fmt.Errorf("mobile: generate %s: %w", req.ID, err)
+	}
+	return e.deliver(st, cb)
+}
+
+// Resume continues a request parked at the end of a segment, streaming
+// its next segment to cb; it blocks like Generate and returns the same
+// result JSON. optionsJSON ("" for none) may set deadline_ms (the next
+// segment's deadline, from now) and max_tokens (more tokens allowed from
+// now on).
+func (e *Engine) Resume(id string, optionsJSON string, cb TokenCallback) (string, error) {
+	var r resumeRequest
+	if err := decodeJSON(optionsJSON, &r, "resume options"); err != nil {
+		return "", err
+	}
+	var opt sched.ResumeOptions
+	if d := r.DeadlineMs; d != nil {
+		if !(*d > 0 && *d <= maxDeadlineMs) {
+			return "", fmt.Errorf("mobile: resume %s: deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", id, *d, maxDeadlineMs)
+		}
+		opt.Deadline = time.Duration(*d * float64(time.Millisecond))
+	}
+	if m := r.MaxTokens; m != nil {
+		if *m < 1 {
+			return "", fmt.Errorf("mobile: resume %s: max_tokens=%d: must be at least 1", id, *m)
+		}
+		opt.MaxTokens = *m
+	}
+	if id == "" {
+		return "", errors.New("mobile: resume: empty id; pass the id from the result of the Generate that ended with finish \"segment\"")
+	}
+	ctx, done, err := e.begin(&id)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	st, err := e.sc.Resume(ctx, id, opt)
+	if err != nil {
+		return "", fmt.Errorf("mobile: resume %s: %w", id, err)
+	}
+	return e.deliver(st, cb)
+}
+
+// Cancel ends the request id: a running Generate or Resume returns with
+// finish "cancelled" after the current step, and a parked request is
+// dropped. It reports whether it found the request (false when it has
+// already finished or never existed); it never blocks on generation, so
+// a UI thread may call it.
+func (e *Engine) Cancel(id string) bool {
+	e.mu.Lock()
+	cancel, ok := e.inflight[id]
+	e.mu.Unlock()
+	if ok {
+		cancel()
+		return true
+	}
+	return e.sc.Discard(id) == nil
+}
+
+// begin registers a call for request *id (assigning an id when empty) and
+// returns its context, which Cancel and Close end, and the function that
+// unregisters it.
+func (e *Engine) begin(id *string) (context.Context, func(), error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, nil, fmt.Errorf("mobile: engine is closed: %w", sched.ErrClosed)
+	}
+	if *id == "" {
+		for {
+			e.nextID++
+			*id = fmt.Sprintf("req-%d", e.nextID)
+			if _, busy := e.inflight[*id]; !busy {
+				break
+			}
+		}
+	} else if _, busy := e.inflight[*id]; busy {
+		return nil, nil, fmt.Errorf("mobile: request id %q is already generating; give each request its own id", *id)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	key := *id
+	e.inflight[key] = cancel
+	return ctx, func() {
+		cancel()
+		e.mu.Lock()
+		delete(e.inflight, key)
+		e.mu.Unlock()
+	}, nil
+}
+
+// deliver forwards a stream's text to cb and returns the result JSON.
+func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
+	var text strings.Builder
+	for {
+		ev, err := st.Recv(context.Background())
+		if err == io.EOF {
+			return "", fmt.Errorf("mobile: %s: the stream ended without a result", st.ID())
+		}
+		if err != nil {
+			return "", fmt.Errorf("mobile: %s: %w", st.ID(), err)
+		}
+		if ev.Text != "" {
+			text.WriteString(ev.Text)
+			if cb != nil {
+				cb.OnToken(ev.Text)
+			}
+		}
+		if !ev.Done {
+			continue
+		}
+		res := ev.Result
+		if res.Reason == sched.ReasonError {
+			return "", fmt.Errorf("mobile: %s: %w", res.ID, res.Err)
+		}
+		if res.Reason == sched.ReasonSegment && cb != nil {
+			cb.OnSegment(text.String())
+		}
+		out := result{ID: res.ID, Text: text.String(), Finish: res.Reason.String(), Resumable: res.Resumable,
+			PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens, GeneratedTotal: res.TotalGenerated,
+			ShedTokens: res.ShedTokens, Utility: res.Utility, Lane: res.Lane, Uncertainty: res.Score,
+			TotalMs: ms(res.Finish.Sub(res.Arrival))}
+		if !res.FirstToken.IsZero() {
+			out.FirstTokenMs = ms(res.FirstToken.Sub(res.Arrival))
+		}
+		if res.HasDeadline {
+			met := res.DeadlineMet
+			out.DeadlineMet = &met
+		}
+		b, err := json.Marshal(out)
+		if err != nil {
+			return "", fmt.Errorf("mobile: %s: encoding the result: %w", res.ID, err)
+		}
+		return string(b), nil
+	}
+}
+
+// schedRequest checks r and makes the scheduler's request (the prompt
+// as sched.Request.SetTextPrompt fills it).
+// Range checks the scheduler makes itself (priority, min_tokens against
+// max_tokens, the stop strings) come back from Submit with its messages.
+func (e *Engine) schedRequest(r *request) (sched.Request, error) {
+	var req sched.Request
+	if r.Prompt == nil {
+		return req, errors.New(`prompt is required: {"prompt": "Once upon a time"}`)
+	}
+	if len(r.ID) > maxIDBytes {
+		return req, fmt.Errorf("id has %d bytes, at most %d", len(r.ID), maxIDBytes)
+	}
+	req.ID = r.ID
+	req.MaxTokens = e.maxTokens
+	if r.MaxTokens != nil {
+		if *r.MaxTokens < 1 {
+			return req, fmt.Errorf("max_tokens=%d: must be at least 1", *r.MaxTokens)
+		}
+		req.MaxTokens = *r.MaxTokens
+	}
+	if r.MinTokens != nil {
+		if *r.MinTokens < 0 || *r.MinTokens > req.MaxTokens {
+			return req, fmt.Errorf("min_tokens=%d: must be between 0 and max_tokens (%d)", *r.MinTokens, req.MaxTokens)
+		}
+		req.MinTokens = *r.MinTokens
+	}
+	temp := defaultTemperature
+	if r.Temperature != nil {
+		temp = *r.Temperature
+	}
+	switch {
+	case !(temp >= 0 && temp <= 2):
+		return req, fmt.Errorf("temperature=%v: must be between 0 and 2", temp)
+	case r.TopP != nil && !(*r.TopP > 0 && *r.TopP <= 1):
+		return req, fmt.Errorf("top_p=%v: must be in (0, 1]", *r.TopP)
+	case r.TopK != nil && *r.TopK < 0:
+		return req, fmt.Errorf("top_k=%d: must be >= 0 (0 is off)", *r.TopK)
+	case r.MinP != nil && !(*r.MinP >= 0 && *r.MinP < 1):
+		return req, fmt.Errorf("min_p=%v: must be in [0, 1)", *r.MinP)
+	case r.RepeatPenalty != nil && !(*r.RepeatPenalty > 0 && *r.RepeatPenalty <= 10):
+		return req, fmt.Errorf("repeat_penalty=%v: must be in (0, 10]", *r.RepeatPenalty)
+	}
+	req.Sampling.Temperature = float32(temp)
+	if r.TopP != nil {
+		req.Sampling.TopP = float32(*r.TopP)
+	}
+	if r.TopK != nil {
+		req.Sampling.TopK = *r.TopK
+	}
+	if r.MinP != nil {
+		req.Sampling.MinP = float32(*r.MinP)
+	}
+	if r.RepeatPenalty != nil {
+		req.Sampling.RepeatPenalty = float32(*r.RepeatPenalty)
+	}
+	req.Sampling.Seed = rand.Uint64()
+	if r.Seed != nil {
+		req.Sampling.Seed = uint64(*r.Seed)
+	}
+	if d := r.DeadlineMs; d != nil {
+		if !(*d > 0 && *d <= maxDeadlineMs) {
+			return req, fmt.Errorf("deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", *d, maxDeadlineMs)
+		}
+		req.Deadline = time.Duration(*d * float64(time.Millisecond))
+	}
+	req.Priority = r.Priority
+	req.StopText = r.Stop
+	if len(r.Segment) > 0 {
+		seg, err := parseSegment(r.Segment)
+		if err != nil {
+			return req, err
+		}
+		req.Segment = seg
+	}
+
+	if err := req.SetTextPrompt(e.tok, *r.Prompt); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+// parseSegment reads "line", "statement" or {"regex": "..."}.
+func parseSegment(raw json.RawMessage) (*sched.Segmenter, error) {
+	var name string
+	if err := json.Unmarshal(raw, &name); err == nil {
+		return sched.NewSegmenter(name)
+	}
+	var obj struct {
+		Regex *string `json:"regex"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&obj); err != nil || obj.Regex == nil {
+		return nil, fmt.Errorf(`%w: segment must be "line", "statement" or {"regex": "..."}`, sched.ErrInvalid)
+	}
+	return sched.NewRegexSegmenter(*obj.Regex)
+}
+
+// decodeJSON reads s (a JSON object; "" is {}) into v strictly: unknown
+// fields, wrong types and trailing data are errors naming what is wrong.
+func decodeJSON(s string, v any, what string) error {
+	if len(s) > maxRequestBytes {
+		return fmt.Errorf("mobile: %s: %d bytes, at most %d", what, len(s), maxRequestBytes)
+	}
+	if strings.TrimSpace(s) == "" {
+		s = "{}"
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("unexpected data after the JSON object")
+	}
+	if err == nil {
+		return nil
+	}
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Errorf("mobile: %s: malformed JSON at byte %d: %v", what, syn.Offset, syn)
+	case errors.As(err, &typ) && typ.Field == "":
+		return fmt.Errorf("mobile: %s: want a JSON object, not %s", what, typ.Value)
+	case errors.As(err, &typ):
+		return fmt.Errorf("mobile: %s: field %q has the wrong type: got %s, want %s", what, typ.Field, typ.Value, typ.Type)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("mobile: %s: malformed JSON: it ends early", what)
+	}
+	return fmt.Errorf("mobile: %s: %v", what, err)
+}

@@ -1,0 +1,235 @@
+// Package mobile is tandem's facade for Android (and iOS) apps, bound with
+// gomobile: `gomobile bind -target=android ./mobile` makes an .aar whose
+// Java classes are mobile.Mobile (NewEngine), mobile.Engine and the
+// mobile.TokenCallback interface an app implements in Kotlin or Java.
+//
+// The exported API uses only types gobind supports: structured values
+// (the configuration, requests, results and statistics) travel as JSON
+// strings, errors become Java exceptions carrying the Go messages, and
+// tokens stream through TokenCallback. Underneath it is the runtime's
+// scheduler (runtime/sched) over CPU lanes, the same as `tandem serve`.
+package mobile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// Engine runs one model for an app: its requests are scheduled over the
+// configured CPU lanes. All methods are safe to call from any thread.
+type Engine struct {
+	f          *weights.File
+	tok        *tokenizer.Tokenizer
+	sc         *sched.Scheduler
+	closeLanes func() error
+	maxTokens  int
+	model      string // what Stats names
+	memory     string
+
+	mu       sync.Mutex
+	inflight map[string]context.CancelFunc // Generate and Resume calls by request id
+	nextID   uint64
+	closed   bool
+	closeErr error
+}
+
+// NewEngine loads a model and starts its scheduler. configJSON is a JSON
+// object; every field is optional ("" or "{}" runs the embedded default
+// model):
+//
+//	model        absolute path of a GGUF or llama2.c model in the app's
+//	             private files (Context.getFilesDir()); "": the embedded
+//	             default model
+//	tokenizer    tokenizer.bin or GGUF vocabulary ("": the model's own)
+//	calibration  uncertainty calibration ("": MODEL.calib.json if present)
+//	budget       bytes of weights each lane holds: "" (the whole file,
+//	             mapped), "auto" (half the available memory, leaving the
+//	             rest to the app: the low-memory killer ends apps that
+//	             grow too far), "min", or a size like "512MiB"
+//	threads      kernel threads of one lane (0: all physical cores)
+//	lanes        threads per lane, e.g. [3,1]: the first lane is the
+//	             primary, later ones take long requests (not with threads)
+//	context      tokens per sequence (0: the model's)
+//	max_seqs     sequence slots per lane (default 8)
+//	max_batch    sequences a lane decodes together (default 4)
+//	max_tokens   for requests without max_tokens (default 256)
+//	kv_type      "f32" (default) or "f16"
+//	policy       tandem (default), fifo, luf, edf or rtlm
+//	draft        a draft model; speculative decoding does not run
+//	             through the scheduler yet, so it is refused
+//
+// Loading maps the model file; call it off the UI thread.
+func NewEngine(configJSON string) (*Engine, error) {
+	var c config
+	if err := decodeJSON(configJSON, &c, "config"); err != nil {
+		return nil, err
+	}
+	if err := c.check(); err != nil {
+		return nil, fmt.Errorf("mobile: config: %w", err)
+	}
+	threads, err := c.lanes()
+	if err != nil {
+		return nil, fmt.Errorf("mobile: config: %w", err)
+	}
+	kvt, err := c.kvType()
+	if err != nil {
+		return nil, fmt.Errorf("mobile: config: %w", err)
+	}
+	policy, err := sched.ParsePolicy(c.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("mobile: config: policy: %w", err)
+	}
+	f, err := openModel(c.Model)
+	if err != nil {
+		return nil, fmt.Errorf("mobile: %w", err)
+	}
+	e, err := start(f, &c, threads, kvt, policy)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mobile: %w", err)
+	}
+	return e, nil
+}
+
+// start builds the engine on the open model f.
+func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy sched.Policy) (*Engine, error) {
+	tok, err := openTokenizer(f, c.Tokenizer)
+	if err != nil {
+		return nil, err
+	}
+	est, err := openEstimator(c.Calibration, c.Model)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := planMemory(f, c.Budget, len(threads))
+	if err != nil {
+		return nil, err
+	}
+	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: c.MaxSeqs,
+		Context: c.Context, KVType: kvt, Stream: mem.stream})
+	if err != nil {
+		return nil, err
+	}
+	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: c.MaxBatch, DefaultMaxTokens: c.MaxTokens}, est, lanes...)
+	if err != nil {
+		closeLanes()
+		return nil, err
+	}
+	name := c.Model
+	if name == "" {
+		name = f.Path
+	}
+	return &Engine{f: f, tok: tok, sc: sc, closeLanes: closeLanes, maxTokens: c.MaxTokens, model: name,
+		memory: mem.note, inflight: map[string]context.CancelFunc{}}, nil
+}
+
+// Close cancels the requests in flight (their Generate calls return with
+// finish "cancelled"), drops parked ones, stops the lanes and releases the
+// model. Calling it again does nothing and returns the first call's error.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return e.closeErr
+	}
+	e.closed = true
+	for _, cancel := range e.inflight {
+		cancel()
+	}
+	e.mu.Unlock()
+	// Cancelled requests end at the next step; the bound only matters if
+	// a step hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := errors.Join(e.sc.Shutdown(ctx), e.closeLanes(), e.f.Close())
+	if err != nil {
+		err = fmt.Errorf("mobile: close: %w", err)
+	}
+	e.mu.Lock()
+	e.closeErr = err
+	e.mu.Unlock()
+	return err
+}
+
+// Stats returns the scheduler's counters and each lane's state as JSON:
+// requests admitted, completed, cancelled, deadline hits and misses,
+// generated tokens, KV memory per lane, and how the memory budget was
+// resolved. Times are in milliseconds.
+func (e *Engine) Stats() string {
+	st := e.sc.Stats()
+	e.mu.Lock()
+	inflight := len(e.inflight)
+	closed := e.closed
+	e.mu.Unlock()
+	out := statsJSON{Model: e.model, Memory: e.memory, Context: e.sc.Context(), Closed: closed, InFlight: inflight,
+		Policy: st.Policy, UptimeMs: ms(st.Uptime), Waiting: st.Waiting, Parked: st.Parked,
+		Admitted: st.Admitted, Rejected: st.Rejected, Completed: st.Completed, Cancelled: st.Cancelled,
+		Failed: st.Failed, Segments: st.Segment, DeadlineHits: st.DeadlineHits, DeadlineMisses: st.DeadlineMisses,
+		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
+		Tokens: st.Tokens, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
+	for _, l := range st.Lanes {
+		out.Lanes = append(out.Lanes, laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
+			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
+			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)})
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		// Plain numbers and strings always marshal; say so if not.
+		return fmt.Sprintf(`{"error":%q}`, err.Error())
+	}
+	return string(b)
+}
+
+type statsJSON struct {
+	Model          string     `json:"model"`
+	Memory         string     `json:"memory"`
+	Context        int        `json:"context"`
+	Closed         bool       `json:"closed"`
+	InFlight       int        `json:"in_flight"`
+	Policy         string     `json:"policy"`
+	UptimeMs       float64    `json:"uptime_ms"`
+	Waiting        int        `json:"waiting"`
+	Parked         int        `json:"parked"`
+	Admitted       uint64     `json:"admitted"`
+	Rejected       uint64     `json:"rejected"`
+	Completed      uint64     `json:"completed"`
+	Cancelled      uint64     `json:"cancelled"`
+	Failed         uint64     `json:"failed"`
+	Segments       uint64     `json:"segments"`
+	DeadlineHits   uint64     `json:"deadline_hits"`
+	DeadlineMisses uint64     `json:"deadline_misses"`
+	ShedRequests   uint64     `json:"shed_requests"`
+	ShedTokens     uint64     `json:"shed_tokens"`
+	Evicted        uint64     `json:"evicted"`
+	Expired        uint64     `json:"expired"`
+	Tokens         uint64     `json:"tokens"`
+	Utility        float64    `json:"utility"`
+	SchedulerMs    float64    `json:"scheduler_ms"`
+	EngineMs       float64    `json:"engine_ms"`
+	Lanes          []laneJSON `json:"lanes"`
+}
+
+type laneJSON struct {
+	Name      string  `json:"name"`
+	Threads   int     `json:"threads"`
+	Running   int     `json:"running"`
+	Waiting   int     `json:"waiting"`
+	Parked    int     `json:"parked"`
+	Sequences int     `json:"sequences"`
+	MaxSeqs   int     `json:"max_seqs"`
+	KVBytes   int64   `json:"kv_bytes"`
+	Steps     uint64  `json:"steps"`
+	BusyMs    float64 `json:"busy_ms"`
+	StepMs    float64 `json:"step_ms"`
+	TokenMs   float64 `json:"token_ms"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,443 @@
+package mobile
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// recorder is a Go TokenCallback, as an app's Kotlin one would be.
+type recorder struct {
+	mu       sync.Mutex
+	tokens   []string
+	segments []string
+	first    chan struct{} // closed at the first OnToken
+	once     sync.Once
+}
+
+func newRecorder() *recorder { return &recorder{first: make(chan struct{})} }
+
+func (r *recorder) OnToken(text string) {
+	r.mu.Lock()
+	r.tokens = append(r.tokens, text)
+	r.mu.Unlock()
+	r.once.Do(func() { close(r.first) })
+}
+
+func (r *recorder) OnSegment(text string) {
+	r.mu.Lock()
+	r.segments = append(r.segments, text)
+	r.mu.Unlock()
+}
+
+func (r *recorder) text() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.tokens, "")
+}
+
+func newEngine(t *testing.T, cfg string) *Engine {
+	t.Helper()
+	e, err := NewEngine(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func generate(t *testing.T, e *Engine, req string, cb TokenCallback) result {
+	t.Helper()
+	out, err := e.Generate(req, cb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("result %q: %v", out, err)
+	}
+	return r
+}
+
+// greedyRecord is a line of ../shared/testdata/*.greedy.jsonl.
+type greedyRecord struct {
+	Prompt    string  `json:"prompt"`
+	PromptIDs []int32 `json:"prompt_ids"`
+	Generated []int32 `json:"generated_ids"`
+}
+
+func firstRecord(t *testing.T, name string) greedyRecord {
+	t.Helper()
+	fh, err := os.Open(testutil.Testdata(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	sc.Buffer(nil, 1<<24)
+	if !sc.Scan() {
+		t.Fatalf("%s is empty: %v", name, sc.Err())
+	}
+	var rec greedyRecord
+	if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// referenceText decodes the reference ids after the prompt, as the
+// scheduler's primed decoder does.
+func referenceText(t *testing.T, tok *tokenizer.Tokenizer, rec greedyRecord, n int) string {
+	t.Helper()
+	dec := tok.NewDecoder()
+	for _, id := range rec.PromptIDs {
+		dec.Next(id)
+	}
+	var b strings.Builder
+	for _, id := range rec.Generated[:n] {
+		b.WriteString(dec.Next(id))
+	}
+	return b.String() + dec.Flush()
+}
+
+// TestGenerateMatchesReference: greedy generation through the facade
+// streams, token by token, the reference implementation's text, for a
+// GGUF with its own vocabulary and a llama2.c model with tokenizer.bin,
+// resident and streamed under the smallest budget.
+func TestGenerateMatchesReference(t *testing.T) {
+	const n = 40
+	for _, tc := range []struct {
+		name, cfg, refs, tok string
+	}{
+		{"gguf", `{"model": %q, "threads": 1}`, "stories260K.greedy.jsonl", "stories260K.gguf"},
+		{"gguf streamed", `{"model": %q, "lanes": [1, 1], "budget": "min"}`, "stories260K.greedy.jsonl", "stories260K.gguf"},
+		{"llama2c", `{"model": %q, "tokenizer": %q, "threads": 2}`, "llama2xs.greedy.jsonl", "tok512.bin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			modelFile := "stories260K.gguf"
+			if tc.name == "llama2c" {
+				modelFile = "llama2xs_model.bin"
+			}
+			cfg := fmt.Sprintf(tc.cfg, testutil.Model(t, modelFile))
+			if strings.Count(tc.cfg, "%q") == 2 {
+				cfg = fmt.Sprintf(tc.cfg, testutil.Model(t, modelFile), testutil.Model(t, tc.tok))
+			}
+			tok, err := tokenizer.Load(testutil.Model(t, tc.tok))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := firstRecord(t, tc.refs)
+			want := referenceText(t, tok, rec, n)
+			e := newEngine(t, cfg)
+			cb := newRecorder()
+			r := generate(t, e, fmt.Sprintf(`{"prompt": %q, "max_tokens": %d, "temperature": 0, "id": "ref"}`, rec.Prompt, n), cb)
+			if r.Text != want {
+				t.Errorf("text %q\nwant %q", r.Text, want)
+			}
+			if got := cb.text(); got != r.Text {
+				t.Errorf("callback streamed %q, result says %q", got, r.Text)
+			}
+			if len(cb.tokens) < 2 {
+				t.Errorf("%d callback calls: the text was not streamed", len(cb.tokens))
+			}
+			if r.ID != "ref" || r.Finish != "length" || r.CompletionTokens != n || r.PromptTokens != len(rec.PromptIDs) {
+				t.Errorf("result %+v", r)
+			}
+			if strings.Contains(tc.name, "streamed") {
+				var st statsJSON
+				if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.HasPrefix(st.Memory, "streamed") || len(st.Lanes) != 2 {
+					t.Errorf("stats: memory %q, %d lanes", st.Memory, len(st.Lanes))
+				}
+			}
+		})
+	}
+}
+
+// TestEmbeddedDefault: an empty config runs the embedded model, and
+// concurrent requests all stream their text.
+func TestEmbeddedDefault(t *testing.T) {
+	e := newEngine(t, "")
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() {
+			cb := newRecorder()
+			out, err := e.Generate(fmt.Sprintf(`{"prompt": "Once upon a time", "max_tokens": 12, "seed": %d}`, i), cb)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			var r result
+			if err := json.Unmarshal([]byte(out), &r); err != nil {
+				errs[i] = err
+				return
+			}
+			if r.CompletionTokens == 0 || r.Text != cb.text() || !strings.HasPrefix(r.ID, "req-") {
+				errs[i] = fmt.Errorf("result %+v, streamed %q", r, cb.text())
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var st statsJSON
+	if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Completed != 3 || st.Tokens == 0 || len(st.Lanes) != 1 || st.Model == "" || st.InFlight != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestCancel: Cancel ends a running generation, which returns normally
+// with finish "cancelled" and what it had generated.
+func TestCancel(t *testing.T) {
+	e := newEngine(t, `{"threads": 1}`)
+	cb := newRecorder()
+	type outcome struct {
+		r   result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		out, err := e.Generate(`{"prompt": "Once upon a time", "max_tokens": 100000, "id": "long", "temperature": 0}`, cb)
+		var r result
+		if err == nil {
+			err = json.Unmarshal([]byte(out), &r)
+		}
+		done <- outcome{r, err}
+	}()
+	<-cb.first
+	if !e.Cancel("long") {
+		t.Fatal("Cancel did not find the running request")
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.r.Finish != "cancelled" || o.r.CompletionTokens == 0 || o.r.CompletionTokens >= e.sc.Context() {
+		t.Errorf("cancelled result %+v", o.r)
+	}
+	if e.Cancel("long") || e.Cancel("never-existed") {
+		t.Error("Cancel found a finished or unknown request")
+	}
+}
+
+// TestSegments: a segmented request returns at each line with OnSegment,
+// resumes for the next, and Cancel drops it while parked.
+func TestSegments(t *testing.T) {
+	e := newEngine(t, fmt.Sprintf(`{"model": %q, "threads": 1}`, testutil.Model(t, "stories260K.gguf")))
+	cb := newRecorder()
+	r := generate(t, e, `{"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0, "segment": {"regex": "[.!?]"}, "id": "plan"}`, cb)
+	if r.Finish != "segment" || !r.Resumable || len(cb.segments) != 1 || cb.segments[0] != r.Text || !strings.ContainsAny(r.Text, ".!?") {
+		t.Fatalf("first segment: %+v, segments %q", r, cb.segments)
+	}
+	cb2 := newRecorder()
+	out, err := e.Resume("plan", `{"deadline_ms": 60000}`, cb2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r2 result
+	if err := json.Unmarshal([]byte(out), &r2); err != nil {
+		t.Fatal(err)
+	}
+	if r2.Finish != "segment" || r2.Text == "" || r2.Text != cb2.segments[0] || r2.DeadlineMet == nil || r2.GeneratedTotal <= r.GeneratedTotal {
+		t.Fatalf("second segment: %+v", r2)
+	}
+	if !e.Cancel("plan") {
+		t.Fatal("Cancel did not drop the parked request")
+	}
+	if _, err := e.Resume("plan", "", nil); !errors.Is(err, sched.ErrNotParked) {
+		t.Errorf("resume after cancel: %v", err)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	stories := testutil.Model(t, "stories260K.gguf")
+	for _, tc := range []struct {
+		name, cfg, want string
+	}{
+		{"malformed", `{"threads": `, "malformed JSON"},
+		{"not an object", `[1]`, "want a JSON object"},
+		{"unknown field", `{"modle": "x.gguf"}`, `unknown field "modle"`},
+		{"wrong type", `{"threads": "four"}`, `field "threads" has the wrong type`},
+		{"trailing data", `{} {}`, "unexpected data"},
+		{"missing model", `{"model": "/data/user/0/app/files/none.gguf"}`, "Context.getFilesDir()"},
+		{"not a model", fmt.Sprintf(`{"model": %q}`, testutil.Testdata(t, "README.md")), "README.md"},
+		{"llama2c without tokenizer", fmt.Sprintf(`{"model": %q}`, testutil.Model(t, "llama2xs_model.bin")), "set tokenizer"},
+		{"missing tokenizer", `{"tokenizer": "/nowhere/tok.bin"}`, `tokenizer "/nowhere/tok.bin"`},
+		{"threads and lanes", `{"threads": 2, "lanes": [1, 1]}`, "not both"},
+		{"bad lane", `{"lanes": [1, 0]}`, "lanes[1] = 0"},
+		{"negative threads", `{"threads": -1}`, "threads -1"},
+		{"draft", `{"draft": "draft.gguf"}`, "speculative decoding"},
+		{"kv type", `{"kv_type": "q4_0"}`, "kv_type"},
+		{"policy", `{"policy": "random"}`, "unknown policy"},
+		{"context", `{"context": -5}`, "context -5"},
+		{"budget on the embedded model", `{"budget": "64MiB"}`, "embedded default model has no file"},
+		{"budget unit", fmt.Sprintf(`{"model": %q, "budget": "12 parsecs"}`, stories), "unknown unit"},
+		{"budget too small", fmt.Sprintf(`{"model": %q, "budget": "1KiB"}`, stories), "needs at least"},
+		{"context too long", `{"context": 100000000}`, "context"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEngine(tc.cfg)
+			if err == nil {
+				e.Close()
+				t.Fatalf("config %s accepted", tc.cfg)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "mobile: ") {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBudgetAuto(t *testing.T) {
+	stories := testutil.Model(t, "stories260K.gguf")
+	f, err := weights.Open(stories)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defer func(old func() (uint64, error)) { availableMemory = old }(availableMemory)
+	for _, tc := range []struct {
+		name  string
+		avail uint64
+		err   error
+		want  string // memory note prefix, or the error
+	}{
+		{"plenty", 8 << 30, nil, "auto"},
+		{"tight", 800 << 10, nil, "streamed"},
+		{"too little", 1 << 10, nil, "needs at least"},
+		{"unreadable", 0, errors.New("no /proc/meminfo"), "give a size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			availableMemory = func() (uint64, error) { return tc.avail, tc.err }
+			plan, err := planMemory(f, "auto", 1)
+			got := plan.note
+			if err != nil {
+				got = err.Error()
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("auto with %d bytes available: %q, want %q", tc.avail, got, tc.want)
+			}
+			if tc.name == "plenty" && plan.stream != nil {
+				t.Error("the whole model fits, but it streams")
+			}
+			if tc.name == "tight" && (plan.stream == nil || plan.stream.Budget != uint64(float64(tc.avail)*autoShare)) {
+				t.Errorf("tight: stream %+v", plan.stream)
+			}
+		})
+	}
+}
+
+func TestBadRequest(t *testing.T) {
+	e := newEngine(t, `{"threads": 1, "max_tokens": 8}`)
+	for _, tc := range []struct {
+		name, req, want string
+	}{
+		{"empty", ``, "prompt is required"},
+		{"malformed", `{"prompt": "x",}`, "malformed JSON"},
+		{"unknown field", `{"prompt": "x", "n": 2}`, `unknown field "n"`},
+		{"wrong type", `{"prompt": "x", "max_tokens": "many"}`, `field "max_tokens" has the wrong type`},
+		{"max_tokens", `{"prompt": "x", "max_tokens": 0}`, "max_tokens=0"},
+		{"min_tokens", `{"prompt": "x", "min_tokens": 9}`, "min_tokens=9"},
+		{"temperature", `{"prompt": "x", "temperature": 3}`, "temperature=3"},
+		{"top_p", `{"prompt": "x", "top_p": 0}`, "top_p=0"},
+		{"deadline", `{"prompt": "x", "deadline_ms": -1}`, "deadline_ms=-1"},
+		{"priority", `{"prompt": "x", "priority": 11}`, "priority"},
+		{"segment name", `{"prompt": "x", "segment": "paragraph"}`, "built-in delimiter"},
+		{"segment regex", `{"prompt": "x", "segment": {"regex": "a*"}}`, "empty string"},
+		{"segment object", `{"prompt": "x", "segment": {"re": "x"}}`, "segment must be"},
+		{"stop", `{"prompt": "x", "stop": [""]}`, "stop"},
+		{"long id", fmt.Sprintf(`{"prompt": "x", "id": %q}`, strings.Repeat("i", 200)), "at most 128"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := e.Generate(tc.req, nil)
+			if err == nil {
+				t.Fatalf("request %s accepted: %s", tc.req, out)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "mobile: ") {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ id, opts, want string }{
+		{"", "", "empty id"},
+		{"nobody", "", "no parked request"},
+		{"nobody", `{"deadline_ms": 0}`, "deadline_ms=0"},
+		{"nobody", `{"max_tokens": -2}`, "max_tokens=-2"},
+		{"nobody", `{"stream": true}`, `unknown field "stream"`},
+	} {
+		if _, err := e.Resume(tc.id, tc.opts, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Resume(%q, %q): %v, want %q", tc.id, tc.opts, err, tc.want)
+		}
+	}
+}
+
+// TestDuplicateID: a second request with a running request's id is
+// refused, not merged.
+func TestDuplicateID(t *testing.T) {
+	e := newEngine(t, `{"threads": 1}`)
+	cb := newRecorder()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Generate(`{"prompt": "Once upon a time", "max_tokens": 100000, "id": "dup"}`, cb)
+		done <- err
+	}()
+	<-cb.first
+	if _, err := e.Generate(`{"prompt": "Hi", "id": "dup"}`, nil); err == nil || !strings.Contains(err.Error(), "already generating") {
+		t.Errorf("duplicate id: %v", err)
+	}
+	e.Cancel("dup")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClose: Close cancels what runs, is idempotent, and later calls
+// fail with a clear error.
+func TestClose(t *testing.T) {
+	e, err := NewEngine(`{"threads": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := newRecorder()
+	done := make(chan string, 1)
+	go func() {
+		out, err := e.Generate(`{"prompt": "Once upon a time", "max_tokens": 100000}`, cb)
+		if err != nil {
+			out = err.Error()
+		}
+		done <- out
+	}()
+	<-cb.first
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := <-done; !strings.Contains(out, `"finish":"cancelled"`) {
+		t.Errorf("generation running at Close: %s", out)
+	}
+	if err := e.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := e.Generate(`{"prompt": "x"}`, nil); err == nil || !strings.Contains(err.Error(), "engine is closed") {
+		t.Errorf("Generate after Close: %v", err)
+	}
+	if !strings.Contains(e.Stats(), `"closed":true`) {
+		t.Errorf("stats after Close: %s", e.Stats())
+	}
+}
