@@ -1,11 +1,9 @@
 package mobile
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -70,29 +68,10 @@ func generate(t *testing.T, e *Engine, req string, cb TokenCallback) result {
 }
 
 // greedyRecord is a line of ../shared/testdata/*.greedy.jsonl.
-type greedyRecord struct {
-	Prompt    string  `json:"prompt"`
-	PromptIDs []int32 `json:"prompt_ids"`
-	Generated []int32 `json:"generated_ids"`
-}
+type greedyRecord = testutil.Greedy
 
 func firstRecord(t *testing.T, name string) greedyRecord {
-	t.Helper()
-	fh, err := os.Open(testutil.Testdata(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	sc := bufio.NewScanner(fh)
-	sc.Buffer(nil, 1<<24)
-	if !sc.Scan() {
-		t.Fatalf("%s is empty: %v", name, sc.Err())
-	}
-	var rec greedyRecord
-	if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-		t.Fatal(err)
-	}
-	return rec
+	return testutil.GreedyRecords(t, name)[0]
 }
 
 // referenceText decodes the reference ids after the prompt, as the
@@ -104,7 +83,7 @@ func referenceText(t *testing.T, tok *tokenizer.Tokenizer, rec greedyRecord, n i
 		dec.Next(id)
 	}
 	var b strings.Builder
-	for _, id := range rec.Generated[:n] {
+	for _, id := range rec.GeneratedIDs[:n] {
 		b.WriteString(dec.Next(id))
 	}
 	return b.String() + dec.Flush()

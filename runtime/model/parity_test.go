@@ -1,10 +1,7 @@
 package model
 
 import (
-	"bufio"
-	"encoding/json"
 	"math"
-	"os"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
@@ -14,37 +11,10 @@ import (
 )
 
 // record is one line of ../shared/testdata/*.greedy.jsonl.
-type record struct {
-	Prompt       string    `json:"prompt"`
-	PromptIDs    []int32   `json:"prompt_ids"`
-	GeneratedIDs []int32   `json:"generated_ids"`
-	FirstLogits  []float32 `json:"first_logits"`
-}
+type record = testutil.Greedy
 
 func readRecords(t testing.TB, name string) []record {
-	t.Helper()
-	f, err := os.Open(testutil.Testdata(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var recs []record
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var r record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("%s line %d: %v", name, len(recs)+1, err)
-		}
-		recs = append(recs, r)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if len(recs) == 0 {
-		t.Fatalf("%s holds no records", name)
-	}
-	return recs
+	return testutil.GreedyRecords(t, name)
 }
 
 // load opens a shared model; both are closed when the test ends.

@@ -1,11 +1,8 @@
 package sched
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -21,34 +18,19 @@ import (
 const specContext = 256
 
 // greedyRecord is a line of the shared reference vectors.
-type greedyRecord struct {
-	PromptIDs    []int32 `json:"prompt_ids"`
-	GeneratedIDs []int32 `json:"generated_ids"`
-}
+type greedyRecord = testutil.Greedy
 
 // greedyRecords reads stories260K's greedy references, each cut at n
 // tokens and before a closing BOS (a stop token, which streams do not
 // carry).
 func greedyRecords(t *testing.T, n int) []greedyRecord {
 	t.Helper()
-	f, err := os.Open(testutil.Testdata(t, "stories260K.greedy.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []greedyRecord
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var r greedyRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("stories260K.greedy.jsonl line %d: %v", len(out)+1, err)
+	out := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")
+	for i, r := range out {
+		if j := slices.Index(r.GeneratedIDs, 1); j >= 0 {
+			r.GeneratedIDs = r.GeneratedIDs[:j]
 		}
-		if i := slices.Index(r.GeneratedIDs, 1); i >= 0 {
-			r.GeneratedIDs = r.GeneratedIDs[:i]
-		}
-		r.GeneratedIDs = r.GeneratedIDs[:min(n, len(r.GeneratedIDs))]
-		out = append(out, r)
+		out[i].GeneratedIDs = r.GeneratedIDs[:min(n, len(r.GeneratedIDs))]
 	}
 	if len(out) < 4 {
 		t.Fatalf("stories260K.greedy.jsonl holds %d records, want at least 4", len(out))

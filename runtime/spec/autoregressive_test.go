@@ -1,11 +1,8 @@
 package spec
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
-	"os"
 	"slices"
 	"testing"
 
@@ -16,33 +13,10 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-type arRecord struct {
-	Prompt       string  `json:"prompt"`
-	PromptIDs    []int32 `json:"prompt_ids"`
-	GeneratedIDs []int32 `json:"generated_ids"`
-}
+type arRecord = testutil.Greedy
 
 func arRecords(t *testing.T, name string) []arRecord {
-	t.Helper()
-	f, err := os.Open(testutil.Testdata(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []arRecord
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var r arRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("%s line %d: %v", name, len(out)+1, err)
-		}
-		out = append(out, r)
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s holds no records", name)
-	}
-	return out
+	return testutil.GreedyRecords(t, name)
 }
 
 func arLoadModel(t *testing.T, name string) *model.Model {
