@@ -2,5 +2,5 @@
 
 package model
 
-// raceEnabled shortens the streaming tests under the race detector.
+// raceEnabled shortens the pure-Go parity runs under the race detector.
 const raceEnabled = true
