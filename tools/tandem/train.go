@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
@@ -82,6 +83,13 @@ func (tf trainFlags) options(seq int, out string) (train.Options, error) {
 	}
 	if o.Checkpoint == "" {
 		o.Checkpoint = out + ".ckpt.gguf"
+	}
+	// Create the output folders now, as go build -o does: finding out at
+	// the first checkpoint would cost the minutes trained before it.
+	for _, p := range []string{out, o.Checkpoint} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return o, fmt.Errorf("cannot create the folder for %s: %w", p, err)
+		}
 	}
 	return o, nil
 }
