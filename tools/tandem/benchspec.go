@@ -35,7 +35,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	draftPath := fs.String("draft", "", "draft model (resident)")
 	draftShape := fs.String("draft-shape", "", "inflate the draft to this shape first (e.g. stories110m), for a draft with real cost")
 	promptsPath := fs.String("prompts", "", "JSON lines with prompt_ids (the greedy reference vectors)")
-	shape := fs.String("shape", "tinyllama-1.1b", "shape the target is inflated to")
+	shape := fs.String("shape", "tinyllama-1.1b", "shape the target is inflated to: a name (stories15m, stories110m, tinyllama-1.1b, llama2-7b) or dims D,H,L,HEADS,KV,VOCAB[,CTX]")
 	types := fs.String("types", "q4_0,f16", "weight types of the target")
 	budgets := fs.String("budgets", "25,50", "target budgets in percent of its weights")
 	storage := fs.String("storage", "400MB/s,1.5GB/s,disk", "storage the target streams from: disk or an emulated bandwidth")
@@ -52,6 +52,9 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	}
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
+	}
+	if err := plotsDir(*plots); err != nil {
+		return err
 	}
 	prompts, err := readPromptIDs(*promptsPath)
 	if err != nil {

@@ -31,7 +31,7 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 		"tandem bench stream --model target.gguf --budgets 50 --storage 400MB/s --runs 3")
 	from := fs.String("from", "", "small model to inflate into the benchmark targets")
 	modelPath := fs.String("model", "", "benchmark this model instead of inflated ones")
-	shape := fs.String("shape", "tinyllama-1.1b", "shape the targets are inflated to")
+	shape := fs.String("shape", "tinyllama-1.1b", "shape the targets are inflated to: a name (stories15m, stories110m, tinyllama-1.1b, llama2-7b) or dims D,H,L,HEADS,KV,VOCAB[,CTX]")
 	types := fs.String("types", "q4_0,f16", "weight types of the targets")
 	budgets := fs.String("budgets", "25,50,75", "budgets in percent of the model's weights")
 	storage := fs.String("storage", "disk,400MB/s,1.5GB/s", "storage to stream from: disk (the real one) or an emulated bandwidth")
@@ -44,6 +44,9 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 	plots := fs.String("plots", ".", "directory for the SVG plots (empty: none)")
 	backend := fs.String("kernels", "", "kernel backend: c or go")
 	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	if err := plotsDir(*plots); err != nil {
 		return err
 	}
 	if *backend != "" {
@@ -129,9 +132,13 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 	case from == "":
 		return nil, none, fmt.Errorf("%w: --from SMALL (a real small model, e.g. ../shared/models/stories260K.bin) or --model FILE is required", errUsage)
 	}
+	// A name, or explicit dims as inflate's --dims takes them.
 	sh, err := weights.LookupShape(shape)
+	if strings.Contains(shape, ",") {
+		sh, err = weights.ParseDims(shape)
+	}
 	if err != nil {
-		return nil, none, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, none, fmt.Errorf("%w: --shape: %v", errUsage, err)
 	}
 	cleanup := none
 	if dir == "" {
@@ -232,4 +239,16 @@ func modelPlan(f *weights.File) (total uint64, groups []weights.Group, err error
 		return 0, nil, err
 	}
 	return p.Total, groups, nil
+}
+
+// plotsDir creates the --plots folder before a benchmark starts: finding
+// it missing when the plot is written would lose the run's minutes.
+func plotsDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--plots: %w", err)
+	}
+	return nil
 }

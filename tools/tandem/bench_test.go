@@ -1,0 +1,52 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+)
+
+// TestBenchSpecSmall runs the speculative benchmark end to end on a small
+// inflated target (stories15m's shape) and checks that it reports every
+// mode asked for, the goals, both curves, and writes its plot into a
+// folder it has to create.
+func TestBenchSpecSmall(t *testing.T) {
+	plots := filepath.Join(t.TempDir(), "results", "spec")
+	code, out, errOut := tandem(t, "bench", "spec", "--from", testutil.Model(t, "stories260K.bin"),
+		"--draft", testutil.Model(t, "llama2xs_model.bin"), "--prompts", testutil.Testdata(t, "stories260K.greedy.jsonl"),
+		"--shape", "512,1536,6,16,8,512", "--types", "q4_0", "--budgets", "50", "--storage", "400MB/s",
+		"--modes", "std,sd,tree", "--sd-lens", "2,4", "--runs", "1", "--tokens", "6", "--std-tokens", "2", "--plots", plots)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"| std |", "| sd(k=", "| tree |", "goal 5x", "verification cost by tree size", "tree acceptance by depth"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(plots, "spec-q4_0-50.svg")); err != nil {
+		t.Errorf("plot: %v", err)
+	}
+}
+
+// TestBenchStreamSmall does the same for the streaming benchmark.
+func TestBenchStreamSmall(t *testing.T) {
+	plots := filepath.Join(t.TempDir(), "results", "stream")
+	code, out, errOut := tandem(t, "bench", "stream", "--from", testutil.Model(t, "stories260K.bin"),
+		"--shape", "512,1536,6,16,8,512", "--types", "q4_0", "--budgets", "50", "--storage", "400MB/s",
+		"--modes", "resident,stdpl", "--runs", "1", "--tokens", "2", "--plots", plots)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"resident", "stdpl"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(plots, "stream-q4_0.svg")); err != nil {
+		t.Errorf("plot: %v", err)
+	}
+}
