@@ -10,7 +10,7 @@ import (
 )
 
 // TestBenchSpecSmall runs the speculative benchmark end to end on a small
-// inflated target (stories15m's shape) and checks that it reports every
+// inflated target (512 wide, 6 layers) and checks that it reports every
 // mode asked for, the goals, both curves, and writes its plot into a
 // folder it has to create.
 func TestBenchSpecSmall(t *testing.T) {
