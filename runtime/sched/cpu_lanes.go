@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -21,11 +22,18 @@ type CPULaneOptions struct {
 	// Stream, when set, streams each lane's weights under Stream.Budget
 	// (each lane holds its own budget); nil computes on the mapped file.
 	Stream *weights.StreamOptions
+	// Draft, when set, makes every lane speculative: the draft is loaded
+	// per lane on the lane's kernel pool (draft and target take turns on
+	// it) and the lane runs a SpecEngine with Spec (Pipeline must be off).
+	// The caller checks first that the tokenizers match (spec.CheckVocab).
+	Draft *weights.File
+	Spec  spec.Config
 }
 
 // CPULanes loads one model per lane from f (the mapping is shared), each
-// with its own kernel pool and KV cache, named cpu0, cpu1, ... The
-// returned function closes the models; f stays open and is the caller's.
+// with its own kernel pool and KV cache, named cpu0, cpu1, ... (spec0,
+// spec1, ... with a draft). The returned function closes the models; f
+// and the draft stay open and are the caller's.
 func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error) {
 	if len(opt.Threads) == 0 {
 		return nil, nil, errors.New("sched: cpu lanes: no lanes; give the threads of at least one")
@@ -52,8 +60,25 @@ func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error)
 			return nil, nil, fmt.Errorf("sched: lane cpu%d: %w", i, err)
 		}
 		models = append(models, m)
-		name := fmt.Sprintf("cpu%d", i)
-		e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
+		if opt.Draft == nil {
+			name := fmt.Sprintf("cpu%d", i)
+			e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			lanes = append(lanes, Lane{Name: name, Engine: e})
+			continue
+		}
+		dm, err := model.Load(opt.Draft, model.Options{Pool: m.Pool()})
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("sched: lane spec%d: draft: %w", i, err)
+		}
+		// The draft shares the target's pool: closed before the target.
+		models = append([]*model.Model{dm}, models...)
+		name := fmt.Sprintf("spec%d", i)
+		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
 		if err != nil {
 			closeAll()
 			return nil, nil, err

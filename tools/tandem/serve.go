@@ -17,11 +17,9 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
-	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/server"
 	"github.com/tandem-llm/tandem/runtime/spec"
-	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -133,22 +131,22 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
-	var lanes []sched.Lane
-	var closeLanes func()
-	var specEngines []*sched.SpecEngine
+	lopt := sched.CPULaneOptions{Threads: threads, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt}
 	if *sf.draft != "" {
-		lanes, specEngines, closeLanes, err = specLanes(f, tok, *tokPath, sf, specCfg, threads, *maxSeqs, *ctxLen, kvt)
-	} else {
-		var closeCPU func() error
-		lanes, closeCPU, err = cpuLanes(f, threads, *maxSeqs, *ctxLen, kvt)
-		closeLanes = func() {
-			if closeCPU != nil {
-				closeCPU()
-			}
+		df, err := sf.openDraftFile(tok, f.Path, *tokPath)
+		if err != nil {
+			hs.Close()
+			return err
 		}
+		defer df.Close()
+		lopt.Draft, lopt.Spec = df, specCfg
 	}
+	lanes, closeLanes, err := sched.CPULanes(f, lopt)
 	if err != nil {
 		hs.Close()
+		if *sf.draft != "" {
+			return fmt.Errorf("--draft: %w", err)
+		}
 		return err
 	}
 	defer closeLanes()
@@ -169,7 +167,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, %s decoding, policy %s, context %d, estimator %s\n",
 		len(lanes), threads, decoding, policy, sc.Context(), estimator)
-	defer printSpecStats(stderr, specEngines)
+	defer printSpecStats(stderr, lanes)
 
 	select {
 	case err := <-serveErr:
@@ -240,55 +238,15 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-// specLanes makes one speculative lane per entry of threads: the target
-// and the draft (opened once by openDraftFile, which checks that it shares
-// the target's tokenizer tok) are loaded per lane from their mappings on
-// the lane's own kernel pool, which draft and target take turns on.
-func specLanes(target *weights.File, tok *tokenizer.Tokenizer, tokPath string, sf *specFlags, cfg spec.Config,
-	threads []int, maxSeqs, ctxLen int, kvType weights.DType) ([]sched.Lane, []*sched.SpecEngine, func(), error) {
-	df, err := sf.openDraftFile(tok, target.Path, tokPath)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var models []*model.Model // each lane's draft, then its target
-	closeAll := func() {
-		for _, m := range models {
-			m.Close()
-		}
-		df.Close()
-	}
-	var lanes []sched.Lane
-	var engines []*sched.SpecEngine
-	for i, th := range threads {
-		tm, err := model.Load(target, model.Options{Threads: th})
-		if err != nil {
-			closeAll()
-			return nil, nil, nil, err
-		}
-		dm, err := model.Load(df, model.Options{Pool: tm.Pool()})
-		if err != nil {
-			tm.Close()
-			closeAll()
-			return nil, nil, nil, fmt.Errorf("--draft: %w", err)
-		}
-		models = append(models, dm, tm)
-		name := fmt.Sprintf("spec%d", i)
-		e, err := sched.NewSpecEngine(dm, tm, cfg, sched.SpecEngineOptions{Name: name, MaxSeqs: maxSeqs, Context: ctxLen, KVType: kvType})
-		if err != nil {
-			closeAll()
-			return nil, nil, nil, fmt.Errorf("--draft: %w", err)
-		}
-		lanes = append(lanes, sched.Lane{Name: name, Engine: e})
-		engines = append(engines, e)
-	}
-	return lanes, engines, closeAll, nil
-}
-
 // printSpecStats says how much the draft saved, lane by lane.
-func printSpecStats(w io.Writer, engines []*sched.SpecEngine) {
-	for i, e := range engines {
+func printSpecStats(w io.Writer, lanes []sched.Lane) {
+	for _, l := range lanes {
+		e, ok := l.Engine.(*sched.SpecEngine)
+		if !ok {
+			continue
+		}
 		st := e.Stats()
-		fmt.Fprintf(w, "tandem serve: lane spec%d: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f\n",
-			i, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
+		fmt.Fprintf(w, "tandem serve: lane %s: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f\n",
+			l.Name, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
 	}
 }
