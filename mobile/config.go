@@ -1,6 +1,7 @@
 package mobile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
@@ -26,9 +28,14 @@ type config struct {
 	// Tokenizer is a tokenizer.bin or GGUF vocabulary (empty: the
 	// model's own; llama2.c models need one).
 	Tokenizer string `json:"tokenizer"`
-	// Draft is a draft model for speculative decoding (not yet served
-	// through the scheduler; see NewEngine).
-	Draft string `json:"draft"`
+	// Draft is a draft model for speculative decoding: every lane then
+	// decodes with it, with the model's own output ("default": the
+	// embedded draft). Its vocabulary must be the model's: its own, or
+	// DraftTokenizer, or Tokenizer for a llama2.c draft.
+	Draft          string `json:"draft"`
+	DraftTokenizer string `json:"draft_tokenizer"`
+	// Mode is how the draft is used: "tree" (default) or "sd".
+	Mode string `json:"mode"`
 	// Calibration is the uncertainty estimator (empty: MODEL.calib.json
 	// when it exists, else the prompt length).
 	Calibration string `json:"calibration"`
@@ -104,8 +111,12 @@ func (c *config) lanes() ([]int, error) {
 // check validates the fields that need no files.
 func (c *config) check() error {
 	switch {
-	case c.Draft != "":
-		return fmt.Errorf("draft %q: speculative decoding does not run through the scheduler yet; leave draft empty", c.Draft)
+	case c.Mode != "" && c.Mode != "tree" && c.Mode != "sd":
+		return fmt.Errorf("mode %q: want tree or sd", c.Mode)
+	case c.Mode != "" && c.Draft == "":
+		return fmt.Errorf("mode %q needs a draft", c.Mode)
+	case c.DraftTokenizer != "" && c.Draft == "":
+		return errors.New("draft_tokenizer needs a draft")
 	case c.Context < 0:
 		return fmt.Errorf("context %d is negative (0: the model's)", c.Context)
 	case c.MaxSeqs < 0 || c.MaxSeqs > 1024:
@@ -248,4 +259,45 @@ func planMemory(f *weights.File, budget string, lanes int) (memoryPlan, error) {
 		return memoryPlan{}, fmt.Errorf("budget %s: %w", note, err)
 	}
 	return memoryPlan{stream: &opt, note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(opt.Budget), note)}, nil
+}
+
+// specConfig is the speculative configuration of mode, with the CLI's
+// defaults (tandem generate --draft).
+func specConfig(mode string) spec.Config {
+	if mode == "sd" {
+		return spec.Config{Method: spec.SD, DraftLen: 4}
+	}
+	return spec.Config{Method: spec.Tree, BranchThreshold: 0.1, MaxTree: 32, MaxBranches: 16, DraftBatch: 2,
+		Trigger: &spec.CostAware{}, Pacer: spec.FairPacer{}}
+}
+
+// openDraft opens the draft and checks that it shares the model's
+// vocabulary tok.
+func openDraft(c *config, tok *tokenizer.Tokenizer, modelName string) (*weights.File, error) {
+	var f *weights.File
+	var err error
+	switch c.Draft {
+	case "default":
+		f, err = defaultmodel.Draft()
+	default:
+		if _, err = os.Stat(c.Draft); err == nil {
+			f, err = weights.Open(c.Draft)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("draft %q: %w", c.Draft, err)
+	}
+	tokPath := c.DraftTokenizer
+	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok && tokPath == "" {
+		tokPath = c.Tokenizer
+	}
+	dtok, err := openTokenizer(f, tokPath)
+	if err == nil {
+		err = spec.CheckVocab(dtok, tok, f.Path, modelName)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("draft: %w", err)
+	}
+	return f, nil
 }

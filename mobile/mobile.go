@@ -33,6 +33,7 @@ type Engine struct {
 	maxTokens  int
 	model      string // what Stats names
 	memory     string
+	spec       map[string]*sched.SpecEngine // speculative lanes by name
 
 	mu       sync.Mutex
 	inflight map[string]context.CancelFunc // Generate and Resume calls by request id
@@ -63,8 +64,11 @@ type Engine struct {
 //	max_tokens   for requests without max_tokens (default 256)
 //	kv_type      "f32" (default) or "f16"
 //	policy       tandem (default), fifo, luf, edf or rtlm
-//	draft        a draft model; speculative decoding does not run
-//	             through the scheduler yet, so it is refused
+//	draft        a draft model for speculative decoding (same output,
+//	             fewer passes of the model: pays when the model streams
+//	             from flash); "default" is the embedded draft
+//	draft_tokenizer  the draft's vocabulary if not in its file
+//	mode         "tree" (default) or "sd", with a draft
 //
 // Loading maps the model file; call it off the UI thread.
 func NewEngine(configJSON string) (*Engine, error) {
@@ -113,10 +117,25 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 	if err != nil {
 		return nil, err
 	}
-	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: c.MaxSeqs,
-		Context: c.Context, KVType: kvt, Stream: mem.stream})
+	lopt := sched.CPULaneOptions{Threads: threads, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
+	var draft *weights.File
+	if c.Draft != "" {
+		if draft, err = openDraft(c, tok, f.Path); err != nil {
+			return nil, err
+		}
+		lopt.Draft, lopt.Spec = draft, specConfig(c.Mode)
+	}
+	lanes, closeLanes, err := sched.CPULanes(f, lopt)
 	if err != nil {
+		if draft != nil {
+			draft.Close()
+		}
 		return nil, err
+	}
+	if draft != nil {
+		// The lanes' models read the draft's mapping: it closes after them.
+		closeModels := closeLanes
+		closeLanes = func() error { return errors.Join(closeModels(), draft.Close()) }
 	}
 	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: c.MaxBatch, DefaultMaxTokens: c.MaxTokens}, est, lanes...)
 	if err != nil {
@@ -127,8 +146,14 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 	if name == "" {
 		name = f.Path
 	}
+	specLanes := map[string]*sched.SpecEngine{}
+	for _, l := range lanes {
+		if se, ok := l.Engine.(*sched.SpecEngine); ok {
+			specLanes[l.Name] = se
+		}
+	}
 	return &Engine{f: f, tok: tok, sc: sc, closeLanes: closeLanes, maxTokens: c.MaxTokens, model: name,
-		memory: mem.note, inflight: map[string]context.CancelFunc{}}, nil
+		memory: mem.note, spec: specLanes, inflight: map[string]context.CancelFunc{}}, nil
 }
 
 // Close cancels the requests in flight (their Generate calls return with
@@ -176,9 +201,15 @@ func (e *Engine) Stats() string {
 		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
 		Tokens: st.Tokens, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
 	for _, l := range st.Lanes {
-		out.Lanes = append(out.Lanes, laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
+		lj := laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
-			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)})
+			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
+		if se := e.spec[l.Name]; se != nil {
+			ss := se.Stats()
+			lj.Spec = &specJSON{Method: ss.Method, Tokens: ss.Emitted, TargetPasses: ss.TargetPasses,
+				TokensPerPass: ss.TokensPerPass(), Acceptance: ss.AcceptanceRate()}
+		}
+		out.Lanes = append(out.Lanes, lj)
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
@@ -230,6 +261,16 @@ type laneJSON struct {
 	BusyMs    float64 `json:"busy_ms"`
 	StepMs    float64 `json:"step_ms"`
 	TokenMs   float64 `json:"token_ms"`
+	// Spec is what the draft saved, on a speculative lane.
+	Spec *specJSON `json:"speculative,omitempty"`
+}
+
+type specJSON struct {
+	Method        string  `json:"method"`
+	Tokens        int     `json:"tokens"`
+	TargetPasses  int     `json:"target_passes"`
+	TokensPerPass float64 `json:"tokens_per_target_pass"`
+	Acceptance    float64 `json:"acceptance_rate"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -95,21 +95,22 @@ func referenceText(t *testing.T, tok *tokenizer.Tokenizer, rec greedyRecord, n i
 // resident and streamed under the smallest budget.
 func TestGenerateMatchesReference(t *testing.T) {
 	const n = 40
+	draft := `, "draft": "` + testutil.Model(t, "llama2xs_model.bin") + `", "context": 256`
 	for _, tc := range []struct {
-		name, cfg, refs, tok string
+		name, cfg, model, refs, tok string
 	}{
-		{"gguf", `{"model": %q, "threads": 1}`, "stories260K.greedy.jsonl", "stories260K.gguf"},
-		{"gguf streamed", `{"model": %q, "lanes": [1, 1], "budget": "min"}`, "stories260K.greedy.jsonl", "stories260K.gguf"},
-		{"llama2c", `{"model": %q, "tokenizer": %q, "threads": 2}`, "llama2xs.greedy.jsonl", "tok512.bin"},
+		{"gguf", `{"model": %q, "threads": 1}`, "stories260K.gguf", "stories260K.greedy.jsonl", "stories260K.gguf"},
+		{"gguf streamed", `{"model": %q, "lanes": [1, 1], "budget": "min"}`, "stories260K.gguf", "stories260K.greedy.jsonl", "stories260K.gguf"},
+		{"llama2c", `{"model": %q, "tokenizer": %q, "threads": 2}`, "llama2xs_model.bin", "llama2xs.greedy.jsonl", "tok512.bin"},
+		// Speculative lanes: llama2xs drafts for stories260K, whose output
+		// it must not change.
+		{"tree", `{"model": %q, "tokenizer": %q` + draft + `}`, "stories260K.bin", "stories260K.greedy.jsonl", "tok512.bin"},
+		{"sd streamed", `{"model": %q, "tokenizer": %q, "mode": "sd", "lanes": [1, 1], "budget": "min"` + draft + `}`, "stories260K.bin", "stories260K.greedy.jsonl", "tok512.bin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			modelFile := "stories260K.gguf"
-			if tc.name == "llama2c" {
-				modelFile = "llama2xs_model.bin"
-			}
-			cfg := fmt.Sprintf(tc.cfg, testutil.Model(t, modelFile))
+			cfg := fmt.Sprintf(tc.cfg, testutil.Model(t, tc.model))
 			if strings.Count(tc.cfg, "%q") == 2 {
-				cfg = fmt.Sprintf(tc.cfg, testutil.Model(t, modelFile), testutil.Model(t, tc.tok))
+				cfg = fmt.Sprintf(tc.cfg, testutil.Model(t, tc.model), testutil.Model(t, tc.tok))
 			}
 			tok, err := tokenizer.Load(testutil.Model(t, tc.tok))
 			if err != nil {
@@ -132,13 +133,24 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if r.ID != "ref" || r.Finish != "length" || r.CompletionTokens != n || r.PromptTokens != len(rec.PromptIDs) {
 				t.Errorf("result %+v", r)
 			}
-			if strings.Contains(tc.name, "streamed") {
-				var st statsJSON
-				if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
-					t.Fatal(err)
+			var st statsJSON
+			if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(tc.name, "streamed") && (!strings.HasPrefix(st.Memory, "streamed") || len(st.Lanes) != 2) {
+				t.Errorf("stats: memory %q, %d lanes", st.Memory, len(st.Lanes))
+			}
+			if strings.Contains(cfg, `"draft"`) {
+				var passes, tokens int
+				for _, l := range st.Lanes {
+					if l.Spec == nil {
+						t.Fatalf("lane %s has no speculative stats", l.Name)
+					}
+					passes, tokens = passes+l.Spec.TargetPasses, tokens+l.Spec.Tokens
 				}
-				if !strings.HasPrefix(st.Memory, "streamed") || len(st.Lanes) != 2 {
-					t.Errorf("stats: memory %q, %d lanes", st.Memory, len(st.Lanes))
+				// A last pass may emit past max_tokens (the rest is dropped).
+				if tokens < n || passes == 0 || passes >= n {
+					t.Errorf("speculative lanes: %d tokens in %d target passes", tokens, passes)
 				}
 			}
 		})
@@ -179,6 +191,17 @@ func TestEmbeddedDefault(t *testing.T) {
 	}
 	if st.Completed != 3 || st.Tokens == 0 || len(st.Lanes) != 1 || st.Model == "" || st.InFlight != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestEmbeddedDraft: the embedded draft ("draft": "default") speculates
+// for the embedded model without changing its greedy text.
+func TestEmbeddedDraft(t *testing.T) {
+	const req = `{"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}`
+	want := generate(t, newEngine(t, `{"threads": 1}`), req, newRecorder()).Text
+	got := generate(t, newEngine(t, `{"threads": 1, "draft": "default"}`), req, newRecorder()).Text
+	if got != want || want == "" {
+		t.Errorf("with the draft %q\nalone          %q", got, want)
 	}
 }
 
@@ -262,7 +285,11 @@ func TestBadConfig(t *testing.T) {
 		{"threads and lanes", `{"threads": 2, "lanes": [1, 1]}`, "not both"},
 		{"bad lane", `{"lanes": [1, 0]}`, "lanes[1] = 0"},
 		{"negative threads", `{"threads": -1}`, "threads -1"},
-		{"draft", `{"draft": "draft.gguf"}`, "speculative decoding"},
+		{"missing draft", `{"draft": "/nowhere/d.gguf"}`, `draft "/nowhere/d.gguf"`},
+		{"draft of another vocabulary", fmt.Sprintf(`{"model": %q, "draft": %q}`, stories, testutil.Model(t, "llama-2-tiny-random.gguf")), "draft: "},
+		{"mode without draft", `{"mode": "sd"}`, "needs a draft"},
+		{"unknown mode", `{"draft": "default", "mode": "bild"}`, "want tree or sd"},
+		{"draft tokenizer without draft", `{"draft_tokenizer": "tok.bin"}`, "needs a draft"},
 		{"kv type", `{"kv_type": "q4_0"}`, "kv_type"},
 		{"policy", `{"policy": "random"}`, "unknown policy"},
 		{"context", `{"context": -5}`, "context -5"},
