@@ -1,7 +1,6 @@
 package mobile
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"strings"
-	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
@@ -29,28 +27,13 @@ type TokenCallback interface {
 }
 
 // request is Generate's JSON: the server's completion request, minus
-// what a single in-process caller has no use for.
+// what a single in-process caller has no use for (the shared fields are
+// sched.Params, checked as the server checks them).
 type request struct {
-	ID            string          `json:"id"`
-	Prompt        *string         `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	MinTokens     *int            `json:"min_tokens"`
-	Temperature   *float64        `json:"temperature"`
-	TopP          *float64        `json:"top_p"`
-	TopK          *int            `json:"top_k"`
-	MinP          *float64        `json:"min_p"`
-	RepeatPenalty *float64        `json:"repeat_penalty"`
-	Seed          *int64          `json:"seed"`
-	DeadlineMs    *float64        `json:"deadline_ms"`
-	Priority      int             `json:"priority"`
-	Segment       json.RawMessage `json:"segment"`
-	Stop          []string        `json:"stop"`
-}
-
-// resumeRequest is Resume's JSON.
-type resumeRequest struct {
-	DeadlineMs *float64 `json:"deadline_ms"`
-	MaxTokens  *int     `json:"max_tokens"`
+	sched.Params
+	ID     string   `json:"id"`
+	Prompt *string  `json:"prompt"`
+	Stop   []string `json:"stop"`
 }
 
 // result is what Generate and Resume return, as JSON.
@@ -72,10 +55,8 @@ type result struct {
 }
 
 const (
-	defaultTemperature = 1.0 // the server's (OpenAI's) default; send 0 for greedy decoding
-	maxIDBytes         = 128
-	maxRequestBytes    = 1 << 20
-	maxDeadlineMs      = float64(sched.MaxDeadline / time.Millisecond)
+	maxIDBytes      = 128
+	maxRequestBytes = 1 << 20
 )
 
 // Generate runs one request and blocks until it ends, streaming its text
@@ -133,22 +114,13 @@ func (e *Engine) Generate(requestJSON string, cb TokenCallback) (string, error) 
 // segment's deadline, from now) and max_tokens (more tokens allowed from
 // now on).
 func (e *Engine) Resume(id string, optionsJSON string, cb TokenCallback) (string, error) {
-	var r resumeRequest
+	var r sched.ResumeParams
 	if err := decodeJSON(optionsJSON, &r, "resume options"); err != nil {
 		return "", err
 	}
-	var opt sched.ResumeOptions
-	if d := r.DeadlineMs; d != nil {
-		if !(*d > 0 && *d <= maxDeadlineMs) {
-			return "", fmt.Errorf("mobile: resume %s: deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", id, *d, maxDeadlineMs)
-		}
-		opt.Deadline = time.Duration(*d * float64(time.Millisecond))
-	}
-	if m := r.MaxTokens; m != nil {
-		if *m < 1 {
-			return "", fmt.Errorf("mobile: resume %s: max_tokens=%d: must be at least 1", id, *m)
-		}
-		opt.MaxTokens = *m
+	opt, err := r.Options()
+	if err != nil {
+		return "", fmt.Errorf("mobile: resume %s: %w", id, err)
 	}
 	if id == "" {
 		return "", errors.New("mobile: resume: empty id; pass the id from the result of the Generate that ended with finish \"segment\"")
@@ -259,9 +231,8 @@ func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
 }
 
 // schedRequest checks r and makes the scheduler's request (the prompt
-// as sched.Request.SetTextPrompt fills it).
-// Range checks the scheduler makes itself (priority, min_tokens against
-// max_tokens, the stop strings) come back from Submit with its messages.
+// as sched.Request.SetTextPrompt fills it). The stop strings are checked
+// by Submit.
 func (e *Engine) schedRequest(r *request) (sched.Request, error) {
 	var req sched.Request
 	if r.Prompt == nil {
@@ -271,89 +242,15 @@ func (e *Engine) schedRequest(r *request) (sched.Request, error) {
 		return req, fmt.Errorf("id has %d bytes, at most %d", len(r.ID), maxIDBytes)
 	}
 	req.ID = r.ID
-	req.MaxTokens = e.maxTokens
-	if r.MaxTokens != nil {
-		if *r.MaxTokens < 1 {
-			return req, fmt.Errorf("max_tokens=%d: must be at least 1", *r.MaxTokens)
-		}
-		req.MaxTokens = *r.MaxTokens
+	req.Sampling.Seed = rand.Uint64() // unless the request gives one
+	if err := r.Params.Apply(&req, e.maxTokens); err != nil {
+		return req, err
 	}
-	if r.MinTokens != nil {
-		if *r.MinTokens < 0 || *r.MinTokens > req.MaxTokens {
-			return req, fmt.Errorf("min_tokens=%d: must be between 0 and max_tokens (%d)", *r.MinTokens, req.MaxTokens)
-		}
-		req.MinTokens = *r.MinTokens
-	}
-	temp := defaultTemperature
-	if r.Temperature != nil {
-		temp = *r.Temperature
-	}
-	switch {
-	case !(temp >= 0 && temp <= 2):
-		return req, fmt.Errorf("temperature=%v: must be between 0 and 2", temp)
-	case r.TopP != nil && !(*r.TopP > 0 && *r.TopP <= 1):
-		return req, fmt.Errorf("top_p=%v: must be in (0, 1]", *r.TopP)
-	case r.TopK != nil && *r.TopK < 0:
-		return req, fmt.Errorf("top_k=%d: must be >= 0 (0 is off)", *r.TopK)
-	case r.MinP != nil && !(*r.MinP >= 0 && *r.MinP < 1):
-		return req, fmt.Errorf("min_p=%v: must be in [0, 1)", *r.MinP)
-	case r.RepeatPenalty != nil && !(*r.RepeatPenalty > 0 && *r.RepeatPenalty <= 10):
-		return req, fmt.Errorf("repeat_penalty=%v: must be in (0, 10]", *r.RepeatPenalty)
-	}
-	req.Sampling.Temperature = float32(temp)
-	if r.TopP != nil {
-		req.Sampling.TopP = float32(*r.TopP)
-	}
-	if r.TopK != nil {
-		req.Sampling.TopK = *r.TopK
-	}
-	if r.MinP != nil {
-		req.Sampling.MinP = float32(*r.MinP)
-	}
-	if r.RepeatPenalty != nil {
-		req.Sampling.RepeatPenalty = float32(*r.RepeatPenalty)
-	}
-	req.Sampling.Seed = rand.Uint64()
-	if r.Seed != nil {
-		req.Sampling.Seed = uint64(*r.Seed)
-	}
-	if d := r.DeadlineMs; d != nil {
-		if !(*d > 0 && *d <= maxDeadlineMs) {
-			return req, fmt.Errorf("deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", *d, maxDeadlineMs)
-		}
-		req.Deadline = time.Duration(*d * float64(time.Millisecond))
-	}
-	req.Priority = r.Priority
 	req.StopText = r.Stop
-	if len(r.Segment) > 0 {
-		seg, err := parseSegment(r.Segment)
-		if err != nil {
-			return req, err
-		}
-		req.Segment = seg
-	}
-
 	if err := req.SetTextPrompt(e.tok, *r.Prompt); err != nil {
 		return req, err
 	}
 	return req, nil
-}
-
-// parseSegment reads "line", "statement" or {"regex": "..."}.
-func parseSegment(raw json.RawMessage) (*sched.Segmenter, error) {
-	var name string
-	if err := json.Unmarshal(raw, &name); err == nil {
-		return sched.NewSegmenter(name)
-	}
-	var obj struct {
-		Regex *string `json:"regex"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&obj); err != nil || obj.Regex == nil {
-		return nil, fmt.Errorf(`%w: segment must be "line", "statement" or {"regex": "..."}`, sched.ErrInvalid)
-	}
-	return sched.NewRegexSegmenter(*obj.Regex)
 }
 
 // decodeJSON reads s (a JSON object; "" is {}) into v strictly: unknown
@@ -382,7 +279,7 @@ func decodeJSON(s string, v any, what string) error {
 	case errors.As(err, &typ) && typ.Field == "":
 		return fmt.Errorf("mobile: %s: want a JSON object, not %s", what, typ.Value)
 	case errors.As(err, &typ):
-		return fmt.Errorf("mobile: %s: field %q has the wrong type: got %s, want %s", what, typ.Field, typ.Value, typ.Type)
+		return fmt.Errorf("mobile: %s: field %q has the wrong type: got %s, want %s", what, sched.JSONField(typ.Field), typ.Value, typ.Type)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("mobile: %s: malformed JSON: it ends early", what)
 	}

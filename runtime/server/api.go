@@ -9,7 +9,6 @@ import (
 	"math"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
@@ -17,33 +16,23 @@ import (
 // commonRequest holds the fields both endpoints share: OpenAI's, then
 // tandem's extensions.
 type commonRequest struct {
+	// max_tokens, temperature, top_p, seed; llama.cpp's top_k, min_p and
+	// repeat_penalty; tandem's deadline_ms, priority, segment and
+	// min_tokens: checked as the mobile facade checks them.
+	sched.Params
+
 	Model               string          `json:"model"`
-	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
 	N                   *int            `json:"n"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	Stop                json.RawMessage `json:"stop"`
-	Seed                *int64          `json:"seed"`
 	User                string          `json:"user"`
 	PresencePenalty     *float64        `json:"presence_penalty"`
 	FrequencyPenalty    *float64        `json:"frequency_penalty"`
 	LogitBias           map[string]any  `json:"logit_bias"`
 	Logprobs            json.RawMessage `json:"logprobs"`
-
-	// llama.cpp-style sampling extensions.
-	TopK          *int     `json:"top_k"`
-	MinP          *float64 `json:"min_p"`
-	RepeatPenalty *float64 `json:"repeat_penalty"`
-
-	// tandem's scheduling extensions.
-	DeadlineMs *float64        `json:"deadline_ms"`
-	Priority   *int            `json:"priority"`
-	Segment    json.RawMessage `json:"segment"`
-	MinTokens  *int            `json:"min_tokens"`
-	Utility    *utilityField   `json:"utility"`
+	Utility             *utilityField   `json:"utility"`
 }
 
 type streamOptions struct {
@@ -79,8 +68,7 @@ type chatMessage struct {
 }
 
 type resumeRequest struct {
-	DeadlineMs    *float64       `json:"deadline_ms"`
-	MaxTokens     *int           `json:"max_tokens"`
+	sched.ResumeParams
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
 }
@@ -120,8 +108,8 @@ func jsonError(err error, data []byte) *apiError {
 	case errors.As(err, &syn):
 		return badRequest("", "malformed JSON at byte %d: %v", syn.Offset, syn)
 	case errors.As(err, &typ):
-		// Fields of the embedded commonRequest are named through it.
-		field := strings.TrimPrefix(typ.Field, "commonRequest.")
+		// Fields of the embedded structs are named through them.
+		field := sched.JSONField(strings.TrimPrefix(typ.Field, "commonRequest."))
 		if field == "" {
 			return badRequest("", "the body must be a JSON object, not %s", typ.Value)
 		}
@@ -156,8 +144,6 @@ func typeName(goType string) string {
 // Limits the server enforces beyond the scheduler's.
 const (
 	maxStops       = 4 // as OpenAI
-	maxDeadlineMs  = float64(sched.MaxDeadline / time.Millisecond)
-	defaultTemp    = 1.0 // OpenAI's default; send temperature 0 for greedy decoding
 	maxMessages    = 1024
 	maxContentSize = 1 << 20
 )
@@ -184,85 +170,24 @@ func (s *Server) common(c *commonRequest, req *sched.Request) *apiError {
 		return badRequest("stream_options", "stream_options is only allowed with stream: true")
 	}
 
-	limit, param := c.MaxTokens, "max_tokens"
 	if c.MaxCompletionTokens != nil {
 		if c.MaxTokens != nil {
 			return badRequest("max_completion_tokens", "send max_tokens or max_completion_tokens, not both")
 		}
-		limit, param = c.MaxCompletionTokens, "max_completion_tokens"
-	}
-	if limit != nil {
-		if *limit < 1 {
-			return badRequest(param, "%s=%d: must be at least 1", param, *limit)
+		if *c.MaxCompletionTokens < 1 {
+			return badRequest("max_completion_tokens", "max_completion_tokens=%d: must be at least 1", *c.MaxCompletionTokens)
 		}
-		req.MaxTokens = *limit
-	} else {
-		req.MaxTokens = s.cfg.DefaultMaxTokens
+		c.MaxTokens = c.MaxCompletionTokens
 	}
-	if c.MinTokens != nil {
-		if *c.MinTokens < 0 || *c.MinTokens > req.MaxTokens {
-			return badRequest("min_tokens", "min_tokens=%d: must be between 0 and max_tokens (%d)", *c.MinTokens, req.MaxTokens)
-		}
-		req.MinTokens = *c.MinTokens
+	req.Sampling.Seed = s.randomSeed() // unless the request gives one
+	if err := c.Params.Apply(req, s.cfg.DefaultMaxTokens); err != nil {
+		return fieldError(err)
 	}
-
-	temp := defaultTemp
-	if c.Temperature != nil {
-		temp = *c.Temperature
-		if !(temp >= 0 && temp <= 2) {
-			return badRequest("temperature", "temperature=%v: must be between 0 and 2", temp)
-		}
-	}
-	req.Sampling.Temperature = float32(temp)
-	if c.TopP != nil {
-		if !(*c.TopP > 0 && *c.TopP <= 1) {
-			return badRequest("top_p", "top_p=%v: must be in (0, 1]", *c.TopP)
-		}
-		req.Sampling.TopP = float32(*c.TopP)
-	}
-	if c.TopK != nil {
-		if *c.TopK < 0 {
-			return badRequest("top_k", "top_k=%d: must be >= 0 (0 is off)", *c.TopK)
-		}
-		req.Sampling.TopK = *c.TopK
-	}
-	if c.MinP != nil {
-		if !(*c.MinP >= 0 && *c.MinP < 1) {
-			return badRequest("min_p", "min_p=%v: must be in [0, 1)", *c.MinP)
-		}
-		req.Sampling.MinP = float32(*c.MinP)
-	}
-	if c.RepeatPenalty != nil {
-		if !(*c.RepeatPenalty > 0 && *c.RepeatPenalty <= 10) {
-			return badRequest("repeat_penalty", "repeat_penalty=%v: must be in (0, 10]", *c.RepeatPenalty)
-		}
-		req.Sampling.RepeatPenalty = float32(*c.RepeatPenalty)
-	}
-	if c.Seed != nil {
-		req.Sampling.Seed = uint64(*c.Seed)
-	} else {
-		req.Sampling.Seed = s.randomSeed()
-	}
-
 	stops, err := parseStop(c.Stop)
 	if err != nil {
 		return err
 	}
 	req.StopText = append(req.StopText, stops...)
-
-	if c.DeadlineMs != nil {
-		d := *c.DeadlineMs
-		if !(d > 0 && d <= maxDeadlineMs) {
-			return badRequest("deadline_ms", "deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", d, maxDeadlineMs)
-		}
-		req.Deadline = time.Duration(d * float64(time.Millisecond))
-	}
-	if c.Priority != nil {
-		if *c.Priority < -sched.MaxPriority || *c.Priority > sched.MaxPriority {
-			return badRequest("priority", "priority=%d: must be between -%d and %d", *c.Priority, sched.MaxPriority, sched.MaxPriority)
-		}
-		req.Priority = *c.Priority
-	}
 	if c.Utility != nil {
 		if v := c.Utility.Value; v != nil {
 			if !(*v >= 0) || math.IsInf(*v, 0) || *v > 1e6 {
@@ -276,13 +201,6 @@ func (s *Server) common(c *commonRequest, req *sched.Request) *apiError {
 			}
 			req.Utility.Slope = *v
 		}
-	}
-	if len(c.Segment) > 0 {
-		seg, err := parseSegment(c.Segment)
-		if err != nil {
-			return err
-		}
-		req.Segment = seg
 	}
 	return nil
 }
@@ -313,32 +231,6 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 		}
 	}
 	return many, nil
-}
-
-// parseSegment reads the segment extension: "line", "statement" or
-// {"regex": "..."}.
-func parseSegment(raw json.RawMessage) (*sched.Segmenter, *apiError) {
-	var name string
-	if err := json.Unmarshal(raw, &name); err == nil {
-		seg, err := sched.NewSegmenter(name)
-		if err != nil {
-			return nil, badRequest("segment", `segment %q: want "line", "statement" or {"regex": "..."}`, name)
-		}
-		return seg, nil
-	}
-	var obj struct {
-		Regex *string `json:"regex"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&obj); err != nil || obj.Regex == nil {
-		return nil, badRequest("segment", `segment must be "line", "statement" or {"regex": "..."}`)
-	}
-	seg, err := sched.NewRegexSegmenter(*obj.Regex)
-	if err != nil {
-		return nil, badRequest("segment.regex", "%v", strings.TrimPrefix(err.Error(), sched.ErrInvalid.Error()+": "))
-	}
-	return seg, nil
 }
 
 // parsePrompt reads a completion prompt: a string, an array of one string,

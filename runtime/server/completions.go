@@ -158,20 +158,10 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var opt sched.ResumeOptions
-	if d := req.DeadlineMs; d != nil {
-		if !(*d > 0 && *d <= maxDeadlineMs) {
-			writeError(w, badRequest("deadline_ms", "deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", *d, maxDeadlineMs))
-			return
-		}
-		opt.Deadline = time.Duration(*d * float64(time.Millisecond))
-	}
-	if m := req.MaxTokens; m != nil {
-		if *m < 1 {
-			writeError(w, badRequest("max_tokens", "max_tokens=%d: must be at least 1", *m))
-			return
-		}
-		opt.MaxTokens = *m
+	opt, err := req.Options()
+	if err != nil {
+		writeError(w, fieldError(err))
+		return
 	}
 	if req.StreamOptions != nil && !req.Stream {
 		writeError(w, badRequest("stream_options", "stream_options is only allowed with stream: true"))

@@ -39,6 +39,16 @@ func badRequest(param, format string, args ...any) *apiError {
 		Message: fmt.Sprintf(format, args...), Param: ptr(param)}
 }
 
+// fieldError turns the scheduler's check of a request field
+// (sched.Params) into a 400 naming the field.
+func fieldError(err error) *apiError {
+	var fe *sched.FieldError
+	if errors.As(err, &fe) {
+		return badRequest(fe.Field, "%s", fe.Msg)
+	}
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: err.Error()}
+}
+
 func writeError(w http.ResponseWriter, e *apiError) {
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds()))))

@@ -1,0 +1,188 @@
+package sched
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Params are the per-request settings every front end takes, as their
+// JSON arrives (the HTTP server's completion requests, the mobile
+// facade's Generate): nil fields keep the defaults. Front ends embed it in
+// their request types, so the names and the checks are the same in both.
+type Params struct {
+	MaxTokens     *int            `json:"max_tokens"`
+	MinTokens     *int            `json:"min_tokens"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	TopK          *int            `json:"top_k"`
+	MinP          *float64        `json:"min_p"`
+	RepeatPenalty *float64        `json:"repeat_penalty"`
+	Seed          *int64          `json:"seed"`
+	DeadlineMs    *float64        `json:"deadline_ms"`
+	Priority      *int            `json:"priority"`
+	Segment       json.RawMessage `json:"segment"`
+}
+
+// ResumeParams are the settings of a resumed request.
+type ResumeParams struct {
+	DeadlineMs *float64 `json:"deadline_ms"`
+	MaxTokens  *int     `json:"max_tokens"`
+}
+
+// JSONField is the field path of a JSON decoding error in a request type
+// that embeds Params or ResumeParams, as the client wrote it: encoding/json
+// names the embedded struct too ("Params.top_p").
+func JSONField(path string) string {
+	path = strings.TrimPrefix(path, "Params.")
+	return strings.TrimPrefix(path, "ResumeParams.")
+}
+
+// DefaultTemperature is OpenAI's default; 0 is greedy decoding.
+const DefaultTemperature = 1.0
+
+// FieldError says which field of a request's JSON is wrong and why. It
+// matches ErrInvalid.
+type FieldError struct {
+	Field string // the JSON name, e.g. "top_p" or "segment.regex"
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+// Is makes errors.Is(err, ErrInvalid) hold.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Apply checks p and sets req's token limits, sampling, deadline,
+// priority and segment: defaultMaxTokens without max_tokens, the
+// temperature DefaultTemperature without one, and a given seed replaces
+// req.Sampling.Seed (the caller's random one). An error is a *FieldError.
+func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
+	req.MaxTokens = defaultMaxTokens
+	if p.MaxTokens != nil {
+		if *p.MaxTokens < 1 {
+			return fieldErr("max_tokens", "max_tokens=%d: must be at least 1", *p.MaxTokens)
+		}
+		req.MaxTokens = *p.MaxTokens
+	}
+	if p.MinTokens != nil {
+		if *p.MinTokens < 0 || *p.MinTokens > req.MaxTokens {
+			return fieldErr("min_tokens", "min_tokens=%d: must be between 0 and max_tokens (%d)", *p.MinTokens, req.MaxTokens)
+		}
+		req.MinTokens = *p.MinTokens
+	}
+	temp := DefaultTemperature
+	if p.Temperature != nil {
+		temp = *p.Temperature
+		if !(temp >= 0 && temp <= 2) {
+			return fieldErr("temperature", "temperature=%v: must be between 0 and 2", temp)
+		}
+	}
+	req.Sampling.Temperature = float32(temp)
+	if p.TopP != nil {
+		if !(*p.TopP > 0 && *p.TopP <= 1) {
+			return fieldErr("top_p", "top_p=%v: must be in (0, 1]", *p.TopP)
+		}
+		req.Sampling.TopP = float32(*p.TopP)
+	}
+	if p.TopK != nil {
+		if *p.TopK < 0 {
+			return fieldErr("top_k", "top_k=%d: must be >= 0 (0 is off)", *p.TopK)
+		}
+		req.Sampling.TopK = *p.TopK
+	}
+	if p.MinP != nil {
+		if !(*p.MinP >= 0 && *p.MinP < 1) {
+			return fieldErr("min_p", "min_p=%v: must be in [0, 1)", *p.MinP)
+		}
+		req.Sampling.MinP = float32(*p.MinP)
+	}
+	if p.RepeatPenalty != nil {
+		if !(*p.RepeatPenalty > 0 && *p.RepeatPenalty <= 10) {
+			return fieldErr("repeat_penalty", "repeat_penalty=%v: must be in (0, 10]", *p.RepeatPenalty)
+		}
+		req.Sampling.RepeatPenalty = float32(*p.RepeatPenalty)
+	}
+	if p.Seed != nil {
+		req.Sampling.Seed = uint64(*p.Seed)
+	}
+	if p.DeadlineMs != nil {
+		d, err := deadlineMs(*p.DeadlineMs)
+		if err != nil {
+			return err
+		}
+		req.Deadline = d
+	}
+	if p.Priority != nil {
+		if *p.Priority < -MaxPriority || *p.Priority > MaxPriority {
+			return fieldErr("priority", "priority=%d: must be between -%d and %d", *p.Priority, MaxPriority, MaxPriority)
+		}
+		req.Priority = *p.Priority
+	}
+	if len(p.Segment) > 0 {
+		seg, err := parseSegment(p.Segment)
+		if err != nil {
+			return err
+		}
+		req.Segment = seg
+	}
+	return nil
+}
+
+// Options checks p and turns it into ResumeOptions. An error is a
+// *FieldError.
+func (p *ResumeParams) Options() (ResumeOptions, error) {
+	var opt ResumeOptions
+	if p.DeadlineMs != nil {
+		d, err := deadlineMs(*p.DeadlineMs)
+		if err != nil {
+			return opt, err
+		}
+		opt.Deadline = d
+	}
+	if p.MaxTokens != nil {
+		if *p.MaxTokens < 1 {
+			return opt, fieldErr("max_tokens", "max_tokens=%d: must be at least 1", *p.MaxTokens)
+		}
+		opt.MaxTokens = *p.MaxTokens
+	}
+	return opt, nil
+}
+
+func deadlineMs(ms float64) (time.Duration, error) {
+	if limit := float64(MaxDeadline / time.Millisecond); !(ms > 0 && ms <= limit) {
+		return 0, fieldErr("deadline_ms", "deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", ms, limit)
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// parseSegment reads "line", "statement" or {"regex": "..."}.
+func parseSegment(raw json.RawMessage) (*Segmenter, error) {
+	var name string
+	if err := json.Unmarshal(raw, &name); err == nil {
+		seg, err := NewSegmenter(name)
+		if err != nil {
+			return nil, fieldErr("segment", "%s", strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+		}
+		return seg, nil
+	}
+	var obj struct {
+		Regex *string `json:"regex"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&obj); err != nil || obj.Regex == nil {
+		return nil, fieldErr("segment", `segment must be "line", "statement" or {"regex": "..."}`)
+	}
+	seg, err := NewRegexSegmenter(*obj.Regex)
+	if err != nil {
+		return nil, fieldErr("segment.regex", "%s", strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+	}
+	return seg, nil
+}

@@ -1,0 +1,84 @@
+package sched
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParamsApply: every field lands in the request, defaults fill the
+// rest, and each bad value is a FieldError naming its field.
+func TestParamsApply(t *testing.T) {
+	var p Params
+	if err := json.Unmarshal([]byte(`{"max_tokens": 9, "min_tokens": 2, "temperature": 0, "top_p": 0.9, "top_k": 40,
+		"min_p": 0.05, "repeat_penalty": 1.1, "seed": 7, "deadline_ms": 250, "priority": -3, "segment": "line"}`), &p); err != nil {
+		t.Fatal(err)
+	}
+	var req Request
+	if err := p.Apply(&req, 100); err != nil {
+		t.Fatal(err)
+	}
+	s := req.Sampling
+	if req.MaxTokens != 9 || req.MinTokens != 2 || s.Temperature != 0 || s.TopP != 0.9 || s.TopK != 40 || s.MinP != 0.05 ||
+		s.RepeatPenalty != 1.1 || s.Seed != 7 || req.Deadline != 250*time.Millisecond || req.Priority != -3 || req.Segment == nil {
+		t.Errorf("request %+v", req)
+	}
+	req = Request{}
+	req.Sampling.Seed = 42
+	if err := (&Params{}).Apply(&req, 100); err != nil || req.MaxTokens != 100 || req.Sampling.Temperature != DefaultTemperature || req.Sampling.Seed != 42 {
+		t.Errorf("defaults: %v, %+v", err, req)
+	}
+	for _, tc := range []struct{ json, field string }{
+		{`{"max_tokens": 0}`, "max_tokens"},
+		{`{"max_tokens": 4, "min_tokens": 5}`, "min_tokens"},
+		{`{"temperature": 2.5}`, "temperature"},
+		{`{"top_p": 0}`, "top_p"},
+		{`{"top_k": -1}`, "top_k"},
+		{`{"min_p": 1}`, "min_p"},
+		{`{"repeat_penalty": 0}`, "repeat_penalty"},
+		{`{"deadline_ms": 1e15}`, "deadline_ms"},
+		{`{"priority": 11}`, "priority"},
+		{`{"segment": "paragraph"}`, "segment"},
+		{`{"segment": {"re": "x"}}`, "segment"},
+		{`{"segment": {"regex": "a*"}}`, "segment.regex"},
+	} {
+		var p Params
+		if err := json.Unmarshal([]byte(tc.json), &p); err != nil {
+			t.Fatal(err)
+		}
+		err := p.Apply(&Request{}, 100)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, ErrInvalid) || !strings.Contains(fe.Msg, strings.Split(tc.field, ".")[0]) {
+			t.Errorf("%s: %v (%#v), want a FieldError for %s", tc.json, err, fe, tc.field)
+		}
+	}
+}
+
+func TestResumeParams(t *testing.T) {
+	d, m := 1500.0, 3
+	opt, err := (&ResumeParams{DeadlineMs: &d, MaxTokens: &m}).Options()
+	if err != nil || opt.Deadline != 1500*time.Millisecond || opt.MaxTokens != 3 {
+		t.Errorf("%+v, %v", opt, err)
+	}
+	d, m = 0, 1
+	if _, err := (&ResumeParams{DeadlineMs: &d}).Options(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "deadline_ms=0") {
+		t.Errorf("deadline 0: %v", err)
+	}
+	m = 0
+	if _, err := (&ResumeParams{MaxTokens: &m}).Options(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "max_tokens=0") {
+		t.Errorf("max_tokens 0: %v", err)
+	}
+}
+
+func TestJSONField(t *testing.T) {
+	var r struct {
+		Params
+		Other int `json:"other"`
+	}
+	var typ *json.UnmarshalTypeError
+	if err := json.Unmarshal([]byte(`{"top_k": "many"}`), &r); !errors.As(err, &typ) || JSONField(typ.Field) != "top_k" {
+		t.Errorf("%v: field %q", err, JSONField(typ.Field))
+	}
+}
