@@ -1,6 +1,7 @@
 package units
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -41,4 +42,22 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
 		}
 	}
+}
+
+// FuzzParseSize checks ParseSize never panics and that what it accepts
+// round-trips through a plain byte count.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"512MiB", "1.5GB", "0", "", "1e9", "9999999999999999999999TB", ".", "1.GB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err != nil {
+			return
+		}
+		m, err := ParseSize(strconv.FormatUint(n, 10))
+		if err != nil || m != n {
+			t.Fatalf("%q -> %d -> %d, %v", s, n, m, err)
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/runtime/corpus"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
@@ -47,7 +48,7 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 	if *from == "" {
 		var nbytes int64
 		if *size != "" {
-			n, err := parseSize(*size)
+			n, err := units.ParseSize(*size)
 			if err != nil {
 				return fmt.Errorf("%w: --size: %v", errUsage, err)
 			}

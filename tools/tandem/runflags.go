@@ -11,6 +11,7 @@ import (
 	"github.com/shirou/gopsutil/v3/mem"
 
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
@@ -179,7 +180,7 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 			opt.Budget = uint64(float64(probe.Total) * v / 100)
 			break
 		}
-		if opt.Budget, err = parseSize(b); err != nil {
+		if opt.Budget, err = units.ParseSize(b); err != nil {
 			return rc, fmt.Errorf("%w: --budget: %v (or N%%, auto, min)", errUsage, err)
 		}
 	}

@@ -7,9 +7,6 @@ import (
 	"github.com/tandem-llm/tandem/internal/units"
 )
 
-// parseSize reads a byte count like "512MiB" (see units.ParseSize).
-func parseSize(s string) (uint64, error) { return units.ParseSize(s) }
-
 // parseBandwidth reads a rate in bytes per second: a size followed by
 // "/s", e.g. "400MB/s", "1.5GB/s"; "0" or "off" means unlimited (0).
 func parseBandwidth(s string) (float64, error) {
@@ -21,7 +18,7 @@ func parseBandwidth(s string) (float64, error) {
 	if !strings.HasSuffix(lower, "/s") {
 		return 0, fmt.Errorf("bandwidth %q: want a size per second, like 400MB/s or 1.5GB/s (or off)", s)
 	}
-	n, err := parseSize(t[:len(t)-2])
+	n, err := units.ParseSize(t[:len(t)-2])
 	if err != nil {
 		return 0, fmt.Errorf("bandwidth %q: %w", s, err)
 	}
