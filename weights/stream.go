@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -448,7 +449,17 @@ func (s *Streamer) load(sl *slot, buf []byte) (time.Duration, error) {
 			n += ts[j].Size
 			j++
 		}
-		if err := s.readAt(buf[off:off+n], ts[i].Offset, ts[i].Name); err != nil {
+		run := ts[i:j]
+		covered := func(lo, hi uint64) string { // the tensors a failed read spans
+			var names []string
+			for _, t := range run {
+				if t.Offset < hi && lo < t.Offset+t.Size {
+					names = append(names, t.Name)
+				}
+			}
+			return strings.Join(names, ", ")
+		}
+		if err := s.readAt(buf[off:off+n], ts[i].Offset, covered); err != nil {
 			return time.Since(start), err
 		}
 		for k := i; k < j; k++ {
@@ -461,8 +472,9 @@ func (s *Streamer) load(sl *slot, buf []byte) (time.Duration, error) {
 }
 
 // readAt fills p from the file at off in chunks, throttled, dropping the
-// page cache behind each chunk.
-func (s *Streamer) readAt(p []byte, off uint64, what string) error {
+// page cache behind each chunk; an error names what covered gives for the
+// failed chunk's bytes [lo, hi).
+func (s *Streamer) readAt(p []byte, off uint64, covered func(lo, hi uint64) string) error {
 	chunk := s.opt.ChunkBytes
 	for done := 0; done < len(p); {
 		n := min(chunk, len(p)-done)
@@ -474,7 +486,8 @@ func (s *Streamer) readAt(p []byte, off uint64, what string) error {
 			if err := s.checkFile(); err != nil {
 				return err
 			}
-			return fmt.Errorf("stream: %s: read %s at offset %d: %w", s.f.Path, what, off+uint64(done), errOr(err, "short read"))
+			at := off + uint64(done)
+			return fmt.Errorf("stream: %s: read %s at offset %d: %w", s.f.Path, covered(at, at+uint64(n)), at, errOr(err, "short read"))
 		}
 		done += n
 	}
@@ -752,7 +765,7 @@ func (s *Streamer) ReadTensorAt(name string, p []byte, off uint64) error {
 	if off+uint64(len(p)) > t.Size {
 		return fmt.Errorf("stream: %s: bytes %d..%d are outside the tensor's %d", name, off, off+uint64(len(p)), t.Size)
 	}
-	if err := s.readAt(p, t.Offset+off, name); err != nil {
+	if err := s.readAt(p, t.Offset+off, func(_, _ uint64) string { return name }); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -173,3 +173,71 @@ func TestPlanStreamSpreadsPins(t *testing.T) {
 		t.Logf("budget %d: layers %v pinned", budget, pinned)
 	}
 }
+
+// TestStreamReadsRuns: tensors of a group that lie back to back in the
+// file are read together (one read per run when the chunk holds it), and
+// a read failing inside a run names every tensor it spans, not only the
+// run's first.
+func TestStreamReadsRuns(t *testing.T) {
+	f, groups := streamFixture(t)
+	plan, _ := PlanStream(f, groups, StreamOptions{})
+	// The reads one pass needs: a run of adjacent tensors per streamed group.
+	var runs int
+	var inner *Tensor // a tensor that is not first in its run
+	streamed := func(s *Streamer, g int) bool { return !s.Plan().Pinned[g] && !groups[g].Rows }
+	countRuns := func(s *Streamer) {
+		runs, inner = 0, nil
+		for g, grp := range groups {
+			if !streamed(s, g) {
+				continue
+			}
+			var end uint64
+			for i, name := range grp.Tensors {
+				tn, _ := f.Tensor(name)
+				if i == 0 || tn.Offset != end {
+					runs++
+				} else if inner == nil {
+					inner = tn
+				}
+				end = tn.Offset + tn.Size
+			}
+		}
+	}
+	var reads atomic.Int64
+	var failAt atomic.Uint64 // an offset whose read fails once (0: none)
+	eio := errors.New("input/output error")
+	defer func(old func(*os.File, []byte, int64) (int, error)) { readFile = old }(readFile)
+	readFile = func(fh *os.File, p []byte, off int64) (int, error) {
+		reads.Add(1)
+		if at := failAt.Load(); at != 0 && uint64(off) <= at && at < uint64(off)+uint64(len(p)) && failAt.CompareAndSwap(at, 0) {
+			return 0, eio
+		}
+		return fh.ReadAt(p, off)
+	}
+	s, err := NewStreamer(f, groups, StreamOptions{Budget: plan.Min, Mode: StreamStd, ChunkBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	countRuns(s)
+	if inner == nil {
+		t.Fatal("the fixture has no two adjacent tensors in a streamed group: the test checks nothing")
+	}
+	if err := pass(t, s, f, groups); err != nil { // warm-up reads the pinned groups too
+		t.Fatal(err)
+	}
+	reads.Store(0)
+	if err := pass(t, s, f, groups); err != nil {
+		t.Fatal(err)
+	}
+	if got := reads.Load(); got != int64(runs) {
+		t.Errorf("a pass made %d reads, want %d (one per run of adjacent tensors)", got, runs)
+	}
+	// The chunk covers the whole run, so the failing read starts before
+	// inner: the error must name inner too.
+	failAt.Store(inner.Offset + inner.Size/2)
+	err = pass(t, s, f, groups)
+	if !errors.Is(err, eio) || !strings.Contains(err.Error(), inner.Name) {
+		t.Fatalf("read failing inside %s: %v", inner.Name, err)
+	}
+}
