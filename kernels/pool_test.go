@@ -2,8 +2,10 @@ package kernels
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -49,6 +51,42 @@ func TestPoolRun(t *testing.T) {
 	} else {
 		p.Close()
 	}
+}
+
+// TestPoolWakesParkedWorkers: workers that spun out and parked take the
+// next task (no lost wake-up), and Close ends parked workers.
+func TestPoolWakesParkedWorkers(t *testing.T) {
+	before := runtime.NumGoroutine()
+	p := NewPool(3)
+	// waitFor polls a state change; the 30 s cap only turns a hang into
+	// a failure, it times nothing.
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for start := time.Now(); !ok(); time.Sleep(time.Millisecond) {
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("still waiting for %s", what)
+			}
+		}
+	}
+	parked := func() bool {
+		for _, w := range p.workers {
+			if !w.sleeping.Load() {
+				return false
+			}
+		}
+		return true
+	}
+	for round := 0; round < 3; round++ {
+		waitFor("the workers to park", parked)
+		var covered atomic.Int64
+		p.Run(300, func(lo, hi int) { covered.Add(int64(hi - lo)) })
+		if covered.Load() != 300 {
+			t.Fatalf("round %d: covered %d of 300", round, covered.Load())
+		}
+	}
+	waitFor("the workers to park", parked)
+	p.Close()
+	waitFor("the workers to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // FuzzMatMulArgs: any argument combination returns an error or runs
