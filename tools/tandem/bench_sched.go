@@ -233,7 +233,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	ctxLen := min(512, cost.Context)
-	lanes, closeLanes, err := cpuLanes(f, threads, 16, ctxLen, weights.F32)
+	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
 	if err != nil {
 		return nil, "", err
 	}

@@ -204,7 +204,7 @@ type calibrateOptions struct {
 // the scheduler, batched, on every lane) and fits the estimator to the
 // output lengths; a fifth of the prompts is held out for validation.
 func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, prompts []bench.WorkRequest, opt calibrateOptions, stderr io.Writer) (*sched.Calibration, error) {
-	lanes, closeLanes, err := cpuLanes(f, opt.threads, 16, 0, weights.F32)
+	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: opt.threads, MaxSeqs: 16, KVType: weights.F32})
 	if err != nil {
 		return nil, err
 	}
@@ -329,10 +329,4 @@ func stopTokens(tok *tokenizer.Tokenizer) []int32 {
 		}
 	}
 	return s
-}
-
-// cpuLanes loads one model per lane from f (the mapping is shared) with
-// its own kernel pool and KV cache.
-func cpuLanes(f *weights.File, threads []int, maxSeqs, ctxLen int, kvType weights.DType) ([]sched.Lane, func() error, error) {
-	return sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: maxSeqs, Context: ctxLen, KVType: kvType})
 }
