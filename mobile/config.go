@@ -170,17 +170,14 @@ func openModel(path string) (*weights.File, error) {
 
 // openTokenizer reads the tokenizer file, or the model's own vocabulary.
 func openTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
-	if path != "" {
-		tok, err := tokenizer.Load(path)
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer %q: %w", path, err)
-		}
-		return tok, nil
+	tok, err := tokenizer.ForModel(f, path)
+	switch {
+	case errors.Is(err, tokenizer.ErrNoVocabulary):
+		return nil, fmt.Errorf("%v: set tokenizer", err)
+	case err != nil && path != "":
+		return nil, fmt.Errorf("tokenizer %q: %w", path, err)
 	}
-	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-		return nil, fmt.Errorf("%s has no vocabulary (llama2.c models keep it in a separate tokenizer.bin): set tokenizer", f.Path)
-	}
-	return tokenizer.FromMetadata(&f.Metadata)
+	return tok, err
 }
 
 // openEstimator reads the calibration, explicit or beside the model.
@@ -287,16 +284,11 @@ func openDraft(c *config, tok *tokenizer.Tokenizer, modelName string) (*weights.
 	if err != nil {
 		return nil, fmt.Errorf("draft %q: %w", c.Draft, err)
 	}
-	tokPath := c.DraftTokenizer
-	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok && tokPath == "" {
-		tokPath = c.Tokenizer
-	}
-	dtok, err := openTokenizer(f, tokPath)
-	if err == nil {
-		err = spec.CheckVocab(dtok, tok, f.Path, modelName)
-	}
-	if err != nil {
+	if err := spec.CheckDraftFile(f, c.DraftTokenizer, c.Tokenizer, tok, modelName); err != nil {
 		f.Close()
+		if errors.Is(err, tokenizer.ErrNoVocabulary) {
+			return nil, fmt.Errorf("draft: %v: set draft_tokenizer", err)
+		}
 		return nil, fmt.Errorf("draft: %w", err)
 	}
 	return f, nil

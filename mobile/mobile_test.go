@@ -287,6 +287,7 @@ func TestBadConfig(t *testing.T) {
 		{"negative threads", `{"threads": -1}`, "threads -1"},
 		{"missing draft", `{"draft": "/nowhere/d.gguf"}`, `draft "/nowhere/d.gguf"`},
 		{"draft of another vocabulary", fmt.Sprintf(`{"model": %q, "draft": %q}`, stories, testutil.Model(t, "llama-2-tiny-random.gguf")), "draft: "},
+		{"draft without vocabulary", fmt.Sprintf(`{"model": %q, "draft": %q}`, stories, testutil.Model(t, "llama2xs_model.bin")), "set draft_tokenizer"},
 		{"mode without draft", `{"mode": "sd"}`, "needs a draft"},
 		{"unknown mode", `{"draft": "default", "mode": "bild"}`, "want tree or sd"},
 		{"draft tokenizer without draft", `{"draft_tokenizer": "tok.bin"}`, "needs a draft"},

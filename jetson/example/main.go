@@ -208,23 +208,13 @@ func open(modelPath, tokPath string) (*weights.File, *tokenizer.Tokenizer, error
 	if err != nil {
 		return nil, nil, err
 	}
-	var tok *tokenizer.Tokenizer
-	switch {
-	case tokPath != "":
-		tok, err = tokenizer.Load(tokPath)
-	case !hasVocab(f):
-		err = fmt.Errorf("%s has no vocabulary (llama2.c models keep it in tokenizer.bin): pass --tokenizer", f.Path)
-	default:
-		tok, err = tokenizer.FromMetadata(&f.Metadata)
-	}
+	tok, err := tokenizer.ForModel(f, tokPath)
 	if err != nil {
 		f.Close()
+		if errors.Is(err, tokenizer.ErrNoVocabulary) {
+			err = fmt.Errorf("%v: pass --tokenizer", err)
+		}
 		return nil, nil, err
 	}
 	return f, tok, nil
-}
-
-func hasVocab(f *weights.File) bool {
-	_, ok := f.Metadata.Get("tokenizer.ggml.tokens")
-	return ok
 }

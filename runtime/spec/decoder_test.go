@@ -366,3 +366,43 @@ func TestSpeculateBadPairs(t *testing.T) {
 		t.Error("a negative tree size was accepted")
 	}
 }
+
+// TestCheckDraftFile: a llama2.c draft is checked with its own tokenizer
+// file, or else the target's; without either it is ErrNoVocabulary; a
+// GGUF draft of another vocabulary is ErrVocab naming both files.
+func TestCheckDraftFile(t *testing.T) {
+	tokPath := testutil.Model(t, "tok512.bin")
+	target, err := tokenizer.Load(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(name string) *weights.File {
+		f, err := weights.Open(testutil.Model(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	bin, random, gguf := open("llama2xs_model.bin"), open("llama-2-tiny-random.gguf"), open("stories260K.gguf")
+	for _, tc := range []struct {
+		name                string
+		draft               *weights.File
+		draftTok, targetTok string
+		want                error
+	}{
+		{"own tokenizer file", bin, tokPath, "", nil},
+		{"the target's tokenizer file", bin, "", tokPath, nil},
+		{"own vocabulary", gguf, "", "", nil},
+		{"no vocabulary", bin, "", "", tokenizer.ErrNoVocabulary},
+		{"another vocabulary", random, "", tokPath, ErrVocab},
+	} {
+		err := CheckDraftFile(tc.draft, tc.draftTok, tc.targetTok, target, "target.bin")
+		if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if errors.Is(err, ErrVocab) && !(strings.Contains(err.Error(), tc.draft.Path) && strings.Contains(err.Error(), "target.bin")) {
+			t.Errorf("%s: %v does not name both files", tc.name, err)
+		}
+	}
+}

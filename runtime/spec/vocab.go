@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
 )
 
 // CheckVocab refuses a draft whose vocabulary is not the target's: same
@@ -20,4 +21,20 @@ func CheckVocab(draft, target *tokenizer.Tokenizer, draftName, targetName string
 			draftName, targetName, dn, df, tf, ErrVocab)
 	}
 	return nil
+}
+
+// CheckDraftFile checks that the model file draft shares the target's
+// vocabulary (CheckVocab). The draft's tokenizer is the file at
+// draftTokPath when given, else the draft's own vocabulary, else (a
+// llama2.c draft has none) the file at targetTokPath, the target's.
+func CheckDraftFile(draft *weights.File, draftTokPath, targetTokPath string, target *tokenizer.Tokenizer, targetName string) error {
+	path := draftTokPath
+	if _, ok := draft.Metadata.Get("tokenizer.ggml.tokens"); !ok && path == "" {
+		path = targetTokPath
+	}
+	dtok, err := tokenizer.ForModel(draft, path)
+	if err != nil {
+		return err
+	}
+	return CheckVocab(dtok, target, draft.Path, targetName)
 }

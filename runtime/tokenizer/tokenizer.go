@@ -76,6 +76,21 @@ type Tokenizer struct {
 
 type bpeMerge struct{ rank, id int32 }
 
+// ErrNoVocabulary says a model file carries no vocabulary.
+var ErrNoVocabulary = errors.New("no vocabulary in the model file (llama2.c models keep it in a separate tokenizer.bin)")
+
+// ForModel is the tokenizer for model file f: the tokenizer file at path
+// when given, else f's own vocabulary (ErrNoVocabulary when it has none).
+func ForModel(f *weights.File, path string) (*Tokenizer, error) {
+	if path != "" {
+		return Load(path)
+	}
+	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+		return nil, fmt.Errorf("%s: %w", f.Path, ErrNoVocabulary)
+	}
+	return FromMetadata(&f.Metadata)
+}
+
 // FromMetadata builds a tokenizer from GGUF tokenizer.ggml.* keys.
 func FromMetadata(md *weights.Metadata) (*Tokenizer, error) {
 	model, ok := md.String("tokenizer.ggml.model")

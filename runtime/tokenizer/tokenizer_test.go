@@ -687,3 +687,26 @@ func TestFingerprint(t *testing.T) {
 		}
 	}
 }
+
+// TestForModel: a tokenizer file wins, a GGUF's own vocabulary is used
+// without one, and a llama2.c file without one is ErrNoVocabulary naming it.
+func TestForModel(t *testing.T) {
+	open := func(name string) *weights.File {
+		f, err := weights.Open(testutil.Model(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	bin, gguf := open("llama2xs_model.bin"), open("stories260K.gguf")
+	if tok, err := ForModel(bin, testutil.Model(t, "tok512.bin")); err != nil || tok.VocabSize() != 512 {
+		t.Errorf("llama2.c with tok512.bin: %v", err)
+	}
+	if tok, err := ForModel(gguf, ""); err != nil || tok.VocabSize() != 512 {
+		t.Errorf("GGUF's own vocabulary: %v", err)
+	}
+	if _, err := ForModel(bin, ""); !errors.Is(err, ErrNoVocabulary) || !strings.Contains(err.Error(), bin.Path) {
+		t.Errorf("llama2.c alone: %v, want ErrNoVocabulary naming the file", err)
+	}
+}

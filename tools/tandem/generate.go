@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"io"
@@ -229,11 +230,9 @@ func openModel(path string) (*weights.File, error) {
 
 // loadTokenizer uses --tokenizer when given, else the model's own keys.
 func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
-	if path != "" {
-		return tokenizer.Load(path)
+	tok, err := tokenizer.ForModel(f, path)
+	if errors.Is(err, tokenizer.ErrNoVocabulary) {
+		return nil, fmt.Errorf("%w: %v: pass --tokenizer", errUsage, err)
 	}
-	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-		return nil, fmt.Errorf("%w: %s has no vocabulary (llama2.c models keep it in a separate tokenizer.bin): pass --tokenizer", errUsage, f.Path)
-	}
-	return tokenizer.FromMetadata(&f.Metadata)
+	return tok, err
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -169,20 +170,15 @@ func (sf *specFlags) openDraftFile(targetTok *tokenizer.Tokenizer, targetName, t
 	if err != nil {
 		return nil, err
 	}
-	dtokPath := *sf.draftTok
-	if dtokPath == "" {
-		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-			dtokPath = tokPath
+	if err := spec.CheckDraftFile(f, *sf.draftTok, tokPath, targetTok, targetName); err != nil {
+		f.Close()
+		if errors.Is(err, tokenizer.ErrNoVocabulary) {
+			return nil, fmt.Errorf("%w: --draft: %v: pass --draft-tokenizer", errUsage, err)
 		}
-	}
-	dtok, err := loadTokenizer(f, dtokPath)
-	if err != nil {
-		f.Close()
+		if errors.Is(err, spec.ErrVocab) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("--draft: %w", err)
-	}
-	if err := spec.CheckVocab(dtok, targetTok, f.Path, targetName); err != nil {
-		f.Close()
-		return nil, err
 	}
 	return f, nil
 }

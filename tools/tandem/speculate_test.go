@@ -73,4 +73,10 @@ func TestGenerateSpeculative(t *testing.T) {
 			t.Errorf("%v: exit %d, %q; want an error mentioning %q", tc.args, code, errOut, tc.want)
 		}
 	}
+	// A GGUF target with its own vocabulary and a llama2.c draft without
+	// one: the draft's tokenizer must be named.
+	code, _, errOut := tandem(t, "generate", "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", "--max-tokens", "4", "--draft", draft)
+	if code != 2 || !strings.Contains(errOut, "pass --draft-tokenizer") {
+		t.Errorf("llama2.c draft for a GGUF target: exit %d, %q; want a usage error asking for --draft-tokenizer", code, errOut)
+	}
 }
