@@ -29,11 +29,11 @@ type SpecMode struct {
 // the tree's ablations (no pacer, no adaptive sizing, no pipeline).
 func SpecModes(sdLen int) []SpecMode {
 	tree := func() spec.Config {
-		return spec.Config{Method: spec.Tree, BranchThreshold: 0.1, MaxBranches: 16, MaxTree: 32, DraftBatch: 2, Pipeline: true}
+		return spec.Config{Method: spec.Tree, Pipeline: true} // spec's defaults, as generate runs it
 	}
 	uniform, fixed, nopipe, llmcad := tree(), tree(), tree(), tree()
 	uniform.Pacer = spec.UniformPacer{}
-	fixed.Trigger = spec.FixedSize{N: fixed.MaxTree}
+	fixed.Trigger = spec.FixedSize{N: spec.DefaultMaxTree}
 	nopipe.Pipeline = false
 	llmcad.Trigger = &spec.Adaptive{}
 	return []SpecMode{

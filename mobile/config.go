@@ -258,14 +258,13 @@ func planMemory(f *weights.File, budget string, lanes int) (memoryPlan, error) {
 	return memoryPlan{stream: &opt, note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(opt.Budget), note)}, nil
 }
 
-// specConfig is the speculative configuration of mode, with the CLI's
-// defaults (tandem generate --draft).
+// specConfig is the speculative configuration of mode, with spec's
+// defaults (those of tandem generate --draft).
 func specConfig(mode string) spec.Config {
 	if mode == "sd" {
-		return spec.Config{Method: spec.SD, DraftLen: 4}
+		return spec.Config{Method: spec.SD}
 	}
-	return spec.Config{Method: spec.Tree, BranchThreshold: 0.1, MaxTree: 32, MaxBranches: 16, DraftBatch: 2,
-		Trigger: &spec.CostAware{}, Pacer: spec.FairPacer{}}
+	return spec.Config{Method: spec.Tree}
 }
 
 // openDraft opens the draft and checks that it shares the model's

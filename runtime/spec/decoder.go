@@ -44,6 +44,18 @@ func (m Method) String() string {
 	return fmt.Sprintf("Method(%d)", int(m))
 }
 
+// The tree's defaults, chosen with tandem bench spec (README, "Speculative
+// decoding"): a lower threshold and more branches than LLMCad's 0.3 gave
+// more tokens per target pass, and two frontiers per draft step cost less
+// than two steps.
+const (
+	DefaultBranchThreshold = 0.1
+	DefaultMaxBranches     = 16
+	DefaultMaxTree         = 32
+	DefaultDraftBatch      = 2
+	DefaultDraftLen        = 4 // SD's
+)
+
 // Config tunes a Decoder. The zero value is the tree method with its
 // defaults.
 type Config struct {
@@ -51,25 +63,26 @@ type Config struct {
 
 	// BranchThreshold opens a branch for every candidate whose draft
 	// probability exceeds it (the most likely candidate always continues
-	// the branch). Default 0.3.
+	// the branch). Default DefaultBranchThreshold.
 	BranchThreshold float64
-	// MaxBranches caps the branches open at once (default 8; SD and BiLD
-	// draft one).
+	// MaxBranches caps the branches open at once (default
+	// DefaultMaxBranches; SD and BiLD draft one).
 	MaxBranches int
 	// MaxTree caps the drafted tokens per verification; it is also M, the
-	// draft budget the pacer shares out (default 32).
+	// draft budget the pacer shares out (default DefaultMaxTree).
 	MaxTree int
 	// Floor prunes branches whose cumulative confidence falls below it
 	// (default 1e-4).
 	Floor float64
 	// DraftBatch is how many branches one draft step extends in one
-	// Forward (default 1).
+	// Forward (default DefaultDraftBatch).
 	DraftBatch int
 	// Pacer picks the branches to extend (nil: FairPacer for the tree,
 	// ChainPacer for SD and BiLD).
 	Pacer Pacer
-	// Trigger decides when to verify (nil: Adaptive for the tree,
-	// FixedSize{DraftLen} for SD). A Trigger keeps state: one per Decoder.
+	// Trigger decides when to verify (nil: CostAware for the tree,
+	// FixedSize{DraftLen} for SD and BiLD's MaxTree cap). A Trigger keeps
+	// state: one per Decoder.
 	Trigger Trigger
 	// Pipeline keeps the draft growing the tree while the target waits
 	// for streamed weights. It needs a streamed target loaded with
@@ -81,7 +94,7 @@ type Config struct {
 	// verification runs (default 2×MaxTree).
 	PipelineCap int
 
-	// DraftLen is SD's draft length (default 4).
+	// DraftLen is SD's draft length (default DefaultDraftLen).
 	DraftLen int
 	// Fallback and Rollback are BiLD's thresholds (defaults 0.5 and 2).
 	Fallback, Rollback float64
@@ -89,22 +102,22 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.BranchThreshold == 0 {
-		c.BranchThreshold = 0.3
+		c.BranchThreshold = DefaultBranchThreshold
 	}
 	if c.MaxBranches == 0 {
-		c.MaxBranches = 8
+		c.MaxBranches = DefaultMaxBranches
 	}
 	if c.MaxTree == 0 {
-		c.MaxTree = 32
+		c.MaxTree = DefaultMaxTree
 	}
 	if c.Floor == 0 {
 		c.Floor = 1e-4
 	}
 	if c.DraftBatch == 0 {
-		c.DraftBatch = 1
+		c.DraftBatch = DefaultDraftBatch
 	}
 	if c.DraftLen == 0 {
-		c.DraftLen = 4
+		c.DraftLen = DefaultDraftLen
 	}
 	if c.Fallback == 0 {
 		c.Fallback = 0.5
