@@ -146,9 +146,9 @@ func TestParity(t *testing.T) {
 			m := load(t, tc.model)
 			recs := readRecords(t, tc.refs)
 			backends(t, func(t *testing.T) {
-				recs, limit := recs, 0
+				checked, limit := recs, 0
 				if testing.Short() || raceEnabled && kernels.Backend() == "go" {
-					recs, limit = recs[:2], 48
+					checked, limit = recs[:2], 48
 				}
 				for _, ct := range []struct {
 					typ     weights.DType
@@ -162,7 +162,7 @@ func TestParity(t *testing.T) {
 						ct.tokens = limit
 					}
 					t.Run(ct.typ.String(), func(t *testing.T) {
-						checkRecords(t, m, recs, ct.typ, ct.logitTo, ct.tokens)
+						checkRecords(t, m, checked, ct.typ, ct.logitTo, ct.tokens)
 					})
 				}
 			})
