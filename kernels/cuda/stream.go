@@ -287,15 +287,21 @@ func (s *Stream) scratchBuf(n int64) (Buffer, error) {
 // float32s: each is passed in a 64-bit slot whose low bytes hold the value,
 // which is how gorgonia.org/cu's Launch copies them (little-endian).
 func (s *Stream) launch(fn string, grid [3]int, block, shared int, args ...any) error {
+	if !strings.HasPrefix(fn, "matmul_") {
+		s.quantOf = Buffer{}
+	}
+	return s.launchOn(s.compute, fn, grid, block, shared, args...)
+}
+
+// launchOn is launch on queue st: the compute stream, or the upload
+// stream for a kernel that only rearranges uploaded bytes (repack_q).
+func (s *Stream) launchOn(st cu.Stream, fn string, grid [3]int, block, shared int, args ...any) error {
 	if s.err != nil {
 		return s.err
 	}
 	f, ok := s.d.fns[fn]
 	if !ok {
 		return s.fail(fmt.Errorf("cuda: kernel %s is not loaded", fn))
-	}
-	if !strings.HasPrefix(fn, "matmul_") {
-		s.quantOf = Buffer{}
 	}
 	s.args = s.args[:0]
 	for i, a := range args {
@@ -333,7 +339,7 @@ func (s *Stream) launch(fn string, grid [3]int, block, shared int, args ...any) 
 		}
 	}
 	defer s.d.bind()()
-	if err := f.Launch(grid[0], grid[1], grid[2], block, 1, 1, shared, s.compute, s.ptrs); err != nil {
+	if err := f.Launch(grid[0], grid[1], grid[2], block, 1, 1, shared, st, s.ptrs); err != nil {
 		return s.fail(fmt.Errorf("cuda: GPU %d: launching %s (grid %v, block %d): %w", s.d.Ordinal, fn, grid, block, err))
 	}
 	return nil

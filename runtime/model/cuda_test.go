@@ -5,6 +5,7 @@ package model
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -228,6 +229,292 @@ func TestCUDAMisuse(t *testing.T) {
 	m.Close()
 	if _, err := c.NewSeq(); err == nil {
 		t.Error("NewSeq on a closed GPU model's cache: no error")
+	}
+}
+
+// loadStreamedOn loads path on device with its weights streaming under
+// opt; the model and file close when the test ends.
+func loadStreamedOn(t testing.TB, path, device string, opt weights.StreamOptions) *Model {
+	t.Helper()
+	m, _ := loadPath(t, path, Options{Threads: 2, Device: device, Stream: &opt})
+	return m
+}
+
+// streamPlan is f's plan at budget 0, which fails but says the smallest
+// budget and the total.
+func streamPlan(t testing.TB, f *weights.File) weights.StreamPlan {
+	t.Helper()
+	plan, _, err := PlanStream(f, weights.StreamOptions{})
+	if err != nil && !errors.Is(err, weights.ErrBudget) {
+		t.Fatal(err)
+	}
+	return plan
+}
+
+// smallStaging shrinks the pinned staging chunks for the test, so that
+// the copy of every group of the small models wraps around the ring.
+func smallStaging(t testing.TB) {
+	prev := stagingChunk
+	stagingChunk = 16 << 10
+	t.Cleanup(func() { stagingChunk = prev })
+}
+
+// TestCUDAStreamedParity reproduces the reference greedy runs with the
+// weights streamed to the GPU, with TestCUDAParity's F32 bounds (every
+// token, first-step logits within 1e-4 + 1e-5·|reference|): at the
+// smallest budget every layer and the head go through the device slots
+// and the embedding rows are read on the host; at half the model some
+// groups stay on the device (stories260K a layer, llama2xs its tied head
+// and with it the embedding) in both modes and IO methods; at the whole
+// model nothing streams and passes are CUDA graphs again.
+func TestCUDAStreamedParity(t *testing.T) {
+	smallStaging(t)
+	for _, tc := range []struct{ model, refs string }{
+		{"stories260K.gguf", "stories260K.greedy.jsonl"},
+		{"llama2xs_model.bin", "llama2xs.greedy.jsonl"},
+	} {
+		t.Run(tc.model, func(t *testing.T) {
+			path := testutil.Model(t, tc.model)
+			plan := streamPlan(t, openShared(t, tc.model))
+			recs := readRecords(t, tc.refs)
+			for _, c := range []struct {
+				name  string
+				opt   weights.StreamOptions
+				mixed bool // some groups pinned, some streamed
+			}{
+				{"stdpl/min", weights.StreamOptions{Budget: plan.Min}, false},
+				{"stdpl/half", weights.StreamOptions{Budget: plan.Total / 2}, true},
+				{"std/mmap/half", weights.StreamOptions{Budget: plan.Total / 2, Mode: weights.StreamStd, Method: weights.IOMmap}, true},
+				{"all pinned", weights.StreamOptions{Budget: plan.Total}, false},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					c.opt.ChunkBytes = 64 << 10
+					m := loadStreamedOn(t, path, gpuDevice(), c.opt)
+					st := m.ops.(*cudaOps).st
+					pinned := 0
+					for _, p := range st.pinned {
+						if p {
+							pinned++
+						}
+					}
+					streamed := len(st.pinned) - pinned
+					if c.mixed && (pinned == 0 || streamed == 0) {
+						t.Errorf("budget %d pins %d of %d groups; the test wants some of each", c.opt.Budget, pinned, len(st.pinned))
+					}
+					if st.any != (streamed > 0) || (streamed > 0) != (len(st.slots) == streamSlots) {
+						t.Errorf("%d groups streamed, yet any=%v and %d slots", streamed, st.any, len(st.slots))
+					}
+					var slot int64
+					if len(st.slots) > 0 {
+						slot = st.slots[0].buf.Size()
+					}
+					t.Logf("%d groups on the device, %d streamed through %d slots of %d bytes", pinned, streamed, len(st.slots), slot)
+					checkRecords(t, m, recs, weights.F32, 1e-4, 0)
+					ss, _ := m.StreamStats()
+					if ss.Peak > c.opt.Budget {
+						t.Errorf("peak resident %d > budget %d", ss.Peak, c.opt.Budget)
+					}
+					perPass := m.stream.Plan().Streamed(streamGroups(m.cfg), m.File())
+					if ss.Passes == 0 || ss.BytesRead < uint64(ss.Passes)*perPass {
+						t.Errorf("%d passes read %d bytes, want at least %d per pass", ss.Passes, ss.BytesRead, perPass)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestCUDAStreamedMatchesCPU runs treeRun (prefill, token trees, path
+// commits moving device rows, decodes) on a GPU model streaming at the
+// smallest budget, for F32, F16, Q8_0 (repacked on the upload queue) and
+// Q4_0 weights and both cache types. Its logits are the resident GPU
+// model's bit for bit (the same kernels read the same bytes; a group in
+// the wrong slot, or read before its copy landed, would differ), and so
+// within TestCUDAMatchesCPU's bounds of the CPU's.
+func TestCUDAStreamedMatchesCPU(t *testing.T) {
+	smallStaging(t)
+	src := openShared(t, "stories260K.bin")
+	prompt := readRecords(t, "stories260K.greedy.jsonl")[0].PromptIDs
+	bound := map[weights.DType]float64{weights.F32: 1e-4, weights.F16: 1e-4, weights.Q8_0: 0.01, weights.Q4_0: 0.15}
+	for _, wt := range []weights.DType{weights.F32, weights.F16, weights.Q8_0, weights.Q4_0} {
+		path := filepath.Join(t.TempDir(), "stories260K-"+wt.String()+".gguf")
+		out, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := weights.Convert(src, out, weights.ConvertOptions{Type: wt}); err != nil {
+			t.Fatal(err)
+		}
+		if err := out.Close(); err != nil {
+			t.Fatal(err)
+		}
+		cpu, f := loadPath(t, path, Options{Threads: 2})
+		resident := loadOn(t, f, gpuDevice())
+		streamed := loadStreamedOn(t, path, gpuDevice(), weights.StreamOptions{Budget: streamPlan(t, f).Min})
+		for _, ct := range []weights.DType{weights.F32, weights.F16} {
+			t.Run(wt.String()+"/kv="+ct.String(), func(t *testing.T) {
+				want, ref, got := treeRun(t, cpu, ct, prompt), treeRun(t, resident, ct, prompt), treeRun(t, streamed, ct, prompt)
+				if len(got) != len(want) || len(ref) != len(want) {
+					t.Fatalf("%d logits rows streamed, %d resident, %d on the CPU", len(got), len(ref), len(want))
+				}
+				limit := bound[wt]
+				if ct == weights.F16 {
+					limit = max(limit, 0.01)
+				}
+				var worst float64
+				for r := range want {
+					for i := range want[r] {
+						if math.Float32bits(got[r][i]) != math.Float32bits(ref[r][i]) {
+							t.Fatalf("logits row %d [%d]: streamed %g, resident %g", r, i, got[r][i], ref[r][i])
+						}
+						d := math.Abs(float64(got[r][i] - want[r][i]))
+						worst = max(worst, d)
+						if !(d <= limit) {
+							t.Fatalf("logits row %d [%d]: GPU %g, CPU %g (|diff| %.3g > %g)", r, i, got[r][i], want[r][i], d, limit)
+						}
+					}
+				}
+				t.Logf("%d logits rows, streamed = resident, worst |GPU-CPU| %.3g", len(want), worst)
+			})
+		}
+	}
+}
+
+// TestCUDAStreamedDeviceTooSmall: a GPU that cannot hold the streaming
+// slots, or the pinned groups next to them, fails Load with an error that
+// names them and says the budget is host RAM; a pass that cannot get its
+// activations fails that Forward alone; and the same GPU then loads and
+// runs the model (allocLimit plays the small device).
+func TestCUDAStreamedDeviceTooSmall(t *testing.T) {
+	path := testutil.Model(t, "stories260K.gguf")
+	f := openShared(t, "stories260K.gguf")
+	plan := streamPlan(t, f)
+	rec := readRecords(t, "stories260K.greedy.jsonl")[0]
+	t.Cleanup(func() { allocLimit = 0 })
+
+	// The device memory streaming takes: slots and repack scratch.
+	probe := loadStreamedOn(t, path, gpuDevice(), weights.StreamOptions{Budget: plan.Total / 2})
+	var slots int64
+	for _, sl := range probe.ops.(*cudaOps).st.slots {
+		slots += sl.buf.Size()
+	}
+	slots += probe.ops.(*cudaOps).st.scratch.Size()
+	for _, tc := range []struct {
+		name   string
+		budget uint64
+		limit  int64
+		want   []string
+	}{
+		{"no room for the slots", plan.Min, slots - 1, []string{"slots", "largest streamed group", "bounds host RAM", "out of memory"}},
+		{"no room for the pinned groups", plan.Total / 2, slots, []string{"pinned group", "bounds host RAM", "smaller budget"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			allocLimit = tc.limit
+			defer func() { allocLimit = 0 }()
+			g, err := weights.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			m, err := Load(g, Options{Threads: 1, Device: gpuDevice(), Stream: &weights.StreamOptions{Budget: tc.budget}})
+			if err == nil {
+				m.Close()
+				t.Fatalf("loaded within a %d-byte device", tc.limit)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+
+	m := loadStreamedOn(t, path, gpuDevice(), weights.StreamOptions{Budget: plan.Min})
+	cache, err := m.NewCache(0, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := cache.NewSeq()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every device byte the model has is in use, and its first pass needs
+	// activations.
+	var used int64
+	for _, b := range m.ops.(*cudaOps).owned {
+		used += b.Size()
+	}
+	allocLimit = used
+	var b Batch
+	var out Logits
+	b.Chain(rec.PromptIDs, 0, seq, -1, true)
+	err = m.Forward(&b, cache, &out)
+	if err == nil || !strings.Contains(err.Error(), "out of memory") {
+		t.Fatalf("forward past the device's memory: err %v, want an allocation failure", err)
+	}
+	if cache.Tentative(seq) != 0 {
+		t.Errorf("the failed Forward left %d tentative rows", cache.Tentative(seq))
+	}
+	allocLimit = 0
+	cache.Free(seq)
+	checkRecords(t, m, []record{rec}, weights.F32, 1e-4, 0)
+}
+
+// TestCUDAStreamSurvivesTruncation is TestStreamSurvivesTruncation on the
+// GPU: the reads of a pass fail midway (groups already copied to slots,
+// compute queued on them), Forward says the file changed, and once the
+// file is whole again the same model decodes the reference tokens.
+func TestCUDAStreamSurvivesTruncation(t *testing.T) {
+	src := testutil.Model(t, "stories260K.gguf")
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := readRecords(t, "stories260K.greedy.jsonl")[0]
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := weights.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Std mode reads each group when the pass asks for it, so the pass
+	// gets as far as the half of the file that is left.
+	m, err := Load(f, Options{Threads: 1, Device: gpuDevice(), Stream: &weights.StreamOptions{Budget: streamPlan(t, f).Min, Mode: weights.StreamStd}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cache, err := m.NewCache(200, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := cache.NewSeq()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := Batch{Tokens: rec.PromptIDs[:1], Pos: []int32{0}, Seq: []int{seq}, Parent: []int{-1}}
+	var out Logits
+	if err := os.Truncate(path, int64(len(data)/2)); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Forward(&b, cache, &out)
+	if err == nil || !strings.Contains(err.Error(), "changed") && !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("forward on a truncated file: err %v, want one saying the file changed", err)
+	}
+	if cache.Tentative(seq) != 0 {
+		t.Errorf("the failed Forward left %d tentative rows", cache.Tentative(seq))
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cache.Free(seq)
+	got, _ := greedy(t, m, cache, rec.PromptIDs)
+	want := rec.GeneratedIDs[:min(20, len(rec.GeneratedIDs))]
+	if fmt.Sprint(got[:len(want)]) != fmt.Sprint(want) {
+		t.Fatalf("after the file was restored: %v, want %v", got[:len(want)], want)
 	}
 }
 

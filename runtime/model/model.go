@@ -23,7 +23,9 @@ type Options struct {
 	Pool *kernels.Pool
 	// Stream, when set, keeps only Stream.Budget bytes of weights
 	// resident and streams the rest from the file layer by layer (see
-	// weights.Streamer). Nil computes on the whole mapped file.
+	// weights.Streamer). Nil computes on the whole mapped file. On a GPU
+	// the budget is still host RAM: the device holds the pinned groups
+	// plus two slots of the largest streamed group (ops_cuda.go).
 	Stream *weights.StreamOptions
 	// Lane, when set, is held by Forward while it computes and let go
 	// while it waits for streamed weights, so that another model sharing

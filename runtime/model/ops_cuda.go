@@ -8,6 +8,7 @@ import (
 	"math"
 	"unsafe"
 
+	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels/cuda"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/weights"
@@ -18,6 +19,9 @@ import (
 // steps, and KV rows live in device memory owned by the caches that
 // newCache makes (gpuRows): a commit compacts them there. Per pass, the
 // host uploads the batch's small tables once and downloads only logits.
+// A model whose weights stream under a budget keeps only its pinned
+// groups on the device and streams the others through a few fixed slots
+// (gpuStream).
 //
 // A pass of at most graphSlots slots (decode, small trees) is recorded
 // as a CUDA graph the first time its shape is seen and replayed after:
@@ -31,10 +35,16 @@ type cudaOps struct {
 	dev *cuda.Device
 	s   *cuda.Stream
 
-	mats  map[*byte]cuda.Buffer    // weight matrices, by their first byte in the file
+	// w is each layer matrix's device copy: resident, or the slot it was
+	// streamed into for the current pass (keyed by its place in m.layers).
+	w     map[*matrix]cuda.Buffer
+	embd  cuda.Buffer              // token_embd; empty when its rows stream from the host
+	head  cuda.Buffer              // the output head; empty when it streams
 	norms map[*float32]cuda.Buffer // norm vectors
 	owned []cuda.Buffer            // everything to free on close
 	rows  []*gpuRows               // the KV stores of caches made by newCache
+	st    *gpuStream               // nil when every weight is resident
+	rowsF []float32                // embedding rows dequantized on the host
 
 	acts    [numActs]cuda.Buffer
 	actCap  int // slots the activations hold
@@ -64,6 +74,67 @@ type cudaOps struct {
 	recGen [2]int
 }
 
+// gpuStream moves the groups a Streamer does not pin (weights.Streamer:
+// one per layer, the output head, an untied embedding) to the GPU during
+// each pass. Pinned groups are uploaded to the device once at Load. Each
+// streamed group goes, in forward order, into the next of streamSlots
+// device slots of the largest streamed group's size, on the upload queue
+// (cuda.Uploader, through a few pinned staging chunks): the copy of group
+// i+1 runs while group i computes. Two events per slot order it:
+// uploaded (compute waits on it before reading the slot) and read
+// (recorded after the compute that reads the slot, which the next copy
+// into the slot waits for). The host waits for a group's copy before
+// the recipe hands the group back to the Streamer, so the Streamer's
+// window is never read after release, and its reader fills the window
+// with later groups meanwhile, as on the CPU.
+//
+// Memory: the budget (weights.StreamOptions.Budget) bounds host RAM, the
+// Streamer's pinned groups and window. The GPU holds, on top of the
+// pinned groups' copies, streamSlots × the largest streamed group plus
+// repack scratch of the largest streamed Q8_0/Q4_0 matrix; the host
+// holds the staging chunks (at most stagingChunks × stagingChunk bytes
+// of pinned memory). On a Jetson both are the same DRAM.
+//
+// Streamed passes run eagerly, never as CUDA graphs: a replay launches a
+// whole recorded pass at once, while a streamed pass must interleave the
+// host's Acquire of each group, its copy and its compute; and such a pass
+// is bound by moving its weights (milliseconds per layer), not by the
+// microseconds of its kernel launches. A budget that pins every group
+// streams nothing and keeps the graphs.
+type gpuStream struct {
+	up      *cuda.Uploader
+	slots   []streamSlot
+	scratch cuda.Buffer // Q8_0/Q4_0 bytes before their repack
+	pinned  []bool      // per group: its copy is resident on the device
+	any     bool        // some group streams
+	next    int         // the slot the next streamed group goes into
+	reading int         // the slot compute queued so far reads; -1: none
+}
+
+type streamSlot struct {
+	buf            cuda.Buffer
+	uploaded, read *cuda.Event
+}
+
+// streamSlots is how many streamed groups the GPU holds: two, so one
+// uploads while the other computes. More would only let uploads run
+// further ahead, which the host cannot do: it acquires the groups one at
+// a time, in the order the recipe computes them.
+const streamSlots = 2
+
+// Each copy to a slot is staged through stagingChunks pinned buffers of
+// stagingChunk bytes (fewer for a smaller model): the host fills one
+// while the GPU copies the other. 4 MiB makes per-copy costs vanish and
+// is small next to a layer; a variable so that tests run the ring on
+// small models.
+const stagingChunks = 2
+
+var stagingChunk = 4 << 20
+
+// allocLimit, when positive, fails the model's device allocations past
+// that many bytes as a full GPU would: a test seam for a small device.
+var allocLimit int64
+
 // graphSlots is the largest pass recorded as a graph: launch costs
 // dominate small passes, while a long prefill is bound by its work.
 const graphSlots = 16
@@ -83,51 +154,103 @@ type graphKey struct {
 }
 
 func newCUDAOps(m *Model, ordinal int) (ops, error) {
-	if m.stream != nil {
-		return nil, fmt.Errorf("model: device cuda:%d: streaming weights to the GPU is not supported; load the model resident (no Stream option)", ordinal)
-	}
 	dev, err := cuda.Open(ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	o := &cudaOps{m: m, dev: dev, mats: map[*byte]cuda.Buffer{}, norms: map[*float32]cuda.Buffer{}, graphs: map[graphKey]*cuda.Graph{}}
+	o := &cudaOps{m: m, dev: dev, w: map[*matrix]cuda.Buffer{}, norms: map[*float32]cuda.Buffer{}, graphs: map[graphKey]*cuda.Graph{}}
 	if o.s, err = dev.NewStream(); err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	if err := o.upload(); err != nil {
+	if err := o.checkTypes(); err != nil {
+		o.close()
+		return nil, err
+	}
+	if m.stream != nil {
+		err = o.uploadStreamed()
+	} else {
+		err = o.upload()
+	}
+	if err == nil {
+		err = o.uploadNorms()
+	}
+	if err != nil {
 		o.close()
 		return nil, err
 	}
 	return o, nil
 }
 
-// upload copies every matrix and norm to the device.
-func (o *cudaOps) upload() error {
+// gpuMats are a layer's matrices in the order its streamed group holds
+// them (layerMatrices).
+func gpuMats(L *layer) []*matrix {
+	return []*matrix{&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.down, &L.up}
+}
+
+// matBytes is a matrix's size in the file and on the device (Load checked
+// that its type has a row size).
+func matBytes(w *matrix) int64 {
+	rb, _ := w.typ.RowBytes(uint64(w.cols))
+	return int64(rb) * int64(w.rows)
+}
+
+// checkTypes refuses, before anything is copied, a matrix the GPU has no
+// kernel for, streamed ones included.
+func (o *cudaOps) checkTypes() error {
 	m := o.m
 	mats := []*matrix{&m.embd, &m.output}
-	norms := [][]float32{m.outNorm}
 	for i := range m.layers {
-		L := &m.layers[i]
-		mats = append(mats, &L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.down, &L.up)
-		norms = append(norms, L.attnNorm, L.ffnNorm)
+		mats = append(mats, gpuMats(&m.layers[i])...)
 	}
 	for _, w := range mats {
-		if _, ok := o.mats[&w.data[0]]; ok {
-			continue // the output head tied to the embedding
-		}
 		if !gpuType(w.typ) {
 			return fmt.Errorf("model: %s: tensor %s is %s, which the GPU has no kernel for (GPU types: %v); convert the model: tandem convert --type q8_0",
 				m.file.Path, w.name, w.typ, cuda.MatMulTypes)
 		}
-		b, err := o.alloc(int64(len(w.data)))
+	}
+	return nil
+}
+
+// upload copies every matrix of a resident model to the device.
+func (o *cudaOps) upload() error {
+	m := o.m
+	put := func(w *matrix) (cuda.Buffer, error) {
+		b, err := o.alloc(matBytes(w))
 		if err != nil {
-			return fmt.Errorf("model: %s on the GPU: %w", w.name, err)
+			return b, fmt.Errorf("model: %s on the GPU: %w", w.name, err)
 		}
 		if err := o.s.UploadWeights(b, w.data, w.typ, w.rows, w.cols); err != nil {
-			return fmt.Errorf("model: %s on the GPU: %w", w.name, err)
+			return b, fmt.Errorf("model: %s on the GPU: %w", w.name, err)
 		}
-		o.mats[&w.data[0]] = b
+		return b, nil
+	}
+	var err error
+	if o.embd, err = put(&m.embd); err != nil {
+		return err
+	}
+	o.head = o.embd // the output head tied to the embedding
+	if !m.cfg.Tied {
+		if o.head, err = put(&m.output); err != nil {
+			return err
+		}
+	}
+	for i := range m.layers {
+		for _, w := range gpuMats(&m.layers[i]) {
+			if o.w[w], err = put(w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// uploadNorms copies the norm vectors, which are never streamed.
+func (o *cudaOps) uploadNorms() error {
+	m := o.m
+	norms := [][]float32{m.outNorm}
+	for i := range m.layers {
+		norms = append(norms, m.layers[i].attnNorm, m.layers[i].ffnNorm)
 	}
 	for _, v := range norms {
 		b, err := o.alloc(int64(4 * len(v)))
@@ -142,6 +265,128 @@ func (o *cudaOps) upload() error {
 	return o.s.Sync()
 }
 
+// uploadStreamed sets up a model whose weights stream (see gpuStream):
+// the slots first, which are the least the GPU needs, then the copies of
+// the pinned groups.
+func (o *cudaOps) uploadStreamed() error {
+	m := o.m
+	plan := m.stream.Plan()
+	groups := streamGroups(m.cfg)
+	st := &gpuStream{pinned: plan.Pinned, reading: -1}
+	o.st = st
+	mats := make([][]*matrix, len(groups)) // each group's matrices, in Acquire's order
+	for g := range groups {
+		switch {
+		case g < m.cfg.Layers:
+			mats[g] = gpuMats(&m.layers[g])
+		case g == m.cfg.Layers:
+			mats[g] = []*matrix{&m.output} // token_embd when tied
+		default:
+			mats[g] = []*matrix{&m.embd}
+		}
+	}
+	var slotBytes, scratchBytes, largest int64
+	for g, ws := range mats {
+		var n int64
+		for _, w := range ws {
+			largest = max(largest, matBytes(w))
+			if plan.Pinned[g] || groups[g].Rows {
+				continue
+			}
+			n += alignSlot(matBytes(w))
+			if w.typ == weights.Q8_0 || w.typ == weights.Q4_0 {
+				scratchBytes = max(scratchBytes, matBytes(w))
+			}
+		}
+		slotBytes = max(slotBytes, n)
+		// A row-read group (the untied embedding) never streams whole:
+		// Forward reads its rows on the host.
+		st.any = st.any || !plan.Pinned[g]
+	}
+	dev := o.dev.String()
+	if slotBytes > 0 {
+		for i := 0; i < streamSlots; i++ {
+			b, err := o.alloc(slotBytes)
+			if err == nil && i == 0 && scratchBytes > 0 {
+				st.scratch, err = o.alloc(scratchBytes)
+			}
+			if err != nil {
+				return fmt.Errorf("model: streaming %s to %s: %d slots of %s (the largest streamed group, each) and %s of repack scratch do not fit: %w. "+
+					"The budget (%s) bounds host RAM only; these slots are device memory on top of it and the least this model needs on the GPU: free device memory or use a GPU with more",
+					m.file.Path, dev, streamSlots, progress.Bytes(uint64(slotBytes)), progress.Bytes(uint64(scratchBytes)), err, progress.Bytes(plan.Budget))
+			}
+			sl := streamSlot{buf: b}
+			if sl.uploaded, err = o.s.NewEvent(); err == nil {
+				sl.read, err = o.s.NewEvent()
+			}
+			st.slots = append(st.slots, sl)
+			if err != nil {
+				return fmt.Errorf("model: %w", err)
+			}
+		}
+	}
+	chunk := int(min(int64(stagingChunk), (largest+0xffff)&^0xffff))
+	var err error
+	if st.up, err = o.s.NewUploader(stagingChunks, chunk); err != nil {
+		return fmt.Errorf("model: streaming %s to %s: %w", m.file.Path, dev, err)
+	}
+	for g, ws := range mats {
+		if !plan.Pinned[g] {
+			continue
+		}
+		views, _ := m.stream.Pinned(g)
+		bufs := make([]cuda.Buffer, len(ws))
+		for i, w := range ws {
+			if bufs[i], err = o.pin(w, views[i]); err != nil {
+				return fmt.Errorf("model: %s: pinned group %s on %s: %w. The budget (%s) bounds host RAM; the %s of groups it pins also stay resident on the GPU, next to %d streaming slots of %s: a smaller budget pins less there",
+					m.file.Path, groups[g].Name, dev, err, progress.Bytes(plan.Budget), progress.Bytes(plan.PinBytes), len(st.slots), progress.Bytes(uint64(slotBytes)))
+			}
+		}
+		switch {
+		case g < m.cfg.Layers:
+			for i, w := range ws {
+				o.w[w] = bufs[i]
+			}
+		case g == m.cfg.Layers:
+			o.head = bufs[0]
+			if m.cfg.Tied {
+				o.embd = bufs[0]
+			}
+		default:
+			o.embd = bufs[0]
+		}
+	}
+	return nil
+}
+
+// pin copies a pinned group's matrix to a device buffer of its own.
+func (o *cudaOps) pin(w *matrix, data []byte) (cuda.Buffer, error) {
+	b, err := o.alloc(matBytes(w))
+	if err != nil {
+		return b, fmt.Errorf("%s: %w", w.name, err)
+	}
+	scratch := o.st.scratch
+	if (w.typ == weights.Q8_0 || w.typ == weights.Q4_0) && int64(len(data)) > scratch.Size() {
+		// Larger than any streamed matrix (an embedding): scratch for this
+		// copy alone.
+		tmp, err := o.dev.Alloc(int64(len(data)))
+		if err != nil {
+			return b, fmt.Errorf("%s: repack scratch: %w", w.name, err)
+		}
+		defer o.dev.Free(tmp)
+		defer o.s.Sync() // before tmp is freed
+		scratch = tmp
+	}
+	if err := o.st.up.Weights(b, scratch, data, w.typ, w.rows, w.cols); err != nil {
+		return b, fmt.Errorf("%s: %w", w.name, err)
+	}
+	return b, nil
+}
+
+// alignSlot places matrices in a slot at 256-byte boundaries, as
+// cuMemAlloc aligns buffers.
+func alignSlot(n int64) int64 { return (n + 255) &^ 255 }
+
 func gpuType(t weights.DType) bool {
 	for _, g := range cuda.MatMulTypes {
 		if g == t {
@@ -152,6 +397,15 @@ func gpuType(t weights.DType) bool {
 }
 
 func (o *cudaOps) alloc(n int64) (cuda.Buffer, error) {
+	if allocLimit > 0 {
+		var used int64
+		for _, b := range o.owned {
+			used += b.Size()
+		}
+		if used+n > allocLimit {
+			return cuda.Buffer{}, fmt.Errorf("cuda: GPU %d: allocating %d bytes (%d of a %d-byte test limit in use): out of memory", o.dev.Ordinal, n, used, allocLimit)
+		}
+	}
 	b, err := o.dev.Alloc(n)
 	if err == nil {
 		o.owned = append(o.owned, b)
@@ -189,7 +443,7 @@ func (o *cudaOps) begin(b *Batch, cache *kv.Cache) error {
 			slots = append(slots, int32(i))
 		}
 	}
-	graph := n <= graphSlots
+	graph := n <= graphSlots && (o.st == nil || !o.st.any)
 	o.stride = 0
 	for i := 0; i < n; i++ {
 		o.stride = max(o.stride, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
@@ -283,6 +537,7 @@ func (o *cudaOps) end(err error) error {
 	if o.mode != replay {
 		o.flush()
 	}
+	o.doneReading()
 	if o.mode == capture {
 		g, cerr := o.s.EndCapture()
 		if err == nil && cerr == nil {
@@ -351,15 +606,96 @@ func (o *cudaOps) growActs(n int) error {
 }
 
 func (o *cudaOps) embed(tokens []int32) error {
-	if o.mode == replay {
+	if o.mode == replay || o.err != nil {
 		return o.err
 	}
 	m := o.m
-	o.fail(o.s.Embed(o.acts[actX], o.mats[&m.embd.data[0]], m.embd.typ, m.cfg.Vocab, o.tokens, o.n, m.cfg.Dim))
+	if o.embd.Size() > 0 {
+		o.fail(o.s.Embed(o.acts[actX], o.embd, m.embd.typ, m.cfg.Vocab, o.tokens, o.n, m.cfg.Dim))
+		return o.err
+	}
+	// A streamed embedding: the host reads the rows (as the CPU does, and
+	// the embed kernel is bit-exact with its dequantization) and uploads
+	// them.
+	dim := m.cfg.Dim
+	rowBytes, err := m.embd.typ.RowBytes(uint64(dim))
+	if err != nil {
+		return fmt.Errorf("model: %s: %w", m.embd.name, err)
+	}
+	o.rowsF = grow(o.rowsF, len(tokens)*dim)
+	for i, tok := range tokens {
+		src, err := m.embedRow(tok, rowBytes)
+		if err != nil {
+			return err
+		}
+		if err := weights.Dequantize(m.embd.typ, src, o.rowsF[i*dim:(i+1)*dim]); err != nil {
+			return fmt.Errorf("model: %s row %d: %w", m.embd.name, tok, err)
+		}
+	}
+	o.fail(o.s.UploadFloat32(o.acts[actX], o.rowsF[:len(tokens)*dim]))
 	return o.err
 }
 
-func (o *cudaOps) useLayer(int, *layer) error { return o.err }
+// useLayer streams layer li into a slot unless it is resident.
+func (o *cudaOps) useLayer(li int, L *layer) error {
+	if o.err != nil {
+		return o.err
+	}
+	o.flush() // the last layer's kernels are queued before its slot is marked read
+	o.doneReading()
+	if o.st == nil || o.st.pinned[li] {
+		return o.err
+	}
+	mats := gpuMats(L)
+	bufs, err := o.streamIn(mats)
+	if err != nil {
+		return err
+	}
+	for i, w := range mats {
+		o.w[w] = bufs[i]
+	}
+	return nil
+}
+
+// streamIn copies a streamed group's matrices (their data are the
+// Streamer's views) into the next slot and makes the compute queued from
+// now on wait for them. It returns once the copy is done, so the caller
+// may release the group to the Streamer; the compute queued before, on
+// the other slot, runs meanwhile.
+func (o *cudaOps) streamIn(mats []*matrix) ([]cuda.Buffer, error) {
+	st := o.st
+	k := st.next
+	st.next = (k + 1) % len(st.slots)
+	sl := &st.slots[k]
+	// The slot's last reader, recorded by doneReading, must finish
+	// before the first byte lands.
+	st.up.WaitBefore(sl.read)
+	bufs := make([]cuda.Buffer, len(mats))
+	var off int64
+	for i, w := range mats {
+		n := matBytes(w)
+		bufs[i] = sl.buf.Slice(off, n)
+		off += alignSlot(n)
+		if err := st.up.Weights(bufs[i], st.scratch, w.data, w.typ, w.rows, w.cols); err != nil {
+			o.fail(fmt.Errorf("streaming %s: %w", w.name, err))
+			return nil, o.err
+		}
+	}
+	o.fail(st.up.Record(sl.uploaded))
+	o.fail(o.s.ComputeWait(sl.uploaded))
+	st.reading = k
+	o.fail(o.s.SyncEvent(sl.uploaded))
+	return bufs, o.err
+}
+
+// doneReading records, after the compute queued so far, that the slot it
+// reads is free for the next copy into it.
+func (o *cudaOps) doneReading() {
+	if st := o.st; st != nil && st.reading >= 0 {
+		o.fail(o.s.RecordCompute(st.slots[st.reading].read))
+		st.reading = -1
+	}
+}
 
 func (o *cudaOps) rmsNorm(dst, src act, w []float32) {
 	if o.mode == replay {
@@ -375,25 +711,27 @@ func (o *cudaOps) matmul(dst act, w *matrix, src act) error {
 		o.pending, o.pendingSrc = w, src
 		return o.err
 	}
-	o.gemm(o.acts[dst], w, o.acts[src], o.n, false)
+	o.gemm(o.acts[dst], o.weight(w), w, o.acts[src], o.n, false)
 	return o.err
 }
+
+// weight is a layer matrix's device copy (an empty Buffer fails gemm).
+func (o *cudaOps) weight(w *matrix) cuda.Buffer { return o.w[w] }
 
 // flush launches a pending projection (only a recipe other than block's
 // leaves one unmatched).
 func (o *cudaOps) flush() {
 	if w := o.pending; w != nil {
 		o.pending = nil
-		o.gemm(o.acts[actTmp], w, o.acts[o.pendingSrc], o.n, false)
+		o.gemm(o.acts[actTmp], o.weight(w), w, o.acts[o.pendingSrc], o.n, false)
 	}
 }
 
-func (o *cudaOps) gemm(out cuda.Buffer, w *matrix, x cuda.Buffer, n int, add bool) {
+func (o *cudaOps) gemm(out, wb cuda.Buffer, w *matrix, x cuda.Buffer, n int, add bool) {
 	if o.err != nil || o.mode == replay {
 		return
 	}
-	wb, ok := o.mats[&w.data[0]]
-	if !ok {
+	if wb.Size() == 0 {
 		o.fail(fmt.Errorf("%s is not on the device", w.name))
 		return
 	}
@@ -443,7 +781,7 @@ func (o *cudaOps) add(dst, src act) {
 	}
 	if w := o.pending; w != nil && src == actTmp {
 		o.pending = nil
-		o.gemm(o.acts[dst], w, o.acts[o.pendingSrc], o.n, true)
+		o.gemm(o.acts[dst], o.weight(w), w, o.acts[o.pendingSrc], o.n, true)
 		return
 	}
 	o.flush()
@@ -467,9 +805,18 @@ func (o *cudaOps) logits(out *Logits, w *matrix) error {
 	}
 	o.flush()
 	m := o.m
+	head := o.head
+	if o.st != nil && !o.st.pinned[m.cfg.Layers] && o.err == nil {
+		o.doneReading()
+		bufs, err := o.streamIn([]*matrix{w})
+		if err != nil {
+			return err
+		}
+		head = bufs[0]
+	}
 	rows := len(out.slots)
 	o.fail(o.s.RMSNorm(o.acts[actXB], o.acts[actX], o.norms[&m.outNorm[0]], o.slots, m.cfg.Dim, rows, m.cfg.Eps))
-	o.gemm(o.logitsB, w, o.acts[actXB], rows, false)
+	o.gemm(o.logitsB, head, w, o.acts[actXB], rows, false)
 	return o.err
 }
 
@@ -490,7 +837,14 @@ func (o *cudaOps) close() error {
 		return nil
 	}
 	o.dropGraphs()
-	errs := []error{o.s.Close()}
+	errs := []error{o.s.Close()} // waits for every queue
+	if st := o.st; st != nil {
+		errs = append(errs, st.up.Close())
+		for _, sl := range st.slots {
+			errs = append(errs, sl.uploaded.Close(), sl.read.Close())
+		}
+		o.st = nil
+	}
 	for _, b := range o.owned {
 		errs = append(errs, o.dev.Free(b))
 	}
