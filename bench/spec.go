@@ -27,13 +27,20 @@ type SpecMode struct {
 // SpecModes are the modes `tandem bench spec` compares: the target alone
 // (Std and StdPL), classic SD with draft length k, BiLD, the tree, and
 // the tree's ablations (no pacer, no adaptive sizing, no pipeline).
-func SpecModes(sdLen int) []SpecMode {
+// shape sets the tree's BranchThreshold, MaxBranches and MaxTree (zero
+// fields take spec's defaults, as generate runs it); its other fields are
+// ignored.
+func SpecModes(sdLen int, shape spec.Config) []SpecMode {
 	tree := func() spec.Config {
-		return spec.Config{Method: spec.Tree, Pipeline: true} // spec's defaults, as generate runs it
+		return spec.Config{Method: spec.Tree, Pipeline: true,
+			BranchThreshold: shape.BranchThreshold, MaxBranches: shape.MaxBranches, MaxTree: shape.MaxTree}
+	}
+	if shape.MaxTree == 0 {
+		shape.MaxTree = spec.DefaultMaxTree
 	}
 	uniform, fixed, nopipe, llmcad := tree(), tree(), tree(), tree()
 	uniform.Pacer = spec.UniformPacer{}
-	fixed.Trigger = spec.FixedSize{N: spec.DefaultMaxTree}
+	fixed.Trigger = spec.FixedSize{N: shape.MaxTree}
 	nopipe.Pipeline = false
 	llmcad.Trigger = &spec.Adaptive{}
 	return []SpecMode{

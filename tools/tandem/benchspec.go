@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -41,6 +42,9 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	storage := fs.String("storage", "400MB/s,1.5GB/s,disk", "storage the target streams from: disk or an emulated bandwidth")
 	modes := fs.String("modes", "", "modes to measure (default: all: std,stdpl,sd,bild,tree,tree-uniform,tree-fixed,tree-adaptive,tree-nopipe)")
 	sdLens := fs.String("sd-lens", "2,3,4,6,8", "sd draft lengths tried on the first configuration; the fastest is used throughout")
+	maxTree := fs.Int("max-tree", spec.DefaultMaxTree, "tree modes: most drafted tokens per verification")
+	maxBranches := fs.Int("max-branches", spec.DefaultMaxBranches, "tree modes: most branches open at once")
+	threshold := fs.Float64("branch-threshold", spec.DefaultBranchThreshold, "tree modes: draft probability a candidate needs to open a branch")
 	runs := fs.Int("runs", 5, "runs per mode (the median is reported)")
 	tokens := fs.Int("tokens", 32, "tokens generated per run of a speculative mode")
 	stdTokens := fs.Int("std-tokens", 8, "tokens generated per run of the target alone (every one costs a full pass)")
@@ -68,6 +72,10 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *maxTree < 1 || *maxBranches < 1 || *threshold <= 0 || *threshold >= 1 {
+		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want positive sizes and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold)
+	}
+	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
 	var lens []int
 	for _, s := range strings.Split(*sdLens, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
@@ -130,7 +138,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		budget0 := uint64(pcts[0] / 100 * float64(total))
 		if len(lens) > 1 {
 			for _, k := range lens {
-				r, err := measure(bench.SpecModes(k)[2], budget0, bws[0], max(3, *runs/2))
+				r, err := measure(bench.SpecModes(k, treeShape)[2], budget0, bws[0], max(3, *runs/2))
 				if err != nil {
 					return err
 				}
@@ -143,7 +151,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		for _, bw := range bws {
 			for _, p := range pcts {
 				budget := uint64(p / 100 * float64(total))
-				for _, mode := range bench.SpecModes(best) {
+				for _, mode := range bench.SpecModes(best, treeShape) {
 					base := strings.SplitN(mode.Name, "(", 2)[0]
 					if len(want) > 0 && !want[base] {
 						continue
