@@ -117,7 +117,7 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 	if err != nil {
 		return nil, err
 	}
-	lopt := sched.CPULaneOptions{Threads: threads, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
+	lopt := sched.LaneOptions{Lanes: sched.CPULaneSpecs(threads...), MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
 	var draft *weights.File
 	if c.Draft != "" {
 		if draft, err = openDraft(c, tok, f.Path); err != nil {
@@ -125,7 +125,7 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 		}
 		lopt.Draft, lopt.Spec = draft, specConfig(c.Mode)
 	}
-	lanes, closeLanes, err := sched.CPULanes(f, lopt)
+	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {
 		if draft != nil {
 			draft.Close()

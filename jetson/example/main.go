@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: []int{o.threads}, MaxSeqs: 4})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(o.threads), MaxSeqs: 4})
 	if err != nil {
 		return err
 	}

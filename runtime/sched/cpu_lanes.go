@@ -3,40 +3,79 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// CPULaneOptions configures CPULanes.
-type CPULaneOptions struct {
-	// Threads is the kernel threads of each lane, one entry per lane; the
-	// first lane is the primary, later ones take long requests.
-	Threads []int
+// LaneSpec is one lane LoadLanes makes.
+type LaneSpec struct {
+	// Device is where the lane's model computes (model.Options.Device):
+	// "" or "cpu" for the CPU kernels, "cuda" or "cuda:N" for GPU N. A
+	// binary built without -tags cuda refuses a GPU lane with the model's
+	// error saying to rebuild.
+	Device string
+	// Threads sizes the lane's kernel pool. A CPU lane computes on it (0
+	// lets the kernels choose); a GPU lane computes on the device, and 0
+	// gives it one thread for the little host work it has.
+	Threads int
+}
+
+// GPU reports whether the lane computes on a GPU.
+func (l LaneSpec) GPU() bool { return l.Device == "cuda" || strings.HasPrefix(l.Device, "cuda:") }
+
+// String is the lane as --lanes writes it: 4, cuda or cuda:1.
+func (l LaneSpec) String() string {
+	if l.Device != "" && l.Device != "cpu" {
+		return l.Device
+	}
+	return fmt.Sprint(l.Threads)
+}
+
+// CPULaneSpecs are CPU lanes of the given threads each.
+func CPULaneSpecs(threads ...int) []LaneSpec {
+	out := make([]LaneSpec, len(threads))
+	for i, th := range threads {
+		out[i] = LaneSpec{Threads: th}
+	}
+	return out
+}
+
+// LaneOptions configures LoadLanes.
+type LaneOptions struct {
+	// Lanes has one entry per lane: the first lane is the primary, later
+	// ones take long requests (so a GPU lane first and a CPU lane after
+	// it offloads long requests to the CPU).
+	Lanes []LaneSpec
 	// MaxSeqs, Context and KVType configure each lane's ModelEngine (see
 	// ModelEngineOptions).
 	MaxSeqs int
 	Context int
 	KVType  weights.DType
 	// Stream, when set, streams each lane's weights under Stream.Budget
-	// (each lane holds its own budget); nil computes on the mapped file.
+	// (each lane holds its own budget of host RAM; a GPU lane streams
+	// them on to the device, see model.Options.Stream); nil computes on
+	// the mapped file, or on a resident copy on the GPU.
 	Stream *weights.StreamOptions
 	// Draft, when set, makes every lane speculative: the draft is loaded
-	// per lane on the lane's kernel pool (draft and target take turns on
-	// it) and the lane runs a SpecEngine with Spec (Pipeline must be off).
-	// The caller checks first that the tokenizers match (spec.CheckVocab).
+	// per lane, on the lane's device and kernel pool (draft and target take
+	// turns on it), and the lane runs a SpecEngine with Spec (Pipeline
+	// must be off). The caller checks first that the tokenizers match
+	// (spec.CheckVocab).
 	Draft *weights.File
 	Spec  spec.Config
 }
 
-// CPULanes loads one model per lane from f (the mapping is shared), each
-// with its own kernel pool and KV cache, named cpu0, cpu1, ... (spec0,
-// spec1, ... with a draft). The returned function closes the models; f
-// and the draft stay open and are the caller's.
-func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error) {
-	if len(opt.Threads) == 0 {
-		return nil, nil, errors.New("sched: cpu lanes: no lanes; give the threads of at least one")
+// LoadLanes loads one model per lane from f (the mapping is shared),
+// each with its own kernel pool and KV cache (on the GPU for a GPU lane),
+// named by kind and position in Lanes: cpu0, cuda1, ... (spec0, cudaspec1,
+// ... with a draft). The returned function closes the models; f and the
+// draft stay open and are the caller's.
+func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
+	if len(opt.Lanes) == 0 {
+		return nil, nil, errors.New("sched: lanes: no lanes; give at least one (threads for a CPU lane, or a GPU)")
 	}
 	var lanes []Lane
 	var models []*model.Model
@@ -47,8 +86,20 @@ func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error)
 		}
 		return errors.Join(errs...)
 	}
-	for i, th := range opt.Threads {
-		mopt := model.Options{Threads: th}
+	for i, ls := range opt.Lanes {
+		kind := "cpu"
+		if ls.GPU() {
+			kind = "cuda"
+		}
+		name := fmt.Sprintf("%s%d", kind, i)
+		if ls.Threads < 0 {
+			closeAll()
+			return nil, nil, fmt.Errorf("sched: lane %s: %d threads; want 0 or more", name, ls.Threads)
+		}
+		mopt := model.Options{Threads: ls.Threads, Device: ls.Device}
+		if ls.GPU() && mopt.Threads == 0 {
+			mopt.Threads = 1
+		}
 		if opt.Stream != nil {
 			// Each model owns its streamer; a copy keeps them apart.
 			s := *opt.Stream
@@ -57,11 +108,10 @@ func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error)
 		m, err := model.Load(f, mopt)
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("sched: lane cpu%d: %w", i, err)
+			return nil, nil, fmt.Errorf("sched: lane %s: %w", name, err)
 		}
 		models = append(models, m)
 		if opt.Draft == nil {
-			name := fmt.Sprintf("cpu%d", i)
 			e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
 			if err != nil {
 				closeAll()
@@ -70,14 +120,17 @@ func CPULanes(f *weights.File, opt CPULaneOptions) ([]Lane, func() error, error)
 			lanes = append(lanes, Lane{Name: name, Engine: e})
 			continue
 		}
-		dm, err := model.Load(opt.Draft, model.Options{Pool: m.Pool()})
+		name = fmt.Sprintf("spec%d", i)
+		if ls.GPU() {
+			name = fmt.Sprintf("cudaspec%d", i)
+		}
+		dm, err := model.Load(opt.Draft, model.Options{Pool: m.Pool(), Device: ls.Device})
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("sched: lane spec%d: draft: %w", i, err)
+			return nil, nil, fmt.Errorf("sched: lane %s: draft: %w", name, err)
 		}
 		// The draft shares the target's pool: closed before the target.
 		models = append([]*model.Model{dm}, models...)
-		name := fmt.Sprintf("spec%d", i)
 		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
 		if err != nil {
 			closeAll()

@@ -10,10 +10,10 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-// TestCPULanesStreamed: lanes whose weights stream under the smallest
+// TestLoadLanesStreamed: CPU lanes whose weights stream under the smallest
 // budget give the resident model's greedy tokens, each lane with its own
 // streamer.
-func TestCPULanesStreamed(t *testing.T) {
+func TestLoadLanesStreamed(t *testing.T) {
 	f, tok := realModel(t)
 	opt := weights.StreamOptions{Mode: weights.StreamPipelined}
 	probe, _, err := model.PlanStream(f, opt)
@@ -21,7 +21,7 @@ func TestCPULanesStreamed(t *testing.T) {
 		t.Fatalf("no minimum budget: %v", err)
 	}
 	opt.Budget = probe.Min
-	lanes, closeLanes, err := CPULanes(f, CPULaneOptions{Threads: []int{1, 1}, MaxSeqs: 2, Context: 256, Stream: &opt})
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: CPULaneSpecs(1, 1), MaxSeqs: 2, Context: 256, Stream: &opt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,19 +57,21 @@ func TestCPULanesStreamed(t *testing.T) {
 	}
 }
 
-func TestCPULanesErrors(t *testing.T) {
+func TestLoadLanesErrors(t *testing.T) {
 	f, _ := realModel(t)
 	for _, tc := range []struct {
 		name string
-		opt  CPULaneOptions
+		opt  LaneOptions
 		want string
 	}{
-		{"no lanes", CPULaneOptions{}, "no lanes"},
-		{"budget below the minimum", CPULaneOptions{Threads: []int{1}, Stream: &weights.StreamOptions{Mode: weights.StreamPipelined, Budget: 1}}, "lane cpu0"},
-		{"bad kv type", CPULaneOptions{Threads: []int{1}, KVType: weights.Q4_0}, "engine cpu0"},
+		{"no lanes", LaneOptions{}, "no lanes"},
+		{"budget below the minimum", LaneOptions{Lanes: CPULaneSpecs(1), Stream: &weights.StreamOptions{Mode: weights.StreamPipelined, Budget: 1}}, "lane cpu0"},
+		{"bad kv type", LaneOptions{Lanes: CPULaneSpecs(1), KVType: weights.Q4_0}, "engine cpu0"},
+		{"negative threads", LaneOptions{Lanes: CPULaneSpecs(1, -1)}, "lane cpu1"},
+		{"unknown device", LaneOptions{Lanes: []LaneSpec{{Device: "tpu"}}}, "unknown device"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lanes, closeLanes, err := CPULanes(f, tc.opt)
+			lanes, closeLanes, err := LoadLanes(f, tc.opt)
 			if err == nil {
 				closeLanes()
 				t.Fatalf("accepted: %d lanes", len(lanes))
@@ -78,5 +80,54 @@ func TestCPULanesErrors(t *testing.T) {
 				t.Errorf("error %q does not say %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestLoadLanesWithoutCUDA: in a binary built without -tags cuda, a GPU
+// lane, first or after a CPU lane, fails to load with the model's own
+// error saying to rebuild, under the lane's name (cuda_lanes_test.go runs
+// GPU lanes in a cuda build).
+func TestLoadLanesWithoutCUDA(t *testing.T) {
+	f, _ := realModel(t)
+	m, merr := model.Load(f, model.Options{Threads: 1, Device: "cuda"})
+	if merr == nil {
+		m.Close()
+		t.Skip("this binary computes on a GPU")
+	}
+	if !strings.Contains(merr.Error(), "-tags cuda") {
+		t.Skipf("the model's GPU error is not the missing build tag: %v", merr)
+	}
+	for _, tc := range []struct {
+		lanes []LaneSpec
+		name  string
+	}{
+		{[]LaneSpec{{Device: "cuda"}, {Threads: 1}}, "lane cuda0"},
+		{[]LaneSpec{{Threads: 1}, {Device: "cuda:0"}}, "lane cuda1"},
+	} {
+		lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: tc.lanes, MaxSeqs: 1})
+		if err == nil {
+			closeLanes()
+			t.Fatalf("%v: loaded %d lanes", tc.lanes, len(lanes))
+		}
+		if !strings.Contains(err.Error(), tc.name) || !strings.Contains(err.Error(), merr.Error()) {
+			t.Errorf("%v: error %q, want %q with the model's %q", tc.lanes, err, tc.name, merr)
+		}
+	}
+}
+
+func TestLaneSpec(t *testing.T) {
+	for _, tc := range []struct {
+		l    LaneSpec
+		gpu  bool
+		text string
+	}{
+		{LaneSpec{Threads: 4}, false, "4"},
+		{LaneSpec{Device: "cpu", Threads: 2}, false, "2"},
+		{LaneSpec{Device: "cuda"}, true, "cuda"},
+		{LaneSpec{Device: "cuda:1"}, true, "cuda:1"},
+	} {
+		if tc.l.GPU() != tc.gpu || tc.l.String() != tc.text {
+			t.Errorf("%#v: GPU %v, String %q; want %v, %q", tc.l, tc.l.GPU(), tc.l.String(), tc.gpu, tc.text)
+		}
 	}
 }

@@ -185,7 +185,7 @@ func TestModelEngineErrors(t *testing.T) {
 // entry of threads.
 func newRealScheduler(t *testing.T, f *weights.File, cfg Config, maxSeqs int, threads ...int) (*Scheduler, []*ModelEngine) {
 	t.Helper()
-	lanes, closeLanes, err := CPULanes(f, CPULaneOptions{Threads: threads, MaxSeqs: maxSeqs, Context: 512})
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: CPULaneSpecs(threads...), MaxSeqs: maxSeqs, Context: 512})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 		}
 		vars = append(vars, x)
 	}
-	threads, err := parseLanes(*lanesFlag)
+	threads, err := cpuLaneThreads("bench sched", *lanesFlag)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	ctxLen := min(512, cost.Context)
-	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: threads, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(threads...), MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
 	if err != nil {
 		return nil, "", err
 	}

@@ -53,7 +53,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || *temp < 0 {
 		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive, --temperature >= 0", errUsage)
 	}
-	threads, err := parseLanes(*lanes)
+	threads, err := cpuLaneThreads("calibrate", *lanes)
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ type calibrateOptions struct {
 // the scheduler, batched, on every lane) and fits the estimator to the
 // output lengths; a fifth of the prompts is held out for validation.
 func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, prompts []bench.WorkRequest, opt calibrateOptions, stderr io.Writer) (*sched.Calibration, error) {
-	lanes, closeLanes, err := sched.CPULanes(f, sched.CPULaneOptions{Threads: opt.threads, MaxSeqs: 16, KVType: weights.F32})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(opt.threads...), MaxSeqs: 16, KVType: weights.F32})
 	if err != nil {
 		return nil, err
 	}

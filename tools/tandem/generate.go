@@ -32,7 +32,10 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			"story with it), at --max-tokens or when the context is full.\n"+
 			"With --budget the weights beyond the budget stream from the file each token,\n"+
 			"layer by layer (the page cache is dropped behind them, so the budget is real);\n"+
-			"the output is the same as with the whole model in memory.\n"+
+			"the output is the same as with the whole model in memory. On a GPU\n"+
+			"(--device cuda) the budget is still host RAM: the layers it pins stay in GPU\n"+
+			"memory, the others pass through two GPU slots of the largest layer's size,\n"+
+			"one copying while the other computes (see README, \"CUDA\").\n"+
 			"With --draft a small draft model guesses a tree of tokens that the model checks\n"+
 			"in one pass (--mode tree, sd or bild); tree and sd emit exactly the model's own\n"+
 			"tokens (greedy) or its distribution (sampling), only faster.", stdout, stderr,
@@ -41,6 +44,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		`tandem generate --model model.gguf --temperature 0.8 --top-p 0.95 --seed 42 --json`,
 		`tandem generate --model target.gguf --budget 256MiB --io-bandwidth 400MB/s   # stream under a budget from emulated eMMC`,
 		`tandem generate --model target.gguf --budget min --mode std`,
+		`tandem generate --model target.gguf --device cuda --budget 2GiB   # stream through an NVIDIA GPU (-tags cuda build)`,
 		`tandem generate --model stories260K.bin --draft llama2xs_model.bin --tokenizer tok512.bin --json   # speculative decoding`,
 		`tandem generate --model target.gguf --draft draft.gguf --budget 25% --io-bandwidth 400MB/s --mode tree`)
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")

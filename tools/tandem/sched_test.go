@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -87,23 +86,5 @@ func TestBenchSchedSmall(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--loads", "x"); code != 2 {
 		t.Errorf("bad --loads: exit %d", code)
-	}
-}
-
-func TestParseLanes(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want []int
-		ok   bool
-	}{
-		{"3,1", []int{3, 1}, true}, {"cpu:2", []int{2}, true}, {"0", nil, false}, {"gpu", nil, false}, {"a", nil, false},
-	} {
-		got, err := parseLanes(tc.in)
-		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
-			t.Errorf("parseLanes(%q) = %v, %v", tc.in, got, err)
-		}
-	}
-	if got, err := parseLanes(""); err != nil || len(got) != 1 || got[0] < 1 {
-		t.Errorf("default lanes %v, %v", got, err)
 	}
 }

@@ -24,13 +24,17 @@ import (
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--draft FILE] [--lanes T,T] [flags]",
+	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--draft FILE] [--lanes T|cuda[:N],...] [flags]",
 		"Serves a model over HTTP: OpenAI-compatible /v1/completions and\n"+
 			"/v1/chat/completions (streaming with \"stream\": true), /v1/models, tandem's\n"+
 			"scheduling extensions (deadline_ms, priority, segment, min_tokens, utility;\n"+
 			"POST /v1/resume/{id}), /metrics (Prometheus) and /healthz. Requests are\n"+
-			"scheduled by the uncertainty-aware scheduler over one or more CPU lanes,\n"+
-			"each with its own threads and KV cache. With no --model it serves the\n"+
+			"scheduled by the uncertainty-aware scheduler over one or more lanes, each\n"+
+			"with its own copy of the model and KV cache: a CPU lane computes on its own\n"+
+			"threads, a GPU lane (--lanes cuda or cuda:N, a binary built with -tags cuda)\n"+
+			"on an NVIDIA GPU. The first lane is the primary; later lanes take long\n"+
+			"requests (--lanes cuda,4: the GPU serves, 4 CPU threads take the long\n"+
+			"ones; see README, \"CUDA\"). With no --model it serves the\n"+
 			"embedded default model. The uncertainty estimator is read from\n"+
 			"MODEL.calib.json when it exists (see tandem calibrate). SIGINT or SIGTERM\n"+
 			"drain in-flight requests for --drain-timeout, then cancel the rest.\n"+
@@ -40,6 +44,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"speculative tuning flags (--max-tree, --draft-len, ...) are generate's.", stdout, stderr,
 		"tandem serve",
 		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
+		"tandem serve --model model.gguf --lanes cuda,4   # GPU primary lane, 4-thread CPU lane for long requests",
 		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin --ctx 256",
 		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
@@ -47,7 +52,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	sf := addSpecFlags(fs)
 	modeFlag := fs.String("mode", "tree", "with --draft: tree (token tree), sd (classic speculative decoding) or bild (Big-Little, lossy)")
-	lanesFlag := fs.String("lanes", "", "threads per CPU lane, comma separated; the first lane is the primary, later ones take long requests (default: one lane on all physical cores)")
+	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, later ones take long requests (default: one CPU lane on all physical cores)")
 	name := fs.String("name", "", "model id in the API (default: the model file's name)")
 	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
 	calib := fs.String("calibration", "", "uncertainty calibration file (default: MODEL.calib.json when it exists)")
@@ -81,7 +86,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --policy: %v", errUsage, err)
 	}
-	threads, err := parseLanes(*lanesFlag)
+	laneSpecs, err := parseLanes(*lanesFlag)
 	if err != nil {
 		return err
 	}
@@ -131,7 +136,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
-	lopt := sched.CPULaneOptions{Threads: threads, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt}
+	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt}
 	if *sf.draft != "" {
 		df, err := sf.openDraftFile(tok, f.Path, *tokPath)
 		if err != nil {
@@ -141,7 +146,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		defer df.Close()
 		lopt.Draft, lopt.Spec = df, specCfg
 	}
-	lanes, closeLanes, err := sched.CPULanes(f, lopt)
+	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {
 		hs.Close()
 		if *sf.draft != "" {
@@ -165,8 +170,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *sf.draft != "" {
 		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
 	}
-	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) with %v threads, %s decoding, policy %s, context %d, estimator %s\n",
-		len(lanes), threads, decoding, policy, sc.Context(), estimator)
+	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding, policy %s, context %d, estimator %s\n",
+		len(lanes), describeLanes(lanes, laneSpecs), decoding, policy, sc.Context(), estimator)
 	defer printSpecStats(stderr, lanes)
 
 	select {
@@ -199,25 +204,67 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// parseLanes reads --lanes: threads per CPU lane. Empty means one lane on
-// all physical cores. "gpu" is refused until a GPU backend exists.
-func parseLanes(s string) ([]int, error) {
+// parseLanes reads --lanes: comma-separated lanes, each a thread count
+// for a CPU lane (also written cpu:N) or cuda / cuda:N for a lane on GPU
+// N. Empty means one CPU lane on all physical cores. Whether this binary
+// can run a GPU lane is the model's to say when the lane loads.
+func parseLanes(s string) ([]sched.LaneSpec, error) {
 	if strings.TrimSpace(s) == "" {
-		return []int{kernels.PhysicalCores()}, nil
+		return []sched.LaneSpec{{Threads: kernels.PhysicalCores()}}, nil
 	}
-	var out []int
+	var out []sched.LaneSpec
 	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimPrefix(strings.TrimSpace(part), "cpu:")
-		if part == "gpu" || strings.HasPrefix(part, "gpu:") {
-			return nil, fmt.Errorf("%w: --lanes %q: this build has no GPU lane yet; use thread counts for CPU lanes", errUsage, s)
+		part = strings.TrimSpace(part)
+		switch {
+		case part == "cuda" || strings.HasPrefix(part, "cuda:"):
+			if rest, ok := strings.CutPrefix(part, "cuda:"); ok {
+				if n, err := strconv.Atoi(rest); err != nil || n < 0 {
+					return nil, fmt.Errorf("%w: --lanes %q: %q: want cuda:N with N a GPU number (0 is the first)", errUsage, s, part)
+				}
+			}
+			out = append(out, sched.LaneSpec{Device: part})
+			continue
+		case part == "gpu" || strings.HasPrefix(part, "gpu:"):
+			return nil, fmt.Errorf("%w: --lanes %q: a GPU lane is written cuda or cuda:N", errUsage, s)
 		}
-		n, err := strconv.Atoi(part)
+		n, err := strconv.Atoi(strings.TrimPrefix(part, "cpu:"))
 		if err != nil || n < 1 || n > 256 {
-			return nil, fmt.Errorf("%w: --lanes %q: want thread counts 1..256 separated by commas, e.g. 3,1", errUsage, s)
+			return nil, fmt.Errorf("%w: --lanes %q: want thread counts 1..256 (CPU lanes) or cuda / cuda:N (GPU lanes) separated by commas, e.g. 3,1 or cuda,4", errUsage, s)
 		}
-		out = append(out, n)
+		out = append(out, sched.LaneSpec{Threads: n})
 	}
 	return out, nil
+}
+
+// cpuLaneThreads reads --lanes for a command that measures CPU lanes
+// only (calibrate, bench sched): the threads of each lane.
+func cpuLaneThreads(cmd, s string) ([]int, error) {
+	lanes, err := parseLanes(s)
+	if err != nil {
+		return nil, err
+	}
+	threads := make([]int, len(lanes))
+	for i, l := range lanes {
+		if l.GPU() {
+			return nil, fmt.Errorf("%w: --lanes %q: tandem %s measures CPU lanes only; give thread counts (tandem serve takes GPU lanes)", errUsage, s, cmd)
+		}
+		threads[i] = l.Threads
+	}
+	return threads, nil
+}
+
+// describeLanes says what each lane runs on: "cuda0 on cuda, cpu1 with 4
+// threads".
+func describeLanes(lanes []sched.Lane, specs []sched.LaneSpec) string {
+	var parts []string
+	for i, l := range lanes {
+		if i < len(specs) && specs[i].GPU() {
+			parts = append(parts, fmt.Sprintf("%s on %s", l.Name, specs[i].Device))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s with %d threads", l.Name, l.Engine.Info().Threads))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // serveSpecConfig reads --mode and the speculative tuning flags. The

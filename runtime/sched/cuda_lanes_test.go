@@ -1,0 +1,86 @@
+//go:build cuda
+
+package sched
+
+import (
+	"context"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+)
+
+// gpuLane is the GPU lane the tests use (TANDEM_CUDA_DEVICE picks one).
+func gpuLane() LaneSpec {
+	if d := os.Getenv("TANDEM_CUDA_DEVICE"); d != "" {
+		return LaneSpec{Device: "cuda:" + d}
+	}
+	return LaneSpec{Device: "cuda"}
+}
+
+// TestCUDALanes: a GPU lane and a CPU lane from LoadLanes (--lanes
+// cuda,1) both serve requests of one scheduler, and every request
+// reproduces the reference greedy tokens. FIFO serves from one queue
+// shared by the lanes, and with one sequence per lane two requests at
+// once keep both lanes busy. Without a GPU this binary skips
+// (kernels/cuda/internal/cuinit).
+func TestCUDALanes(t *testing.T) {
+	f, _ := realModel(t)
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane(), {Threads: 1}}, MaxSeqs: 1, Context: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLanes()
+	if len(lanes) != 2 || lanes[0].Name != "cuda0" || lanes[1].Name != "cpu1" {
+		t.Fatalf("lanes %+v, want cuda0 and cpu1", lanes)
+	}
+	s, err := New(Config{Policy: FIFO}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	recs := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[:4]
+	const n = 40
+	var wg sync.WaitGroup
+	served := make([]int, len(recs))
+	got := make([][]int32, len(recs))
+	errs := make([]error, len(recs))
+	for i, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: n})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			for {
+				ev, err := st.Recv(context.Background())
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				got[i] = append(got[i], ev.Tokens...)
+				if ev.Done {
+					served[i] = ev.Result.Lane
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, r := range recs {
+		if errs[i] != nil {
+			t.Fatalf("record %d: %v", i, errs[i])
+		}
+		want := r.GeneratedIDs[:min(n, len(r.GeneratedIDs))]
+		if !slices.Equal(got[i][:min(len(got[i]), len(want))], want) || len(got[i]) < len(want) {
+			t.Errorf("record %d on lane %s: %v\nwant %v", i, lanes[served[i]].Name, got[i], want)
+		}
+	}
+	if !slices.Contains(served, 0) || !slices.Contains(served, 1) {
+		t.Errorf("requests served on lanes %v; want both", served)
+	}
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+func TestParseLanes(t *testing.T) {
+	cpu := func(n int) sched.LaneSpec { return sched.LaneSpec{Threads: n} }
+	gpu := func(d string) sched.LaneSpec { return sched.LaneSpec{Device: d} }
+	for _, tc := range []struct {
+		in   string
+		want []sched.LaneSpec
+		ok   bool
+	}{
+		{"3,1", []sched.LaneSpec{cpu(3), cpu(1)}, true},
+		{"cpu:2", []sched.LaneSpec{cpu(2)}, true},
+		{"cuda", []sched.LaneSpec{gpu("cuda")}, true},
+		{"cuda,4", []sched.LaneSpec{gpu("cuda"), cpu(4)}, true},
+		{"4, cuda:1", []sched.LaneSpec{cpu(4), gpu("cuda:1")}, true},
+		{"cuda:0,cuda:1", []sched.LaneSpec{gpu("cuda:0"), gpu("cuda:1")}, true},
+		{"0", nil, false}, {"a", nil, false}, {"3,", nil, false},
+		{"gpu", nil, false}, {"gpu:0", nil, false},
+		{"cuda:", nil, false}, {"cuda:-1", nil, false}, {"cuda:x", nil, false}, {"cuda0", nil, false},
+	} {
+		got, err := parseLanes(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
+			t.Errorf("parseLanes(%q) = %v, %v", tc.in, got, err)
+		}
+		if err != nil && !errors.Is(err, errUsage) {
+			t.Errorf("parseLanes(%q): %v is not a usage error", tc.in, err)
+		}
+	}
+	if got, err := parseLanes(""); err != nil || len(got) != 1 || got[0].GPU() || got[0].Threads < 1 {
+		t.Errorf("default lanes %v, %v", got, err)
+	}
+	if _, err := parseLanes("gpu"); err == nil || !strings.Contains(err.Error(), "cuda") {
+		t.Errorf("--lanes gpu: %v, want a hint to write cuda", err)
+	}
+}
+
+// TestCPULaneThreads: calibrate and bench sched take CPU lanes only.
+func TestCPULaneThreads(t *testing.T) {
+	if got, err := cpuLaneThreads("calibrate", "2,1"); err != nil || !slices.Equal(got, []int{2, 1}) {
+		t.Errorf("2,1: %v, %v", got, err)
+	}
+	if _, err := cpuLaneThreads("calibrate", "cuda,1"); err == nil || !strings.Contains(err.Error(), "CPU lanes only") {
+		t.Errorf("cuda,1: %v, want a refusal", err)
+	}
+}
+
+// TestServeGPULaneWithoutCUDA: serve with a GPU lane in a build without
+// -tags cuda exits with the model's error saying to rebuild, not a
+// panic. (A cuda build serves it; runtime/sched's cuda tests cover that.)
+func TestServeGPULaneWithoutCUDA(t *testing.T) {
+	path := testutil.Model(t, "stories260K.gguf")
+	f, err := weights.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := model.Load(f, model.Options{Threads: 1, Device: "cuda"})
+	if err == nil {
+		m.Close()
+		t.Skip("this binary has the GPU backend")
+	}
+	code, _, stderr := tandem(t, "serve", "--addr", "127.0.0.1:0", "--model", path, "--lanes", "cuda,1")
+	if code == 0 || !strings.Contains(stderr, "lane cuda0") || !strings.Contains(stderr, "-tags cuda") {
+		t.Errorf("serve --lanes cuda,1: exit %d, stderr %q", code, stderr)
+	}
+}
