@@ -47,11 +47,14 @@ func (m Method) String() string {
 // The tree's defaults, chosen with tandem bench spec (README, "Speculative
 // decoding"): a lower threshold and more branches than LLMCad's 0.3 gave
 // more tokens per target pass, and two frontiers per draft step cost less
-// than two steps.
+// than two steps. MaxTree is a cap, not a size: a streamed target verifies
+// 64 tokens in the time of one (its pass is all IO), so the cap is set
+// where a fixed tree still gained, and the cost trigger sizes the tree
+// below it (small for a resident target).
 const (
 	DefaultBranchThreshold = 0.1
 	DefaultMaxBranches     = 16
-	DefaultMaxTree         = 32
+	DefaultMaxTree         = 128
 	DefaultDraftBatch      = 2
 	DefaultDraftLen        = 4 // SD's
 )

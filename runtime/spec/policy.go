@@ -2,6 +2,7 @@ package spec
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -105,15 +106,18 @@ func (FixedSize) Observe(Outcome) {}
 // emitted; C, the draft's confidence in a branch, estimates the chance the
 // target accepts it, and k calibrates that estimate against what
 // verifications actually accepted). Its time is T = draft time + t_v(n),
-// the verification cost of n drafted tokens, t_v(n) = IO + b·(n+1) with
-// the IO wait and the per-token compute b measured on the target's last
-// passes (b is the slope of compute against tree size). A draft step that added gain g of confidence for cost c (its
-// own time plus b per token added) is worth it while k·g/c ≥ E/T. So a
-// streamed target, whose pass costs the same for 4 tokens or 40, gets
-// large trees, and a resident one small trees.
+// the verification cost of n drafted tokens. A streamed target computes
+// while its weights stream in, so a pass takes the longer of the two:
+// t_v(n) = max(io, c0 + b·(n+1)), with io the length of an IO-bound pass
+// and the compute c0 + b·(n+1) fitted on the target's last passes (b is
+// the slope of compute against tree size). A draft step that added gain g
+// of confidence for cost c (its own time plus what its tokens add to
+// t_v) is worth it while k·g/c ≥ E/T. So a streamed target, whose pass
+// costs the same for 4 tokens or 40 until its compute outgrows the IO,
+// gets large trees, and a resident one small trees.
 type CostAware struct {
 	k  float64 // accepted tokens per unit of ΣC (EWMA)
-	io float64 // seconds of IO per pass (EWMA)
+	io float64 // seconds an IO-bound pass takes (EWMA; 0 when none was)
 	// The pass's compute, t = c0 + b·(n+1), fitted by least squares over
 	// recent passes (exponentially weighted moments of n+1 and t): trees
 	// vary in size, so the slope b is what one more token costs, apart
@@ -121,9 +125,26 @@ type CostAware struct {
 	// worked, which do not grow with the tree).
 	sn, st, snn, snt, sw float64
 	seen                 int
+	// steps are the last draft steps' times; their median prices a step,
+	// so one step slowed by the other model's compute or a page fault
+	// does not end the tree.
+	steps     [stepWindow]time.Duration
+	stepsSeen int
 	// Warmup is the tree size used until a pass has been measured
 	// (default 8).
 	Warmup int
+}
+
+const stepWindow = 9
+
+// stepCost records a draft step's time and returns the median of the
+// recent ones.
+func (c *CostAware) stepCost(d time.Duration) float64 {
+	c.steps[c.stepsSeen%stepWindow] = d
+	c.stepsSeen++
+	recent := slices.Clone(c.steps[:min(c.stepsSeen, stepWindow)])
+	slices.Sort(recent)
+	return recent[len(recent)/2].Seconds()
 }
 
 // ewmaWeight weighs a new observation against the running estimates.
@@ -160,13 +181,24 @@ func (c *CostAware) Verify(s TreeState) bool {
 	if s.Nodes == 0 || s.LastAdded == 0 {
 		return false
 	}
-	b := c.perToken()
 	e := 1 + c.k*s.SumConf
-	t := s.Draft.Seconds() + c.io + c.st/c.sw + b*(float64(s.Nodes+1)-c.sn/c.sw)
+	tv := c.verifyCost(s.Nodes)
+	t := s.Draft.Seconds() + tv
 	gain := c.k * s.LastGain
-	cost := s.LastStep.Seconds() + b*float64(s.LastAdded)
+	cost := c.stepCost(s.LastStep) + tv - c.verifyCost(s.Nodes-s.LastAdded)
 	return gain*t < cost*e
 }
+
+// verifyCost is t_v(n): the fitted compute of a pass over n drafted
+// tokens, or the IO-bound pass time while that is longer.
+func (c *CostAware) verifyCost(n int) float64 {
+	compute := c.st/c.sw + c.perToken()*(float64(n+1)-c.sn/c.sw)
+	return math.Max(c.io, compute)
+}
+
+// ioBound is the share of a pass spent waiting for weights above which
+// the pass counts as IO-bound: its length is then the IO's.
+const ioBound = 0.05
 
 func (c *CostAware) Observe(o Outcome) {
 	first := c.seen == 0
@@ -176,7 +208,9 @@ func (c *CostAware) Observe(o Outcome) {
 	} else if first {
 		c.k = 1
 	}
-	c.io = ewma(c.io, o.IOWait.Seconds(), first)
+	if o.Time > 0 && o.IOWait.Seconds() > ioBound*o.Time.Seconds() {
+		c.io = ewma(c.io, o.Time.Seconds(), c.io == 0)
+	}
 	n := float64(o.Verified + 1)
 	t := math.Max(0, (o.Time - o.IOWait).Seconds())
 	decay := 1 - ewmaWeight

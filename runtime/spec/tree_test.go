@@ -139,6 +139,42 @@ func TestCostAwareTrigger(t *testing.T) {
 	if !compute.Verify(step) {
 		t.Error("compute-bound target: kept drafting although each token costs as much as the pass gains")
 	}
+	// A streamed pass computes while its weights stream in: more tokens
+	// cost nothing until the compute outgrows the IO. Passes of 1 s with
+	// compute growing 10 ms per token: the compute reaches the IO at
+	// about 100 tokens.
+	overlap := &CostAware{}
+	for _, n := range []int{10, 30, 10, 30} {
+		compute := time.Duration(10*(n+1)) * time.Millisecond
+		overlap.Observe(Outcome{Verified: n, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: time.Second - compute})
+	}
+	small := TreeState{Nodes: 60, Branches: 4, SumConf: 4, LastGain: 0.02, LastAdded: 2, LastStep: time.Millisecond, Draft: 10 * time.Millisecond}
+	if overlap.Verify(small) {
+		t.Error("IO-bound target, 60 tokens: verified although their compute hides under the IO")
+	}
+	big := small
+	big.Nodes = 150
+	if !overlap.Verify(big) {
+		t.Error("IO-bound target, 150 tokens: kept drafting although their compute outgrew the IO (20 ms per step for 0.02 of confidence)")
+	}
+	// One draft step slowed (the target's compute held the cores, a page
+	// fault) prices the next steps no higher: the median of recent steps
+	// does.
+	steady := &CostAware{}
+	steady.Observe(Outcome{Verified: 10, Accepted: 4, SumConf: 4, Time: time.Second, IOWait: 900 * time.Millisecond})
+	cheap := TreeState{Nodes: 20, Branches: 4, SumConf: 4, LastGain: 0.005, LastAdded: 2, LastStep: 200 * time.Microsecond}
+	for i := range 5 {
+		cheap.Nodes += 2
+		if steady.Verify(cheap) {
+			t.Fatalf("step %d of 0.2 ms adding 0.005 of confidence to a 1 s pass: verified", i)
+		}
+	}
+	slow := cheap
+	slow.Nodes += 2
+	slow.LastStep = 20 * time.Millisecond
+	if steady.Verify(slow) {
+		t.Error("one 20 ms draft step among 0.2 ms ones ended the tree")
+	}
 	fresh := &CostAware{}
 	if fresh.Verify(TreeState{Nodes: 7, Branches: 1}) || !fresh.Verify(TreeState{Nodes: 8, Branches: 1}) {
 		t.Error("before any pass, CostAware should verify at its warm-up size 8")
