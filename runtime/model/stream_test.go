@@ -261,66 +261,86 @@ func TestStreamBudgetTooSmall(t *testing.T) {
 // model: Forward fails with an error naming the change (no SIGBUS), and
 // once the file is whole again the same model decodes the same tokens.
 func TestStreamSurvivesTruncation(t *testing.T) {
-	src := testutil.Model(t, "stories260K.gguf")
-	data, err := os.ReadFile(src)
+	for _, method := range []weights.IOMethod{weights.IOPread, weights.IOMmap} {
+		t.Run(method.String(), func(t *testing.T) {
+			checkSurvivesTruncation(t, func(f *weights.File) (*Model, error) {
+				return Load(f, Options{Threads: 1, Stream: &weights.StreamOptions{Budget: streamPlan(t, f).Min, Mode: weights.StreamPipelined, Method: method}})
+			})
+		})
+	}
+}
+
+// checkSurvivesTruncation loads a copy of stories260K.gguf with load,
+// truncates the copy to half before a Forward, which must fail naming
+// the change and leave no tentative rows, then restores it and checks the
+// same model decodes the reference tokens.
+func checkSurvivesTruncation(t *testing.T, load func(*weights.File) (*Model, error)) {
+	data, err := os.ReadFile(testutil.Model(t, "stories260K.gguf"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := readRecords(t, "stories260K.greedy.jsonl")
-	for _, method := range []weights.IOMethod{weights.IOPread, weights.IOMmap} {
-		t.Run(method.String(), func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "m.gguf")
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			f, err := weights.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			plan, _, err := PlanStream(f, weights.StreamOptions{Mode: weights.StreamStd})
-			if err != nil && !errors.Is(err, weights.ErrBudget) {
-				t.Fatal(err)
-			}
-			m, err := Load(f, Options{Threads: 1, Stream: &weights.StreamOptions{Budget: plan.Min, Mode: weights.StreamPipelined, Method: method}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			cache, err := m.NewCache(200, weights.F32)
-			if err != nil {
-				t.Fatal(err)
-			}
-			seq, err := cache.NewSeq()
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := Batch{Tokens: recs[0].PromptIDs[:1], Pos: []int32{0}, Seq: []int{seq}, Parent: []int{-1}}
-			var out Logits
-			if err := os.Truncate(path, int64(len(data)/2)); err != nil {
-				t.Fatal(err)
-			}
-			err = m.Forward(&b, cache, &out)
-			if err == nil || !strings.Contains(err.Error(), "changed") && !strings.Contains(err.Error(), "truncated") {
-				t.Fatalf("forward on a truncated file: err %v, want one saying the file changed", err)
-			}
-			// Whole again: the streamer recovers.
-			fh, err := os.OpenFile(path, os.O_WRONLY, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := fh.WriteAt(data[len(data)/2:], int64(len(data)/2)); err != nil {
-				t.Fatal(err)
-			}
-			fh.Close()
-			cache.Free(seq)
-			got, _ := greedy(t, m, cache, recs[0].PromptIDs)
-			want := recs[0].GeneratedIDs[:min(20, len(recs[0].GeneratedIDs))]
-			if fmt.Sprint(got[:len(want)]) != fmt.Sprint(want) {
-				t.Fatalf("after the file was restored: %v, want %v", got[:len(want)], want)
-			}
-		})
+	rec := readRecords(t, "stories260K.greedy.jsonl")[0]
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
 	}
+	f, err := weights.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cache, err := m.NewCache(200, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := cache.NewSeq()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := Batch{Tokens: rec.PromptIDs[:1], Pos: []int32{0}, Seq: []int{seq}, Parent: []int{-1}}
+	var out Logits
+	if err := os.Truncate(path, int64(len(data)/2)); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Forward(&b, cache, &out)
+	if err == nil || !strings.Contains(err.Error(), "changed") && !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("forward on a truncated file: err %v, want one saying the file changed", err)
+	}
+	if cache.Tentative(seq) != 0 {
+		t.Errorf("the failed Forward left %d tentative rows", cache.Tentative(seq))
+	}
+	// Whole again (written in place, as a mapping would see it): the
+	// streamer recovers.
+	fh, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteAt(data[len(data)/2:], int64(len(data)/2)); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	cache.Free(seq)
+	got, _ := greedy(t, m, cache, rec.PromptIDs)
+	want := rec.GeneratedIDs[:min(20, len(rec.GeneratedIDs))]
+	if fmt.Sprint(got[:len(want)]) != fmt.Sprint(want) {
+		t.Fatalf("after the file was restored: %v, want %v", got[:len(want)], want)
+	}
+}
+
+// streamPlan is f's plan at budget 0, which fails but says the smallest
+// budget and the total.
+func streamPlan(t testing.TB, f *weights.File) weights.StreamPlan {
+	t.Helper()
+	plan, _, err := PlanStream(f, weights.StreamOptions{})
+	if err != nil && !errors.Is(err, weights.ErrBudget) {
+		t.Fatal(err)
+	}
+	return plan
 }
 
 // TestStreamThrottle checks the emulated bandwidth is a floor on read
