@@ -79,23 +79,36 @@ type ops interface {
 	close() error
 }
 
-// newOps returns the backend that opt.Device names: "" or "cpu" for the
-// host kernels, "cuda" or "cuda:N" for GPU N (builds with -tags cuda).
-func newOps(m *Model, device string) (ops, error) {
+// ParseDevice reads a device name as Options.Device takes it: "" or
+// "cpu" for the host kernels, "cuda" or "cuda:N" for GPU N (N ≥ 0; plain
+// cuda is GPU 0). The error says what is wanted.
+func ParseDevice(device string) (gpu bool, ordinal int, err error) {
 	switch {
 	case device == "" || device == "cpu":
-		return &hostOps{m: m}, nil
-	case device == "cuda" || strings.HasPrefix(device, "cuda:"):
-		ord := 0
-		if rest, ok := strings.CutPrefix(device, "cuda:"); ok {
-			var err error
-			if ord, err = strconv.Atoi(rest); err != nil || ord < 0 {
-				return nil, fmt.Errorf("model: device %q: want cuda:N with N a GPU number (0 is the first)", device)
-			}
+		return false, 0, nil
+	case device == "cuda":
+		return true, 0, nil
+	}
+	if rest, ok := strings.CutPrefix(device, "cuda:"); ok {
+		if n, err := strconv.Atoi(rest); err == nil && n >= 0 {
+			return true, n, nil
 		}
+		return false, 0, fmt.Errorf("model: device %q: want cuda:N with N a GPU number (0 is the first)", device)
+	}
+	return false, 0, fmt.Errorf("model: unknown device %q (want cpu, cuda or cuda:N)", device)
+}
+
+// newOps returns the backend that opt.Device names (see ParseDevice;
+// GPUs need builds with -tags cuda).
+func newOps(m *Model, device string) (ops, error) {
+	gpu, ord, err := ParseDevice(device)
+	switch {
+	case err != nil:
+		return nil, err
+	case gpu:
 		return newCUDAOps(m, ord)
 	}
-	return nil, fmt.Errorf("model: unknown device %q (want cpu, cuda or cuda:N)", device)
+	return &hostOps{m: m}, nil
 }
 
 // hostOps computes on the CPU with package kernels (C or pure Go) and the

@@ -38,3 +38,22 @@ func TestDeviceOption(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestParseDevice: the device names Options.Device, serve's --lanes and
+// generate's --device share.
+func TestParseDevice(t *testing.T) {
+	for _, tc := range []struct {
+		in  string
+		gpu bool
+		ord int
+		ok  bool
+	}{
+		{"", false, 0, true}, {"cpu", false, 0, true}, {"cuda", true, 0, true}, {"cuda:0", true, 0, true}, {"cuda:3", true, 3, true},
+		{"cuda:", false, 0, false}, {"cuda:-1", false, 0, false}, {"cuda:x", false, 0, false}, {"cuda0", false, 0, false}, {"gpu", false, 0, false},
+	} {
+		gpu, ord, err := ParseDevice(tc.in)
+		if (err == nil) != tc.ok || gpu != tc.gpu || ord != tc.ord {
+			t.Errorf("ParseDevice(%q) = %v, %d, %v", tc.in, gpu, ord, err)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package sched
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -23,8 +22,12 @@ type LaneSpec struct {
 	Threads int
 }
 
-// GPU reports whether the lane computes on a GPU.
-func (l LaneSpec) GPU() bool { return l.Device == "cuda" || strings.HasPrefix(l.Device, "cuda:") }
+// GPU reports whether the lane computes on a GPU (a misnamed device is
+// not one: loading the lane says what is wrong with it).
+func (l LaneSpec) GPU() bool {
+	gpu, _, err := model.ParseDevice(l.Device)
+	return gpu && err == nil
+}
 
 // String is the lane as --lanes writes it: 4, cuda or cuda:1.
 func (l LaneSpec) String() string {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/server"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -217,10 +218,8 @@ func parseLanes(s string) ([]sched.LaneSpec, error) {
 		part = strings.TrimSpace(part)
 		switch {
 		case part == "cuda" || strings.HasPrefix(part, "cuda:"):
-			if rest, ok := strings.CutPrefix(part, "cuda:"); ok {
-				if n, err := strconv.Atoi(rest); err != nil || n < 0 {
-					return nil, fmt.Errorf("%w: --lanes %q: %q: want cuda:N with N a GPU number (0 is the first)", errUsage, s, part)
-				}
+			if _, _, err := model.ParseDevice(part); err != nil {
+				return nil, fmt.Errorf("%w: --lanes %q: %v", errUsage, s, err)
 			}
 			out = append(out, sched.LaneSpec{Device: part})
 			continue
