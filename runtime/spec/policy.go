@@ -142,9 +142,10 @@ const stepWindow = 9
 func (c *CostAware) stepCost(d time.Duration) float64 {
 	c.steps[c.stepsSeen%stepWindow] = d
 	c.stepsSeen++
-	recent := slices.Clone(c.steps[:min(c.stepsSeen, stepWindow)])
-	slices.Sort(recent)
-	return recent[len(recent)/2].Seconds()
+	recent := c.steps // a copy: the window keeps its order
+	n := min(c.stepsSeen, stepWindow)
+	slices.Sort(recent[:n])
+	return recent[n/2].Seconds()
 }
 
 // ewmaWeight weighs a new observation against the running estimates.

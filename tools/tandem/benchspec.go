@@ -57,6 +57,9 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
 	}
+	if *maxTree < 1 || *maxBranches < 1 || *threshold <= 0 || *threshold >= 1 {
+		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want positive sizes and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold)
+	}
 	if err := plotsDir(*plots); err != nil {
 		return err
 	}
@@ -71,9 +74,6 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	bws, err := parseStorage(*storage)
 	if err != nil {
 		return err
-	}
-	if *maxTree < 1 || *maxBranches < 1 || *threshold <= 0 || *threshold >= 1 {
-		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want positive sizes and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold)
 	}
 	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
 	var lens []int
