@@ -17,7 +17,7 @@ func colsFor(wt weights.DType) []int {
 	case weights.QKK:
 		return []int{256, 768}
 	case weights.QK:
-		return []int{32, 96, 288}
+		return []int{32, 96, 288, 544}
 	}
 	return []int{1, 7, 96, 257}
 }
