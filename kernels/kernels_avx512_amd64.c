@@ -82,6 +82,20 @@ AVX512 INLINE void spreads(__m512i spread[4]) {
 // the prefetches on TinyLlama's rows and cost 20-35% of decode speed.
 #define PREFETCH_BLOCKS 64
 
+// prefetch_rows asks for `bytes` bytes (whole lines) at offset o of rows
+// r0..r0+R-1, each holding len bytes of data; an offset past the end
+// lands at o-len in the row R on.
+AVX512 INLINE void prefetch_rows(const uint8_t *w, int64_t row_bytes, int64_t r0, const int R, int64_t len, int64_t o,
+	const int bytes) {
+	const int64_t pf = o < len ? o : R * row_bytes + o - len;
+	for (int r = 0; r < R; r++) {
+		const char *ahead = (const char *)(w + (r0 + r) * row_bytes + pf);
+		for (int line = 0; line < bytes; line += 64) {
+			_mm_prefetch(ahead + line, _MM_HINT_T0);
+		}
+	}
+}
+
 // q32_tile computes an R×C tile of a Q8_0/Q4_0 matmul: rows r0..r0+R-1,
 // columns j0..j0+C-1. R and C are constants at every call site.
 AVX512 INLINE void q32_tile(const int bb, const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
@@ -110,12 +124,8 @@ AVX512 INLINE void q32_tile(const int bb, const int R, const int C, float *out, 
 	int64_t b = 0;
 	for (; b + 8 <= nb; b += 8) {
 		__m512 sw[4], sx[4];
-		const int64_t pf = b + PREFETCH_BLOCKS < nb ? (b + PREFETCH_BLOCKS) * bb : R * row_bytes + (b + PREFETCH_BLOCKS - nb) * bb;
+		prefetch_rows(w, row_bytes, r0, R, nb * bb, (b + PREFETCH_BLOCKS) * bb, 8 * bb);
 		for (int r = 0; r < R; r++) {
-			const char *ahead = (const char *)(row[r] + pf);
-			for (int line = 0; line < 8 * bb; line += 64) { // the eight blocks' lines
-				_mm_prefetch(ahead + line, _MM_HINT_T0);
-			}
 			sw[r] = _mm512_castps256_ps512(scales8(row[r] + b * bb, bb));
 		}
 		for (int c = 0; c < C; c++) {
@@ -221,14 +231,8 @@ AVX512 INLINE void q32_gemv(const int bb, const int R, float *out, const uint8_t
 	for (; b + 8 <= nb; b += 8) {
 		const __m256 sx = _mm256_loadu_ps(dx + b);
 		__m512 s[GEMV_R];
-		// Past a row's end the next rows read are those of the next
-		// step, R rows further.
-		const int64_t pf = b + PREFETCH_BLOCKS < nb ? (b + PREFETCH_BLOCKS) * bb : R * row_bytes + (b + PREFETCH_BLOCKS - nb) * bb;
+		prefetch_rows(w, row_bytes, r0, R, nb * bb, (b + PREFETCH_BLOCKS) * bb, 8 * bb);
 		for (int r = 0; r < R; r++) {
-			const char *ahead = (const char *)(row[r] + pf);
-			for (int line = 0; line < 8 * bb; line += 64) { // the eight blocks' lines
-				_mm_prefetch(ahead + line, _MM_HINT_T0);
-			}
 			s[r] = _mm512_castps256_ps512(_mm256_mul_ps(scales8w(row[r] + b * bb, bb), sx));
 		}
 		for (int p = 0; p < 4; p++) {
@@ -287,12 +291,8 @@ AVX512 INLINE void f16_tile(const int R, const int C, float *out, const uint8_t 
 	}
 	int64_t i = 0;
 	for (; i + 16 <= cols; i += 16) {
-		if ((i & 31) == 0) { // a line of each row, as q32_gemv does
-			const int64_t o = 2 * i + PREFETCH_BLOCKS * 32;
-			const int64_t pf = o < 2 * cols ? o : R * row_bytes + o - 2 * cols;
-			for (int r = 0; r < R; r++) {
-				_mm_prefetch((const char *)row[r] + pf, _MM_HINT_T0);
-			}
+		if ((i & 31) == 0) { // a line of each row every 32 weights
+			prefetch_rows(w, row_bytes, r0, R, 2 * cols, 2 * i + PREFETCH_BLOCKS * 32, 64);
 		}
 		__m512 wv[4];
 		for (int r = 0; r < R; r++) {
