@@ -32,6 +32,22 @@ func Model(t testing.TB, name string) string {
 	return filepath.Join(SharedDir(t), "models", name)
 }
 
+// ModelCopy copies a file of ../shared/models into the test's temporary
+// directory, for tests that change it (truncate it under a running
+// model), and returns the copy's path and the original bytes.
+func ModelCopy(t testing.TB, name string) (string, []byte) {
+	t.Helper()
+	data, err := os.ReadFile(Model(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, data
+}
+
 // Testdata returns the path of a file in ../shared/testdata.
 func Testdata(t testing.TB, name string) string {
 	t.Helper()

@@ -213,10 +213,7 @@ func TestCUDAMisuse(t *testing.T) {
 		m     *Model
 		cache *kv.Cache
 	}{{"gpu model, cpu cache", gpu, cpuCache}, {"cpu model, gpu cache", cpu, gpuCache}} {
-		seq, err := tc.cache.NewSeq()
-		if err != nil {
-			t.Fatal(err)
-		}
+		seq := newSeq(t, tc.cache)
 		var b Batch
 		var out Logits
 		b.Add(1, 0, seq, -1, true)
@@ -417,14 +414,8 @@ func TestCUDAStreamedDeviceTooSmall(t *testing.T) {
 	}
 
 	m := loadStreamedOn(t, path, gpuDevice(), weights.StreamOptions{Budget: plan.Min})
-	cache, err := m.NewCache(0, weights.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seq, err := cache.NewSeq()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cache := newCache(t, m, 0)
+	seq := newSeq(t, cache)
 	// Every device byte the model has is in use, and its first pass needs
 	// activations.
 	var used int64
@@ -435,7 +426,7 @@ func TestCUDAStreamedDeviceTooSmall(t *testing.T) {
 	var b Batch
 	var out Logits
 	b.Chain(rec.PromptIDs, 0, seq, -1, true)
-	err = m.Forward(&b, cache, &out)
+	err := m.Forward(&b, cache, &out)
 	if err == nil || !strings.Contains(err.Error(), "out of memory") {
 		t.Fatalf("forward past the device's memory: err %v, want an allocation failure", err)
 	}

@@ -275,15 +275,8 @@ func TestStreamSurvivesTruncation(t *testing.T) {
 // the change and leave no tentative rows, then restores it and checks the
 // same model decodes the reference tokens.
 func checkSurvivesTruncation(t *testing.T, load func(*weights.File) (*Model, error)) {
-	data, err := os.ReadFile(testutil.Model(t, "stories260K.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, data := testutil.ModelCopy(t, "stories260K.gguf")
 	rec := readRecords(t, "stories260K.greedy.jsonl")[0]
-	path := filepath.Join(t.TempDir(), "m.gguf")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	f, err := weights.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -294,14 +287,8 @@ func checkSurvivesTruncation(t *testing.T, load func(*weights.File) (*Model, err
 		t.Fatal(err)
 	}
 	defer m.Close()
-	cache, err := m.NewCache(200, weights.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seq, err := cache.NewSeq()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cache := newCache(t, m, 200)
+	seq := newSeq(t, cache)
 	b := Batch{Tokens: rec.PromptIDs[:1], Pos: []int32{0}, Seq: []int{seq}, Parent: []int{-1}}
 	var out Logits
 	if err := os.Truncate(path, int64(len(data)/2)); err != nil {

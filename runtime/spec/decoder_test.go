@@ -274,15 +274,7 @@ func TestSpeculateCachesMatchPlainDecode(t *testing.T) {
 // error and frees both sequences; once the file is whole again the same
 // decoder generates the reference tokens.
 func TestSpeculateFailureLeavesCachesClean(t *testing.T) {
-	src := testutil.Model(t, "stories260K.gguf")
-	data, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "target.gguf")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path, data := testutil.ModelCopy(t, "stories260K.gguf")
 	f, err := weights.Open(path)
 	if err != nil {
 		t.Fatal(err)
