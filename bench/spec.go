@@ -155,7 +155,13 @@ func Spec(cfg SpecConfig) (SpecResult, error) {
 	}
 	defer target.Close()
 	ctx := min(target.Config().Context, 256)
-	tcache, err := target.NewCache(ctx, weights.F32)
+	sc := cfg.Mode.Config
+	sc.Lane = lane
+	tree := 0
+	if cfg.Mode.Speculative {
+		tree = sc.TreeRows()
+	}
+	tcache, err := target.NewTreeCache(ctx, tree, weights.F32)
 	if err != nil {
 		return res, err
 	}
@@ -172,12 +178,10 @@ func Spec(cfg SpecConfig) (SpecResult, error) {
 			return res, err
 		}
 		defer draft.Close()
-		dcache, err := draft.NewCache(min(ctx, draft.Config().Context), weights.F32)
+		dcache, err := draft.NewTreeCache(min(ctx, draft.Config().Context), sc.TreeRows(), weights.F32)
 		if err != nil {
 			return res, err
 		}
-		sc := cfg.Mode.Config
-		sc.Lane = lane
 		if dec, err = spec.New(draft, target, dcache, tcache, nil, sc); err != nil {
 			return res, err
 		}

@@ -1,7 +1,7 @@
 // Package kv holds the attention key/value cache of every sequence a model
 // is decoding.
 //
-// Each sequence owns rows 0..Context-1 of K and V per layer. Rows
+// Each sequence owns rows 0..Context+Tree-1 of K and V per layer. Rows
 // 0..Len-1 are committed: they belong to tokens the sequence has accepted.
 // Rows after them are tentative: model.Forward appends one per batch slot
 // and they stay until the caller keeps a path of them (Commit), drops them
@@ -35,7 +35,12 @@ var ErrUnknownSeq = errors.New("kv: unknown sequence")
 type Config struct {
 	Layers  int
 	KVDim   int // KV heads × head dimension
-	Context int // rows per sequence, committed and tentative together
+	Context int // positions per sequence: committed rows never pass it
+	// Tree is how many rows a sequence has past Context for tentative
+	// rows: a token tree holds many rows at few positions (128 drafted
+	// tokens may reach only 10 deep), so without them a tree near the
+	// end of the context, or a draft with a short context, would be cut.
+	Tree int
 	// Type is weights.F32 or weights.F16. F16 halves the memory and
 	// costs a rounding of K and V to half precision.
 	Type weights.DType
@@ -64,10 +69,14 @@ type Rows interface {
 	Move(id int, dst, src []int) error
 }
 
-// SeqBytes is the memory one sequence takes: Context × Layers × KVDim for
-// K and again for V.
+// SeqRows is the rows one sequence holds, committed and tentative: Context +
+// Tree.
+func (c Config) SeqRows() int { return c.Context + c.Tree }
+
+// SeqBytes is the memory one sequence takes: SeqRows × Layers × KVDim for K
+// and again for V.
 func (c Config) SeqBytes() int64 {
-	return int64(c.Context) * int64(c.Layers) * int64(c.KVDim) * 2 * int64(c.Type.TypeSize())
+	return int64(c.SeqRows()) * int64(c.Layers) * int64(c.KVDim) * 2 * int64(c.Type.TypeSize())
 }
 
 func (c Config) validate() error {
@@ -77,13 +86,13 @@ func (c Config) validate() error {
 	if c.Type != weights.F32 && c.Type != weights.F16 {
 		return fmt.Errorf("kv: cache type %v is not supported; use F32 or F16", c.Type)
 	}
-	if c.MaxSeqs < 0 {
-		return fmt.Errorf("kv: max sequences %d is negative", c.MaxSeqs)
+	if c.MaxSeqs < 0 || c.Tree < 0 {
+		return fmt.Errorf("kv: max sequences %d and tree rows %d must not be negative", c.MaxSeqs, c.Tree)
 	}
 	// The row index of any element must fit an int on 32-bit targets too.
 	const maxElems = 1<<31 - 1
-	if int64(c.Context)*int64(c.Layers)*int64(c.KVDim)*2 > maxElems {
-		return fmt.Errorf("kv: context %d × layers %d × kv dim %d is too large for one sequence buffer; lower the context", c.Context, c.Layers, c.KVDim)
+	if int64(c.SeqRows())*int64(c.Layers)*int64(c.KVDim)*2 > maxElems {
+		return fmt.Errorf("kv: %d rows × layers %d × kv dim %d is too large for one sequence buffer; lower the context", c.SeqRows(), c.Layers, c.KVDim)
 	}
 	return nil
 }
@@ -135,7 +144,7 @@ func (c *Cache) NewSeq() (int, error) {
 		s.parent, s.depth = s.parent[:0], s.depth[:0]
 	} else {
 		s = &seq{}
-		elems := c.cfg.Context * c.cfg.Layers * c.cfg.KVDim * 2
+		elems := c.cfg.SeqRows() * c.cfg.Layers * c.cfg.KVDim * 2
 		switch {
 		case c.cfg.Rows != nil:
 		case c.cfg.Type == weights.F16:
@@ -207,7 +216,7 @@ func (c *Cache) Tentative(id int) int {
 // Room is how many more rows (committed or tentative) the sequence can take.
 func (c *Cache) Room(id int) int {
 	if s, err := c.get(id); err == nil {
-		return c.cfg.Context - s.committed - s.tentative
+		return c.cfg.SeqRows() - s.committed - s.tentative
 	}
 	return 0
 }
@@ -238,6 +247,9 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 	s, err := c.get(id)
 	if err != nil {
 		return nil, err
+	}
+	if s.committed+len(rows) > c.cfg.Context {
+		return nil, fmt.Errorf("kv: commit sequence %d: %d rows after %d pass the context of %d: %w", id, len(rows), s.committed, c.cfg.Context, ErrContextFull)
 	}
 	for i, r := range rows {
 		if r < 0 || r >= s.tentative {
@@ -273,7 +285,7 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 			}
 		}
 	}
-	kvd, ctx := c.cfg.KVDim, c.cfg.Context
+	kvd, ctx := c.cfg.KVDim, c.cfg.SeqRows()
 	var dsts, srcs []int // the moves, for Rows
 	move := func(dst, src int) {
 		if dst == src {
@@ -420,9 +432,9 @@ func (c *Cache) Reserve(id, n int) (int, error) {
 	if n < 0 {
 		return 0, fmt.Errorf("kv: reserve %d rows in sequence %d: negative count", n, id)
 	}
-	if used := s.committed + s.tentative; used+n > c.cfg.Context {
-		return 0, fmt.Errorf("sequence %d holds %d rows (%d committed, %d tentative), %d more exceed the context of %d: %w",
-			id, used, s.committed, s.tentative, n, c.cfg.Context, ErrContextFull)
+	if used := s.committed + s.tentative; used+n > c.cfg.SeqRows() {
+		return 0, fmt.Errorf("sequence %d holds %d rows (%d committed, %d tentative), %d more exceed its %d rows: %w",
+			id, used, s.committed, s.tentative, n, c.cfg.SeqRows(), ErrContextFull)
 	}
 	start := s.committed + s.tentative
 	for i := 0; i < n; i++ {
@@ -458,8 +470,8 @@ func (c *Cache) Link(id, r, parent int) error {
 func (c *Cache) Put(id, layer, row int, k, v []float32) {
 	s := c.seqs[id]
 	kvd := c.cfg.KVDim
-	kb := (2*layer*c.cfg.Context + row) * kvd
-	vb := ((2*layer+1)*c.cfg.Context + row) * kvd
+	kb := (2*layer*c.cfg.SeqRows() + row) * kvd
+	vb := ((2*layer+1)*c.cfg.SeqRows() + row) * kvd
 	if s.f16 != nil {
 		kd, vd := s.f16[kb:kb+kvd], s.f16[vb:vb+kvd]
 		for i := range kd {
@@ -491,7 +503,7 @@ func (c *Cache) plane32(id, plane int) []float32 {
 	if s.f32 == nil {
 		return nil
 	}
-	n := c.cfg.Context * c.cfg.KVDim
+	n := c.cfg.SeqRows() * c.cfg.KVDim
 	return s.f32[plane*n : (plane+1)*n]
 }
 
@@ -500,7 +512,7 @@ func (c *Cache) plane16(id, plane int) []uint16 {
 	if s.f16 == nil {
 		return nil
 	}
-	n := c.cfg.Context * c.cfg.KVDim
+	n := c.cfg.SeqRows() * c.cfg.KVDim
 	return s.f16[plane*n : (plane+1)*n]
 }
 

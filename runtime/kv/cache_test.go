@@ -161,6 +161,55 @@ func TestContextFull(t *testing.T) {
 	}
 }
 
+// TestTreeRows: rows past the context take tentative rows (a tree of
+// many tokens at few positions), but committed rows never pass the
+// context.
+func TestTreeRows(t *testing.T) {
+	c, err := New(Config{Layers: 1, KVDim: 2, Context: 4, Tree: 3, Type: weights.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Config().SeqBytes(); got != 7*2*2*4 {
+		t.Fatalf("SeqBytes = %d, want 7 rows of K and V", got)
+	}
+	id, _ := c.NewSeq()
+	if _, err := c.Reserve(id, 3); err != nil {
+		t.Fatal(err)
+	}
+	if c.Link(id, 1, 0) != nil || c.Link(id, 2, 1) != nil {
+		t.Fatal("link a chain")
+	}
+	if err := c.Commit(id, []int{0, 1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	// 3 committed, 4 rows left: a tree of four siblings at position 3.
+	if c.Room(id) != 4 {
+		t.Fatalf("Room = %d, want 4", c.Room(id))
+	}
+	first, err := c.Reserve(id, 4)
+	if err != nil {
+		t.Fatalf("a tree in the tree rows: %v", err)
+	}
+	for r := range 4 {
+		fill(c, id, 0, first+r, 5+r)
+	}
+	if err := c.Commit(id, []int{0, 1}); !errors.Is(err, ErrContextFull) {
+		t.Fatalf("commit past the context: %v, want ErrContextFull", err)
+	}
+	if c.Len(id) != 3 || c.Tentative(id) != 4 {
+		t.Fatalf("failed commit changed the rows: %d committed, %d tentative", c.Len(id), c.Tentative(id))
+	}
+	if err := c.Commit(id, []int{2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rowTag(t, c, id, 0, 3); got != 7 {
+		t.Fatalf("committed row holds tag %d, want 7 (the third sibling)", got)
+	}
+	if _, err := New(Config{Layers: 1, KVDim: 2, Context: 4, Tree: -1, Type: weights.F32}); err == nil {
+		t.Fatal("negative tree rows accepted")
+	}
+}
+
 func TestTruncateAndDrop(t *testing.T) {
 	c, _ := New(Config{Layers: 1, KVDim: 2, Context: 8, Type: weights.F32})
 	id, _ := c.NewSeq()

@@ -131,6 +131,9 @@ func (m *Model) validate(b *Batch, cache *kv.Cache) error {
 		if pos < 0 || int(pos) >= m.cfg.Context {
 			return fmt.Errorf("model: forward: slot %d: position %d is outside the model's context of %d: %w", i, pos, m.cfg.Context, kv.ErrContextFull)
 		}
+		if int(pos) >= cc.Context {
+			return fmt.Errorf("model: forward: slot %d: position %d is outside the cache's context of %d: %w", i, pos, cc.Context, kv.ErrContextFull)
+		}
 		if !cache.Valid(seq) {
 			return fmt.Errorf("model: forward: slot %d: sequence %d: %w", i, seq, kv.ErrUnknownSeq)
 		}
@@ -164,8 +167,8 @@ func (m *Model) validate(b *Batch, cache *kv.Cache) error {
 	}
 	for s, c := range count {
 		if room := cache.Room(s); c > room {
-			return fmt.Errorf("model: forward: sequence %d needs %d rows, %d are left (%d committed, %d tentative, context %d): %w",
-				s, c, room, cache.Len(s), cache.Tentative(s), cc.Context, kv.ErrContextFull)
+			return fmt.Errorf("model: forward: sequence %d needs %d rows, %d are left (%d committed, %d tentative, %d rows): %w",
+				s, c, room, cache.Len(s), cache.Tentative(s), cc.SeqRows(), kv.ErrContextFull)
 		}
 	}
 	return nil

@@ -338,3 +338,40 @@ func TestForwardBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestForwardTreeRows: a cache's tree rows hold a wide tree at the last
+// positions of its context, but no position past that context.
+func TestForwardTreeRows(t *testing.T) {
+	m := load(t, "stories260K.bin")
+	cache, err := m.NewTreeCache(4, 8, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := newSeq(t, cache)
+	var b Batch
+	var out Logits
+	b.Chain([]int32{1, 2, 3}, 0, seq, -1, false)
+	if err := m.Forward(&b, cache, &out); err != nil {
+		t.Fatal(err)
+	}
+	cache.CommitAll(seq)
+	// Six siblings at position 3: more rows than the context has left.
+	b.Reset()
+	for tok := range int32(6) {
+		b.Add(10+tok, 3, seq, -1, true)
+	}
+	if err := m.Forward(&b, cache, &out); err != nil {
+		t.Fatalf("a tree in the tree rows: %v", err)
+	}
+	cache.Drop(seq)
+	b.Reset()
+	b.Add(10, 3, seq, -1, false)
+	b.Add(11, 4, seq, 0, true)
+	err = m.Forward(&b, cache, &out)
+	if !errors.Is(err, kv.ErrContextFull) {
+		t.Fatalf("position 4 in a cache of context 4: %v, want ErrContextFull", err)
+	}
+	if cache.Len(seq) != 3 || cache.Tentative(seq) != 0 {
+		t.Fatalf("failed Forward changed the cache: %d+%d rows", cache.Len(seq), cache.Tentative(seq))
+	}
+}

@@ -227,13 +227,21 @@ func (m *Model) StreamStats() (st weights.StreamStats, ok bool) {
 // model's own context length; a larger one is refused because positions
 // past the trained context are refused anyway.
 func (m *Model) NewCache(context int, typ weights.DType) (*kv.Cache, error) {
+	return m.NewTreeCache(context, 0, typ)
+}
+
+// NewTreeCache is NewCache with tree more rows per sequence past the
+// context for tentative rows (kv.Config.Tree): a speculative decoder's
+// token tree (spec.Config.TreeRows) then keeps its full size up to the
+// last position.
+func (m *Model) NewTreeCache(context, tree int, typ weights.DType) (*kv.Cache, error) {
 	if context == 0 {
 		context = m.cfg.Context
 	}
 	if context < 0 || context > m.cfg.Context {
 		return nil, fmt.Errorf("model: cache context %d is outside 1..%d (the model's context length)", context, m.cfg.Context)
 	}
-	return m.ops.newCache(kv.Config{Layers: m.cfg.Layers, KVDim: m.cfg.KVDim(), Context: context, Type: typ})
+	return m.ops.newCache(kv.Config{Layers: m.cfg.Layers, KVDim: m.cfg.KVDim(), Context: context, Tree: tree, Type: typ})
 }
 
 // loadMatrix checks a tensor's shape (GGML order [cols, rows]), type and

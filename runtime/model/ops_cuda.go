@@ -822,7 +822,7 @@ func (o *cudaOps) logits(out *Logits, w *matrix) error {
 
 func (o *cudaOps) newCache(cfg kv.Config) (*kv.Cache, error) {
 	g := &gpuRows{o: o, seqs: map[int]cuda.Buffer{},
-		layout: cuda.KV{Layers: cfg.Layers, Context: cfg.Context, KVDim: cfg.KVDim, F16: cfg.Type == weights.F16}}
+		layout: cuda.KV{Layers: cfg.Layers, Context: cfg.SeqRows(), KVDim: cfg.KVDim, F16: cfg.Type == weights.F16}}
 	cfg.Rows = g
 	c, err := kv.New(cfg)
 	if err != nil {

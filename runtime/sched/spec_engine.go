@@ -103,7 +103,7 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 		ctx = min(draft.Config().Context, target.Config().Context)
 	}
 	newCache := func(m *model.Model, which string) (*kv.Cache, error) {
-		c, err := m.NewCache(min(ctx, m.Config().Context), opt.KVType)
+		c, err := m.NewTreeCache(min(ctx, m.Config().Context), cfg.TreeRows(), opt.KVType)
 		if err != nil {
 			return nil, fmt.Errorf("sched: engine %s: %s cache: %w", opt.Name, which, err)
 		}

@@ -250,9 +250,23 @@ type Decoder struct {
 	passIO     time.Duration
 }
 
+// TreeRows is how many rows past their context the caches should have
+// (model.NewTreeCache) so that the tree is never cut short by the rows
+// left: a tree of 128 tokens takes 128 tentative rows but only as many
+// positions as it is deep. Caches with fewer rows still work, with
+// smaller trees near the end of their context.
+func (c Config) TreeRows() int {
+	c = c.withDefaults()
+	if c.Pipeline {
+		return max(c.MaxTree, c.PipelineCap) + 1
+	}
+	return c.MaxTree + 1
+}
+
 // New checks a pair and prepares a decoder; Start begins a generation.
 // sampler picks the target's tokens (nil: greedy). The caches must be
-// the draft's and the target's (Model.NewCache).
+// the draft's and the target's (Model.NewTreeCache with cfg.TreeRows, or
+// Model.NewCache).
 func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.Sampler, cfg Config) (*Decoder, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -382,7 +396,7 @@ func (d *Decoder) maxDepth() int { return d.limit - 1 - d.rootPos() }
 // runs, its tree's rows are in flight in another goroutine, and the tree
 // they came from is counted here anyway.
 func (d *Decoder) maxNodes(cap int) int {
-	troom := d.tcache.Config().Context - d.tcache.Len(d.tseq)
+	troom := d.tcache.Config().SeqRows() - d.tcache.Len(d.tseq)
 	return max(0, min(cap, troom-1, d.dcache.Room(d.dseq)-1-len(d.pending)))
 }
 
@@ -446,7 +460,8 @@ func (d *Decoder) shouldVerify(cap int) bool {
 		return true
 	}
 	return d.cfg.Trigger.Verify(TreeState{Nodes: nodes, Branches: len(open), MaxConf: t.maxLeafConf(), SumConf: t.sumConf(),
-		Handover: d.handover, LastGain: d.last.gain, LastAdded: d.last.added, LastStep: d.last.time, Draft: d.roundDraft})
+		ConfByDepth: t.confByDepth(nil), Handover: d.handover, LastGain: d.last.gain, LastByDepth: d.last.byDepth,
+		LastAdded: d.last.added, LastStep: d.last.time, Draft: d.roundDraft})
 }
 
 // openLeaves appends the leaves the draft may extend: open branches with

@@ -269,6 +269,54 @@ func TestSpeculateCachesMatchPlainDecode(t *testing.T) {
 	}
 }
 
+// TestSpeculateTreeRows: near the end of the context a tree is as deep as
+// the positions left but may still be wide. Caches with Config.TreeRows
+// rows past their context hold it whole; plain caches cut it to the rows
+// left. The output is the target's either way.
+func TestSpeculateTreeRows(t *testing.T) {
+	r := arRecords(t, "stories260K.greedy.jsonl")[0]
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	cfg := Config{Method: Tree, MaxTree: 40, BranchThreshold: 1e-3, Floor: 1e-7, Trigger: FixedSize{N: 40}}
+	// Room for the prompt and 6 more positions: the first tree reaches
+	// at most 6 deep.
+	ctxLen := len(r.PromptIDs) + 6
+	for _, tree := range []int{0, cfg.TreeRows()} {
+		dc, err := p.draft.NewTreeCache(ctxLen, tree, weights.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := p.target.NewTreeCache(ctxLen, tree, weights.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := New(p.draft, p.target, dc, tc, nil, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+			t.Fatal(err)
+		}
+		ids, err := d.Step(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		if !slices.Equal(ids, r.GeneratedIDs[:len(ids)]) {
+			t.Fatalf("tree rows %d: emitted %v, want %v", tree, ids, r.GeneratedIDs[:len(ids)])
+		}
+		verified := d.Stats().Verified
+		t.Logf("tree rows %d: verified a tree of %d tokens", tree, verified)
+		left := ctxLen - len(r.PromptIDs) // rows a plain cache has for the tree
+		switch {
+		case tree == 0 && verified > left:
+			t.Errorf("plain caches: a tree of %d tokens in %d rows", verified, left)
+		case tree > 0 && verified < 2*left:
+			t.Errorf("caches with %d tree rows: a tree of %d tokens, want more than twice the %d rows a plain cache has left", tree, verified, left)
+		}
+	}
+}
+
 // TestSpeculateFailureLeavesCachesClean: a verification that fails (the
 // streamed target's file is truncated) fails the generation with that
 // error and frees both sequences; once the file is whole again the same

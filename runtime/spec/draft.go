@@ -16,6 +16,7 @@ import (
 func (d *Decoder) draftStep(cap int) error {
 	t := d.tree
 	nodes, conf := len(t.nodes), t.sumConf()
+	before := t.confByDepth(nil)
 	open := d.openLeaves(nil)
 	if len(open) == 0 {
 		return nil
@@ -75,15 +76,21 @@ func (d *Decoder) draftStep(cap int) error {
 		}
 		d.pending = d.pending[:0]
 	}
-	d.last = stepInfo{gain: t.sumConf() - conf, added: len(t.nodes) - nodes, time: elapsed}
+	// The step's gain by depth: the tree's Σ C by depth now less before.
+	gain := t.confByDepth(nil)
+	for i := range min(len(before), len(gain)) {
+		gain[i] -= before[i]
+	}
+	d.last = stepInfo{gain: t.sumConf() - conf, byDepth: gain, added: len(t.nodes) - nodes, time: elapsed}
 	return nil
 }
 
 // stepInfo is what one draft step added and cost.
 type stepInfo struct {
-	gain  float64
-	added int
-	time  time.Duration
+	gain    float64
+	byDepth []float64 // gain by depth (index d-1 for depth d)
+	added   int
+	time    time.Duration
 }
 
 // propose adds the children of node x from the draft's logits after it.

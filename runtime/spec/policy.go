@@ -12,14 +12,17 @@ type TreeState struct {
 	Branches int     // branches the draft may still extend
 	MaxConf  float64 // T_c = max_i C_i over the open branches (0 when none is open)
 	SumConf  float64 // Σ C over the drafted tokens: the draft's own estimate of the tokens a verification accepts
+	// ConfByDepth is SumConf split by depth: index d-1 holds depth d.
+	ConfByDepth []float64
 	// Handover is set when the draft declined to guess further (BiLD's
 	// fallback: its top probability fell below the fallback threshold).
 	Handover bool
 	// The last draft step: the confidence it added (Σ C of its new
 	// tokens), how many tokens it added, and how long it took.
-	LastGain  float64
-	LastAdded int
-	LastStep  time.Duration
+	LastGain    float64
+	LastByDepth []float64 // LastGain split by depth, as ConfByDepth
+	LastAdded   int
+	LastStep    time.Duration
 	// Draft is the draft time this round has cost so far, outside any
 	// verification (pipelined steps are free: the target waits on IO).
 	Draft time.Duration
@@ -34,6 +37,7 @@ type Outcome struct {
 	// accepted (N_correct).
 	Branch, Correct int
 	SumConf         float64       // Σ C over the verified tokens
+	ConfByDepth     []float64     // SumConf split by depth (index d-1 for depth d)
 	Time            time.Duration // the target pass
 	IOWait          time.Duration // of Time, waiting for streamed weights
 }
@@ -102,10 +106,15 @@ func (FixedSize) Observe(Outcome) {}
 // it keeps drafting while the last draft step raised the expected tokens
 // per second of the round, and verifies when it stopped doing so.
 //
-// The round's expected tokens are E = 1 + k·ΣC (one token is always
-// emitted; C, the draft's confidence in a branch, estimates the chance the
-// target accepts it, and k calibrates that estimate against what
-// verifications actually accepted). Its time is T = draft time + t_v(n),
+// The round's expected tokens are E = 1 + Σ_d k_d·ΣC_d (one token is
+// always emitted; C, the draft's confidence in a branch, estimates the
+// chance the target accepts it, and k_d calibrates that estimate at depth
+// d against what verifications actually accepted there). Calibrating by
+// depth matters: C is a product of the draft's probabilities as if its
+// guesses were independent, but a draft that guessed the first tokens
+// right is in familiar text and guesses on, so the deep nodes are
+// accepted several times more often than their C says (stories260K with
+// the llama2xs draft: 1.5x at depth 1, 5x and more past depth 6). Its time is T = draft time + t_v(n),
 // the verification cost of n drafted tokens. A streamed target computes
 // while its weights stream in, so a pass takes the longer of the two:
 // t_v(n) = max(io, c0 + b·(n+1)), with io the length of an IO-bound pass
@@ -116,8 +125,14 @@ func (FixedSize) Observe(Outcome) {}
 // costs the same for 4 tokens or 40 until its compute outgrows the IO,
 // gets large trees, and a resident one small trees.
 type CostAware struct {
-	k  float64 // accepted tokens per unit of ΣC (EWMA)
-	io float64 // seconds an IO-bound pass takes (EWMA; 0 when none was)
+	k float64 // accepted tokens per unit of ΣC (EWMA)
+	// acc[d-1], conf[d-1] and passes[d-1] are exponentially weighted
+	// sums, over the verifications whose tree reached depth d, of those
+	// accepting that deep (0 or 1 each), of ΣC at depth d and of the
+	// verifications themselves: k_d is acc/conf, pulled towards k by
+	// depthPrior verifications' worth where few were seen.
+	acc, conf, passes []float64
+	io                float64 // seconds an IO-bound pass takes (EWMA; 0 when none was)
 	// The pass's compute, t = c0 + b·(n+1), fitted by least squares over
 	// recent passes (exponentially weighted moments of n+1 and t): trees
 	// vary in size, so the slope b is what one more token costs, apart
@@ -182,12 +197,33 @@ func (c *CostAware) Verify(s TreeState) bool {
 	if s.Nodes == 0 || s.LastAdded == 0 {
 		return false
 	}
-	e := 1 + c.k*s.SumConf
+	e, gain := 1+c.k*s.SumConf, c.k*s.LastGain
+	if s.ConfByDepth != nil {
+		e, gain = 1+c.expected(s.ConfByDepth), c.expected(s.LastByDepth)
+	}
 	tv := c.verifyCost(s.Nodes)
 	t := s.Draft.Seconds() + tv
-	gain := c.k * s.LastGain
 	cost := c.stepCost(s.LastStep) + tv - c.verifyCost(s.Nodes-s.LastAdded)
 	return gain*t < cost*e
+}
+
+// depthPrior is the weight of the global k in k_d, in verifications: a
+// depth seen in few verifications is calibrated mostly by k.
+const depthPrior = 1
+
+// expected is Σ_d k_d·conf[d-1]: the tokens a verification is expected to
+// accept of drafted tokens whose Σ C by depth is conf.
+func (c *CostAware) expected(conf []float64) float64 {
+	var e float64
+	for i, x := range conf {
+		kd := c.k
+		if i < len(c.acc) && c.conf[i] > 0 {
+			n := c.passes[i]
+			kd = (n*c.acc[i]/c.conf[i] + depthPrior*c.k) / (n + depthPrior)
+		}
+		e += kd * x
+	}
+	return e
 }
 
 // verifyCost is t_v(n): the fitted compute of a pass over n drafted
@@ -208,6 +244,19 @@ func (c *CostAware) Observe(o Outcome) {
 		c.k = ewma(c.k, float64(o.Accepted)/o.SumConf, first)
 	} else if first {
 		c.k = 1
+	}
+	for i, x := range o.ConfByDepth {
+		if i == len(c.acc) {
+			c.acc, c.conf, c.passes = append(c.acc, 0), append(c.conf, 0), append(c.passes, 0)
+		}
+		hit := 0.0
+		if o.Accepted > i {
+			hit = 1
+		}
+		decay := 1 - ewmaWeight
+		c.acc[i] = decay*c.acc[i] + hit
+		c.conf[i] = decay*c.conf[i] + x
+		c.passes[i] = decay*c.passes[i] + 1
 	}
 	if o.Time > 0 && o.IOWait.Seconds() > ioBound*o.Time.Seconds() {
 		c.io = ewma(c.io, o.Time.Seconds(), c.io == 0)

@@ -104,6 +104,24 @@ func (t *tree) sumConf() float64 {
 	return s
 }
 
+// confByDepth sets dst[d-1] to Σ C over the drafted, unpruned nodes at
+// depth d and returns it (grown as needed), so a trigger can weigh each
+// depth by how often the target really accepts that deep.
+func (t *tree) confByDepth(dst []float64) []float64 {
+	dst = dst[:0]
+	for i := 1; i < len(t.nodes); i++ {
+		n := &t.nodes[i]
+		if n.pruned {
+			continue
+		}
+		for len(dst) < n.depth {
+			dst = append(dst, 0)
+		}
+		dst[n.depth-1] += n.conf
+	}
+	return dst
+}
+
 // path returns the nodes from the root down to n.
 func (t *tree) path(n int) []int {
 	var p []int

@@ -181,6 +181,33 @@ func TestCostAwareTrigger(t *testing.T) {
 	}
 }
 
+// TestCostAwareByDepth: the draft's confidence is calibrated per depth, so
+// a step adding a little confidence deep in the tree, where verifications
+// accept far more often than C says, is worth drafting, and the same
+// confidence near the root, where C is about right, is not.
+func TestCostAwareByDepth(t *testing.T) {
+	c := &CostAware{}
+	// Every pass accepts three deep; C says 0.9, 0.2 and 0.01.
+	for range 20 {
+		c.Observe(Outcome{Verified: 30, Accepted: 3, SumConf: 1.11, ConfByDepth: []float64{0.9, 0.2, 0.01},
+			Time: time.Second, IOWait: 950 * time.Millisecond})
+	}
+	st := TreeState{Nodes: 30, Branches: 8, SumConf: 1.11, ConfByDepth: []float64{0.9, 0.2, 0.01},
+		LastGain: 0.001, LastAdded: 2, LastStep: time.Millisecond, Draft: 10 * time.Millisecond}
+	shallow, deep := st, st
+	shallow.LastByDepth = []float64{0.001, 0, 0}
+	deep.LastByDepth = []float64{0, 0, 0.001}
+	if !c.Verify(shallow) {
+		t.Error("0.001 of confidence at depth 1 (accepted as often as C says) kept the draft going for 1 ms a step")
+	}
+	if c.Verify(deep) {
+		t.Error("0.001 of confidence at depth 3 (accepted 100 times more often than C says) ended the tree")
+	}
+	if e := c.expected([]float64{0.9, 0.2, 0.01}); e < 2.5 || e > 3.5 {
+		t.Errorf("expected tokens of the observed tree = %.2f, want about the 3 every pass accepted", e)
+	}
+}
+
 // walkDecoder is a decoder holding only what walk needs.
 func walkDecoder(tr *tree, s *sample.Sampler) *Decoder {
 	return &Decoder{cfg: Config{}.withDefaults(), tree: tr, sampler: s, history: []int32{0}}

@@ -136,13 +136,19 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 	}
 	d.stats.AcceptLen[accepted]++
 	var conf float64
+	var byDepth []float64
 	for i := 1; i < len(snap.slot); i++ {
 		if snap.slot[i] >= 0 {
-			conf += t.nodes[i].conf
+			n := &t.nodes[i]
+			conf += n.conf
+			for len(byDepth) < n.depth {
+				byDepth = append(byDepth, 0)
+			}
+			byDepth[n.depth-1] += n.conf
 		}
 	}
 	d.cfg.Trigger.Observe(Outcome{Verified: verified, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
-		SumConf: conf, Time: d.pass, IOWait: d.passIO})
+		SumConf: conf, ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
 
 	// The target evaluated every slot; keep the path's rows.
 	slots := make([]int, len(path))

@@ -107,7 +107,15 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if tok.VocabSize() != m.Config().Vocab {
 		return fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together", tok.VocabSize(), m.Config().Vocab)
 	}
-	cache, err := m.NewCache(*ctxLen, kvt)
+	var scfg spec.Config
+	tree := 0 // rows past the context for the draft's token tree
+	if rc.mode.speculative {
+		if scfg, err = sf.config(rc.mode.method, lane); err != nil {
+			return err
+		}
+		tree = scfg.TreeRows()
+	}
+	cache, err := m.NewTreeCache(*ctxLen, tree, kvt)
 	if err != nil {
 		return err
 	}
@@ -131,7 +139,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	generate := func() (spec.Result, error) { return spec.Generate(ctx, m, cache, ids, opt) }
 	var pair *draftPair
 	if rc.mode.speculative {
-		if pair, err = sf.openDraft(m, tok, cache, *tokPath, rc.mode.method, lane, pool, opt.Sampler, kvt, stderr); err != nil {
+		if pair, err = sf.openDraft(m, tok, cache, *tokPath, scfg, pool, opt.Sampler, kvt, stderr); err != nil {
 			return err
 		}
 		defer pair.Close()

@@ -120,11 +120,7 @@ func (p *draftPair) Close() {
 // vocabulary, and makes the decoder. The draft shares the target's kernel
 // pool: the two never compute at once.
 func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokenizer, targetCache *kv.Cache, tokPath string,
-	method spec.Method, lane *spec.Lane, pool *kernels.Pool, sampler *sample.Sampler, kvt weights.DType, stderr io.Writer) (*draftPair, error) {
-	cfg, err := sf.config(method, lane)
-	if err != nil {
-		return nil, err
-	}
+	cfg spec.Config, pool *kernels.Pool, sampler *sample.Sampler, kvt weights.DType, stderr io.Writer) (*draftPair, error) {
 	f, err := sf.openDraftFile(targetTok, target.File().Path, tokPath)
 	if err != nil {
 		return nil, err
@@ -141,7 +137,7 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		return fail(err)
 	}
 	ctx := min(targetCache.Config().Context, p.model.Config().Context)
-	dcache, err := p.model.NewCache(ctx, kvt)
+	dcache, err := p.model.NewTreeCache(ctx, cfg.TreeRows(), kvt)
 	if err != nil {
 		return fail(err)
 	}
