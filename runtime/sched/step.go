@@ -224,10 +224,14 @@ func (s *Scheduler) End(st *Step) {
 	}
 }
 
-// consume delivers generated tokens to t's event, ending or parking it
-// when a stop, a segment end or a limit is reached.
+// consume delivers generated tokens to t's event (which holds no tokens
+// yet), ending or parking it when a stop, a segment end or a limit is
+// reached.
 func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 	ctxLen := s.lanes[max(t.lane, 0)].info.Context
+	// The event's tokens are a capped view of t.generated, which is only
+	// ever appended to, so the view never changes: no copy per event.
+	start := len(t.generated)
 	for i, tok := range toks {
 		if isStop(t.req.StopTokens, tok) {
 			s.flushText(t, ev, now)
@@ -241,7 +245,8 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 		if t.firstTok.IsZero() {
 			t.firstTok = now
 		}
-		ev.Tokens = append(ev.Tokens, tok)
+		n := len(t.generated)
+		ev.Tokens = t.generated[start:n:n]
 		if d := t.req.Decoder; d != nil {
 			s.emitText(t, d.Next(tok), ev, now)
 			if t.state != running && t.state != waiting {

@@ -12,7 +12,8 @@ import (
 type Stream struct {
 	id     string
 	mu     sync.Mutex
-	events []Event
+	events []Event // events[head:] are queued
+	head   int
 	done   bool // the final event was queued
 	read   bool // the final event was received
 	ready  chan struct{}
@@ -34,10 +35,13 @@ func (s *Stream) ID() string { return s.id }
 func (s *Stream) Recv(ctx context.Context) (Event, error) {
 	for {
 		s.mu.Lock()
-		if len(s.events) > 0 {
-			ev := s.events[0]
-			s.events[0] = Event{}
-			s.events = s.events[1:]
+		if s.head < len(s.events) {
+			ev := s.events[s.head]
+			s.events[s.head] = Event{}
+			s.head++
+			if s.head == len(s.events) {
+				s.events, s.head = s.events[:0], 0 // reuse the buffer
+			}
 			if ev.Done {
 				s.read = true
 			}
@@ -87,7 +91,7 @@ func (s *Stream) push(ev Event) bool {
 	}
 	// Merge into a pending token event so a slow reader's backlog stays
 	// one event per kind, not one per step.
-	if n := len(s.events); n > 0 && !ev.Done && !s.events[n-1].Done {
+	if n := len(s.events); n > s.head && !ev.Done && !s.events[n-1].Done {
 		last := &s.events[n-1]
 		last.Tokens = append(last.Tokens, ev.Tokens...)
 		last.Text += ev.Text
