@@ -459,8 +459,9 @@ func (d *Decoder) shouldVerify(cap int) bool {
 	if nodes >= d.maxNodes(cap) || len(open) == 0 {
 		return true
 	}
-	return d.cfg.Trigger.Verify(TreeState{Nodes: nodes, Branches: len(open), MaxConf: t.maxLeafConf(), SumConf: t.sumConf(),
-		ConfByDepth: t.confByDepth(nil), Handover: d.handover, LastGain: d.last.gain, LastByDepth: d.last.byDepth,
+	byDepth := t.confByDepth(nil)
+	return d.cfg.Trigger.Verify(TreeState{Nodes: nodes, Branches: len(open), MaxConf: t.maxLeafConf(), SumConf: sum(byDepth),
+		ConfByDepth: byDepth, Handover: d.handover, LastGain: sum(d.last.byDepth), LastByDepth: d.last.byDepth,
 		LastAdded: d.last.added, LastStep: d.last.time, Draft: d.roundDraft})
 }
 

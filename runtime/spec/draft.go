@@ -15,8 +15,7 @@ import (
 // the committed rows.
 func (d *Decoder) draftStep(cap int) error {
 	t := d.tree
-	nodes, conf := len(t.nodes), t.sumConf()
-	before := t.confByDepth(nil)
+	nodes, before := len(t.nodes), t.confByDepth(nil)
 	open := d.openLeaves(nil)
 	if len(open) == 0 {
 		return nil
@@ -81,14 +80,13 @@ func (d *Decoder) draftStep(cap int) error {
 	for i := range min(len(before), len(gain)) {
 		gain[i] -= before[i]
 	}
-	d.last = stepInfo{gain: t.sumConf() - conf, byDepth: gain, added: len(t.nodes) - nodes, time: elapsed}
+	d.last = stepInfo{byDepth: gain, added: len(t.nodes) - nodes, time: elapsed}
 	return nil
 }
 
 // stepInfo is what one draft step added and cost.
 type stepInfo struct {
-	gain    float64
-	byDepth []float64 // gain by depth (index d-1 for depth d)
+	byDepth []float64 // Σ C it added, by depth (index d-1 for depth d)
 	added   int
 	time    time.Duration
 }

@@ -92,18 +92,6 @@ func (t *tree) maxLeafConf() float64 {
 	return best
 }
 
-// sumConf is Σ C over the drafted, unpruned nodes: the draft's estimate
-// of how many of them a verification accepts.
-func (t *tree) sumConf() float64 {
-	var s float64
-	for i := 1; i < len(t.nodes); i++ {
-		if !t.nodes[i].pruned {
-			s += t.nodes[i].conf
-		}
-	}
-	return s
-}
-
 // confByDepth sets dst[d-1] to Σ C over the drafted, unpruned nodes at
 // depth d and returns it (grown as needed), so a trigger can weigh each
 // depth by how often the target really accepts that deep.
@@ -120,6 +108,15 @@ func (t *tree) confByDepth(dst []float64) []float64 {
 		dst[n.depth-1] += n.conf
 	}
 	return dst
+}
+
+// sum adds xs up (Σ C over all depths, from confByDepth).
+func sum(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s
 }
 
 // path returns the nodes from the root down to n.

@@ -72,8 +72,17 @@ func TestTreeBookkeeping(t *testing.T) {
 	if c := tr.nodes[4].conf; math.Abs(c-0.125) > 1e-6 {
 		t.Errorf("C of node 4 = %v, want 0.125", c)
 	}
-	if got, want := tr.sumConf(), 0.5+0.4+0.25+0.125+0.1; math.Abs(got-want) > 1e-6 {
-		t.Errorf("sumConf = %v, want %v", got, want)
+	byDepth := tr.confByDepth(nil)
+	for i, want := range []float64{0.5 + 0.4, 0.25 + 0.1, 0.125} {
+		if i >= len(byDepth) || math.Abs(byDepth[i]-want) > 1e-6 {
+			t.Errorf("Σ C by depth = %v, want %v at depth %d", byDepth, want, i+1)
+		}
+	}
+	if len(byDepth) != 3 {
+		t.Errorf("Σ C by depth = %v: %d depths, want 3", byDepth, len(byDepth))
+	}
+	if got, want := sum(byDepth), 0.5+0.4+0.25+0.125+0.1; math.Abs(got-want) > 1e-6 {
+		t.Errorf("Σ C = %v, want %v", got, want)
 	}
 	if got := tr.maxLeafConf(); math.Abs(got-0.4) > 1e-6 {
 		t.Errorf("T_c = %v, want 0.4 (leaf 2)", got)

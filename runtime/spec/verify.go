@@ -135,12 +135,10 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 		d.stats.AcceptLen = append(d.stats.AcceptLen, 0)
 	}
 	d.stats.AcceptLen[accepted]++
-	var conf float64
 	var byDepth []float64
 	for i := 1; i < len(snap.slot); i++ {
 		if snap.slot[i] >= 0 {
 			n := &t.nodes[i]
-			conf += n.conf
 			for len(byDepth) < n.depth {
 				byDepth = append(byDepth, 0)
 			}
@@ -148,7 +146,7 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 		}
 	}
 	d.cfg.Trigger.Observe(Outcome{Verified: verified, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
-		SumConf: conf, ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
+		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
 
 	// The target evaluated every slot; keep the path's rows.
 	slots := make([]int, len(path))
