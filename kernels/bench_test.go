@@ -26,7 +26,7 @@ func BenchmarkMatMul(b *testing.B) {
 			}
 			for _, threads := range []int{1, 2} {
 				pool := NewPool(threads)
-				for _, n := range []int{1, 8} {
+				for _, n := range []int{1, 8, 64} {
 					x := randomVector(rng, n*cols)
 					out := make([]float32, n*rows)
 					b.Run(fmt.Sprintf("%s/%dx%d/n=%d/threads=%d/%s", wt, rows, cols, n, threads, Backend()), func(b *testing.B) {

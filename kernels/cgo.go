@@ -86,17 +86,14 @@ func cQuantize(x []float32, q []int8, d []float32, s []int32, block int) {
 func cMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int) {
 	var q *C.int8_t
 	var d *C.float
-	var s, o *C.int32_t
+	var s *C.int32_t
 	if xq != nil {
 		q = (*C.int8_t)(unsafe.Pointer(&xq.q[0]))
 		d = (*C.float)(unsafe.Pointer(&xq.d[0]))
 		s = (*C.int32_t)(unsafe.Pointer(&xq.s[0]))
-		if len(xq.o) > 0 {
-			o = (*C.int32_t)(unsafe.Pointer(&xq.o[0]))
-		}
 	}
 	C.tk_matmul(cLevel, C.int(wt), (*C.float)(unsafe.Pointer(&out[0])), (*C.uint8_t)(unsafe.Pointer(&w[0])), C.int64_t(rowBytes),
-		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, o, C.int64_t(n))
+		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, C.int64_t(n))
 }
 
 // cAttention: Attention checked the rows (mustAttention).

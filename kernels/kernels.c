@@ -43,13 +43,12 @@ sums:
 
 void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xo, int64_t n) {
-	(void)xo;
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
 	switch (level) {
 #if defined(__x86_64__)
 	case TK_AVX512:
 		if (wt == TK_Q8_0 || wt == TK_Q4_0 || wt == TK_F16) {
-			tk_matmul_avx512(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xo, n);
+			tk_matmul_avx512(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, n);
 			return;
 		}
 		tk_matmul_avx2(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);

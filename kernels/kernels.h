@@ -39,11 +39,14 @@ void tk_quantize(int level, const float *x, int8_t *q, float *d, int32_t *s, int
 
 // tk_matmul computes rows [lo, hi) of out[j*rows + r] for j < n. Float
 // weight types read x; quantized ones read the quantized activations
-// (xq, xd, xs as produced by tk_quantize with the matching block; for
-// 32-value blocks xo holds minus the sum of each block's values).
+// (xq, xd, xs as produced by tk_quantize with the matching block).
+//
+// Every level is batch-invariant: out[j*rows + r] takes the same float
+// steps whatever n and j are, so a vector's outputs are the same bits in
+// any batch (speculative verification and server batching rely on it).
 void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xo, int64_t n);
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 
 // tk_attention is one query head's attention over KV rows 0..prefix-1
 // and extra[0..nextra-1]; k and v are float (f16 == 0) or IEEE half
@@ -61,7 +64,7 @@ void tk_matmul_avx2(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, const int32_t *xo, int64_t n);
+	const int8_t *xq, const float *xd, int64_t n);
 void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64_t block);
 void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,

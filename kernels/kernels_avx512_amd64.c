@@ -18,6 +18,14 @@
 // block for R rows. Two blocks fill a 512-bit register; block scales are
 // gathered eight at a time and spread to the two 256-bit halves by a
 // permute.
+//
+// Batch invariance: each output takes the same float steps in a tile of
+// any shape and in q32_gemv (per lane, fma of the block's integer sum by
+// weight scale × activation scale; the tail apart; one final reduction),
+// so a column's outputs are the same bits whatever else is in the batch.
+// A repacked GEMM (lanes = rows) ran twice as fast at 64 columns but
+// summed in another order, so verification logits differed from decode
+// and a near-tie could flip a greedy token; it was dropped.
 #include "kernels.h"
 
 #if defined(__x86_64__)
@@ -326,145 +334,6 @@ AVX512 INLINE void f16_tile(const int R, const int C, float *out, const uint8_t 
 }
 
 
-// The batched path (n >= GEMM_MIN columns) repacks a tile of 16 weight
-// rows, GEMM_KC blocks at a time, into a scratch buffer where each 32-bit
-// lane of a 512-bit register is one row: per block, eight registers of
-// 16 rows × 4 unsigned weights, then the 16 row scales as floats. One
-// broadcast of 4 activation bytes then feeds 64 multiply-adds
-// (vpdpbusd), and per block and column the rows' scales apply in one
-// vector step. The repacking is paid once per tile and reused by every
-// column.
-#define GEMM_MIN 4
-#define GEMM_KC 64
-#define GEMM_C 8
-#define PACK_BLOCK 576 // 8 × 64 weight bytes + 16 float scales
-
-// transpose8x8 transposes, within each 256-bit half, an 8×8 matrix of
-// 32-bit values held one row per register.
-AVX512 INLINE void transpose8x8(__m512i v[8]) {
-	__m512i t[8];
-	for (int i = 0; i < 8; i += 2) {
-		t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-		t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-	}
-	__m512i u[8];
-	for (int i = 0; i < 8; i += 4) {
-		u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-		u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-		u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-		u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-	}
-	// u[i] holds, in each 128-bit lane, column i%4 of rows 4·(i/4)..+3;
-	// lanes 0 and 2 come from the low 128 bits of the row halves.
-	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-	for (int i = 0; i < 4; i++) {
-		v[i] = _mm512_permutex2var_epi64(u[i], lo, u[i + 4]);
-		v[i + 4] = _mm512_permutex2var_epi64(u[i], hi, u[i + 4]);
-	}
-}
-
-// pack16 repacks blocks k0..k0+kc-1 of rows r0..r0+nr-1 (nr <= 16; the
-// missing rows get zero weights and scales).
-AVX512 INLINE void pack16(const int bb, uint8_t *buf, const uint8_t *w, int64_t row_bytes, int64_t r0, int nr,
-	int64_t k0, int64_t kc) {
-	for (int64_t k = 0; k < kc; k++) {
-		uint8_t *dst = buf + k * PACK_BLOCK;
-		float *sc = (float *)(dst + 512);
-		__m512i v[8];
-		// v[i] = [row i | row i+8], each 8 dwords of 4 weights
-		for (int i = 0; i < 8; i++) {
-			__m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-			if (i < nr) {
-				const uint8_t *blk = w + (r0 + i) * row_bytes + (k0 + k) * bb;
-				a = weights32(bb, blk);
-				sc[i] = _cvtsh_ss(tk_le16(blk));
-			} else {
-				sc[i] = 0;
-			}
-			if (i + 8 < nr) {
-				const uint8_t *blk = w + (r0 + i + 8) * row_bytes + (k0 + k) * bb;
-				b = weights32(bb, blk);
-				sc[i + 8] = _cvtsh_ss(tk_le16(blk));
-			} else {
-				sc[i + 8] = 0;
-			}
-			v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-		}
-		transpose8x8(v);
-		for (int t = 0; t < 8; t++) {
-			_mm512_storeu_si512((void *)(dst + 64 * t), v[t]);
-		}
-	}
-}
-
-// gemm_kernel multiplies a packed tile (16 rows, kc blocks from k0) with
-// C columns from j0, adding into acc (or setting it when first).
-AVX512 INLINE void gemm_kernel(const int off_shift, const int C, const uint8_t *buf, int64_t kc, int64_t k0, int64_t nb,
-	const int8_t *xq, const float *xd, const int32_t *xo, int64_t j0, __m512 acc[GEMM_C]) {
-	for (int c = 0; c < C; c++) {
-		acc[c] = _mm512_setzero_ps();
-	}
-	for (int64_t k = 0; k < kc; k++) {
-		const uint8_t *p = buf + k * PACK_BLOCK;
-		const int64_t b = k0 + k;
-		__m512i ai[GEMM_C];
-		for (int c = 0; c < C; c++) {
-			// start at -off·Σx so the unsigned weights' offset cancels
-			ai[c] = _mm512_slli_epi32(_mm512_set1_epi32(xo[(j0 + c) * nb + b]), off_shift);
-		}
-		for (int t = 0; t < 8; t++) {
-			const __m512i wv = _mm512_loadu_si512((const void *)(p + 64 * t));
-			for (int c = 0; c < C; c++) {
-				int32_t x4;
-				__builtin_memcpy(&x4, xq + ((j0 + c) * nb + b) * 32 + 4 * t, 4);
-				ai[c] = _mm512_dpbusd_epi32(ai[c], wv, _mm512_set1_epi32(x4));
-			}
-		}
-		const __m512 sw = _mm512_loadu_ps((const float *)(p + 512));
-		for (int c = 0; c < C; c++) {
-			acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[c]), _mm512_mul_ps(sw, _mm512_set1_ps(xd[(j0 + c) * nb + b])), acc[c]);
-		}
-	}
-}
-
-AVX512 INLINE void gemm_cols(const int off_shift, const int C, float *out, const uint8_t *buf, int64_t kc, int64_t k0,
-	int64_t nb, const int8_t *xq, const float *xd, const int32_t *xo, int64_t j0, int64_t rows, int64_t r0,
-	__mmask16 m, int first) {
-	__m512 acc[GEMM_C];
-	gemm_kernel(off_shift, C, buf, kc, k0, nb, xq, xd, xo, j0, acc);
-	for (int c = 0; c < C; c++) {
-		float *o = out + (j0 + c) * rows + r0;
-		if (!first) {
-			acc[c] = _mm512_add_ps(acc[c], _mm512_maskz_loadu_ps(m, o));
-		}
-		_mm512_mask_storeu_ps(o, m, acc[c]);
-	}
-}
-
-AVX512 static void q32_gemm(const int bb, float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
-	int64_t rows, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xo, int64_t n) {
-	_Alignas(64) uint8_t buf[GEMM_KC * PACK_BLOCK];
-	const int off_shift = bb == 34 ? 7 : 3; // offsets 128 and 8
-	for (int64_t r0 = lo; r0 < hi; r0 += 16) {
-		int nr = hi - r0 < 16 ? (int)(hi - r0) : 16;
-		__mmask16 m = (__mmask16)((1u << nr) - 1);
-		for (int64_t k0 = 0; k0 < nb; k0 += GEMM_KC) {
-			int64_t kc = nb - k0 < GEMM_KC ? nb - k0 : GEMM_KC;
-			pack16(bb, buf, w, row_bytes, r0, nr, k0, kc);
-			int64_t j = 0;
-			for (; j + GEMM_C <= n; j += GEMM_C) {
-				gemm_cols(off_shift, GEMM_C, out, buf, kc, k0, nb, xq, xd, xo, j, rows, r0, m, k0 == 0);
-			}
-			switch (n - j) {
-#define TAIL(c) case c: gemm_cols(off_shift, c, out, buf, kc, k0, nb, xq, xd, xo, j, rows, r0, m, k0 == 0); break;
-			TAIL(7) TAIL(6) TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
-#undef TAIL
-			}
-		}
-	}
-}
-
 AVX512 INLINE void tile(int wt, const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t r0, int64_t cols, const float *x, const int8_t *xq, const float *xd, int64_t j0, int64_t rows) {
 	switch (wt) {
@@ -505,11 +374,7 @@ AVX512 INLINE void rows_r(int wt, const int R, float *out, const uint8_t *w, int
 // tk_matmul_avx512 handles Q8_0, Q4_0 and F16 (see tk_has_avx512).
 AVX512 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, const int32_t *xo, int64_t n) {
-	if (n >= GEMM_MIN && (wt == TK_Q8_0 || wt == TK_Q4_0)) {
-		q32_gemm(wt == TK_Q8_0 ? 34 : 18, out, w, row_bytes, lo, hi, rows, cols / 32, xq, xd, xo, n);
-		return;
-	}
+	const int8_t *xq, const float *xd, int64_t n) {
 	int64_t r = lo;
 	if (n == 1 && wt == TK_Q8_0) {
 		gemv_rows(34, out, w, row_bytes, lo, hi, cols / 32, xq, xd);

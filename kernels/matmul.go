@@ -14,7 +14,10 @@ import (
 // elements of type wt in GGUF layout (row r starts at r*wt.RowBytes(cols)).
 // Work is split over rows; each weight row is read once for all n
 // vectors, which is what makes prefill and tree verification cheaper per
-// token than decode.
+// token than decode. Each vector's outputs are the same bits whatever
+// n is and wherever the vector sits in the batch (every backend, every
+// level; TestMatMulBatchInvariant), so a batched verification sees the
+// logits one-token decode would.
 //
 // Quantized weights (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations
 // quantized once per call to int8 blocks (see quantized), with integer dot
@@ -89,7 +92,6 @@ type quantized struct {
 	q     []int8
 	d     []float32 // one per block
 	s     []int32   // sum of q over each 16 values
-	o     []int32   // minus the sum of q over each 32-value block (32-value blocks only)
 }
 
 var quantizedPool = sync.Pool{New: func() any { return new(quantized) }}
@@ -115,13 +117,6 @@ func quantizeActivations(x []float32, block int) *quantized {
 	xq.d = growSlice(xq.d, nb)
 	xq.s = growSlice(xq.s, len(x)/16)
 	backend.quantize(x, xq.q, xq.d, xq.s, block)
-	xq.o = xq.o[:0]
-	if block == weights.QK {
-		xq.o = growSlice(xq.o, nb)
-		for b := range xq.o {
-			xq.o[b] = -(xq.s[2*b] + xq.s[2*b+1])
-		}
-	}
 	return xq
 }
 

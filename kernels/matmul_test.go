@@ -343,3 +343,48 @@ func TestMatMulArbitraryBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulBatchInvariant: a vector's outputs must not depend on the
+// batch it is multiplied in (its index, or how many others share the
+// call). Speculative decoding verifies a tree of tokens in one batch and
+// promises the tokens the target would decode one at a time; a server
+// batches clients and promises each the output it would get alone. Both
+// hold only if every output bit is the same at any batch size.
+func TestMatMulBatchInvariant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	pool := NewPool(2)
+	defer pool.Close()
+	for _, wt := range matmulTypes {
+		for _, cols := range colsFor(wt) {
+			rows := 37
+			w, _ := randomMatrix(t, rng, wt, rows, cols)
+			const most = 19
+			x := randomVector(rng, most*cols)
+			for _, be := range testBackends() {
+				withBackend(t, be, func() {
+					alone := make([]float32, most*rows)
+					for j := range most {
+						if err := pool.MatMul(alone[j*rows:(j+1)*rows], w, wt, rows, cols, x[j*cols:(j+1)*cols], 1); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for _, n := range []int{2, 3, 4, 5, 7, 8, 9, 16, most} {
+						for _, first := range []int{0, most - n} {
+							out := make([]float32, n*rows)
+							if err := pool.MatMul(out, w, wt, rows, cols, x[first*cols:(first+n)*cols], n); err != nil {
+								t.Fatal(err)
+							}
+							for i, v := range out {
+								want := alone[first*rows+i]
+								if math.Float32bits(v) != math.Float32bits(want) {
+									t.Fatalf("%s/%s/cols=%d: vector %d of a batch of %d: out[%d] = %g, alone %g",
+										be, wt, cols, first+i/rows, n, i%rows, v, want)
+								}
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}

@@ -17,11 +17,6 @@ import (
 // 0.27, Q4_0 3.5; first token agrees 8/8, 8/8, 7/8. A 64-wide model has
 // little redundancy, so 4-bit weights cost it far more than a 7B model.
 func TestQuantizedModels(t *testing.T) {
-	src, err := weights.Open(testutil.Model(t, "stories260K.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	recs := readRecords(t, "stories260K.greedy.jsonl")
 	for _, tc := range []struct {
 		typ      weights.DType
@@ -33,19 +28,7 @@ func TestQuantizedModels(t *testing.T) {
 		{weights.Q4_0, 6, 6},
 	} {
 		t.Run(tc.typ.String(), func(t *testing.T) {
-			var buf bytes.Buffer
-			if err := weights.Convert(src, &buf, weights.ConvertOptions{Type: tc.typ}); err != nil {
-				t.Fatal(err)
-			}
-			f, err := weights.ParseGGUF(buf.Bytes(), "stories260K-"+tc.typ.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := Load(f, Options{Threads: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := loadConverted(t, "stories260K.bin", tc.typ)
 			backends(t, func(t *testing.T) {
 				cache, err := m.NewCache(64, weights.F32)
 				if err != nil {
@@ -80,4 +63,30 @@ func TestQuantizedModels(t *testing.T) {
 			})
 		})
 	}
+}
+
+// loadConverted loads a shared model converted in memory to weight type
+// typ (weights.Convert's rules: rows that do not fit typ's blocks stay
+// F16); it is closed when the test ends.
+func loadConverted(t testing.TB, name string, typ weights.DType) *Model {
+	t.Helper()
+	src, err := weights.Open(testutil.Model(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var buf bytes.Buffer
+	if err := weights.Convert(src, &buf, weights.ConvertOptions{Type: typ}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := weights.ParseGGUF(buf.Bytes(), name+"-"+typ.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(f, Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
