@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -444,5 +446,80 @@ func TestCheckDraftFile(t *testing.T) {
 		if errors.Is(err, ErrVocab) && !(strings.Contains(err.Error(), tc.draft.Path) && strings.Contains(err.Error(), "target.bin")) {
 			t.Errorf("%s: %v does not name both files", tc.name, err)
 		}
+	}
+}
+
+// randomTrigger verifies at random points, empty trees (the root alone)
+// included, several times in a row: shapes no tuned trigger makes.
+type randomTrigger struct {
+	rng *rand.Rand
+	p   float64
+}
+
+func (r randomTrigger) Verify(TreeState) bool { return r.rng.Float64() < r.p }
+func (randomTrigger) Observe(Outcome)         {}
+
+// TestSpeculateAnyTreeShape: whatever trees the trigger and the draft
+// settings make, greedy speculation emits the target's own tokens, bit
+// for bit. The embedded pair has Q8_0 weights, whose kernels take one
+// path for one token and another for a batch, so a verification of n
+// tokens must give the logits of n one-token decodes (kernels are
+// batch-invariant). Verifying the root alone leaves tokens the draft has
+// not seen; they must wait for the next draft step, however many
+// verifications come first.
+func TestSpeculateAnyTreeShape(t *testing.T) {
+	open := func(f *weights.File, err error) *model.Model {
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := model.Load(f, model.Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	target, draft := open(defaultmodel.Target()), open(defaultmodel.Draft())
+	prompts := [][]int32{{1, 378, 264, 560, 484, 624, 317, 637}, {1, 378, 264}}
+	for _, be := range kernels.Backends() {
+		// The pure-Go kernels are ten times slower (fifteen more under
+		// the race detector) and compute each output alone anyway.
+		seeds := 40
+		if be == "go" {
+			seeds = 6
+		}
+		if raceEnabled || testing.Short() {
+			seeds /= 4
+		}
+		t.Run(be, func(t *testing.T) {
+			prev := kernels.Backend()
+			defer kernels.SetBackend(prev)
+			kernels.SetBackend(be)
+			tcache := arNewCache(t, target, 0)
+			dcache := arNewCache(t, draft, 0)
+			for pi, prompt := range prompts {
+				want, err := Generate(context.Background(), target, tcache, prompt, GenOptions{MaxTokens: 100})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for seed := range seeds {
+					rng := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
+					cfg := Config{Method: Tree, Trigger: randomTrigger{rng, 0.05 + 0.6*rng.Float64()},
+						DraftBatch: 1 + rng.IntN(4), MaxBranches: 1 + rng.IntN(8), BranchThreshold: 0.02 + 0.3*rng.Float64()}
+					d, err := New(draft, target, dcache, tcache, nil, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := Speculate(context.Background(), d, prompt, GenOptions{MaxTokens: 100})
+					if err != nil {
+						t.Fatalf("prompt %d, seed %d: %v", pi, seed, err)
+					}
+					if !slices.Equal(got.Ids, want.Ids) {
+						t.Fatalf("prompt %d, seed %d (draft batch %d, %d branches, threshold %.2f):\n got %v\nwant %v",
+							pi, seed, cfg.DraftBatch, cfg.MaxBranches, cfg.BranchThreshold, got.Ids, want.Ids)
+					}
+				}
+			}
+		})
 	}
 }

@@ -164,8 +164,9 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 			rows = append(rows, r)
 		}
 	}
-	d.pending = d.pending[:0]
 	if len(rows) == len(path) {
+		// The root has a row, so an earlier draft step committed the
+		// pending tokens: none are left.
 		keep := -1
 		if nextNode >= 0 {
 			keep = t.nodes[nextNode].row
@@ -181,6 +182,9 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 			d.tree = newTree(next)
 		}
 	} else {
+		// The path's tokens without rows join those still pending (an
+		// unexpanded root has none of its own, and the tokens before it
+		// may still be waiting).
 		if err := d.dcache.Commit(d.dseq, rows); err != nil {
 			return nil, fmt.Errorf("spec: draft: %w", err)
 		}
