@@ -48,7 +48,7 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 #if defined(__x86_64__)
 	case TK_AVX512:
 		if (wt == TK_Q8_0 || wt == TK_Q4_0 || wt == TK_F16) {
-			tk_matmul_avx512(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, n);
+			tk_matmul_avx512(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);
 			return;
 		}
 		tk_matmul_avx2(wt, out, w, row_bytes, lo, hi, rows, cols, x, xq, xd, xs, n);

@@ -64,7 +64,7 @@ void tk_matmul_avx2(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, int64_t n);
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64_t block);
 void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,

@@ -13,19 +13,22 @@
 // taken out by starting the accumulator at -c·(sums of x over each
 // lane's four bytes): one vpdpbusd per 64 weights, no sign tricks.
 //
-// A tile of R weight rows × C activation columns is computed together:
-// each unpacked weight block is used for C columns and each activation
-// block for R rows. Two blocks fill a 512-bit register; block scales are
-// gathered eight at a time and spread to the two 256-bit halves by a
-// permute.
+// Every kernel here is batch-invariant: a vector's outputs take the same
+// float steps whatever else is in the batch, so a verified token tree
+// sees exactly decode's logits (a near-tie cannot flip a greedy token).
+// Each weight type has one order of summation, followed by its one-vector
+// and its batched kernel alike:
 //
-// Batch invariance: each output takes the same float steps in a tile of
-// any shape and in q32_gemv (per lane, fma of the block's integer sum by
-// weight scale × activation scale; the tail apart; one final reduction),
-// so a column's outputs are the same bits whatever else is in the batch.
-// A repacked GEMM (lanes = rows) ran twice as fast at 64 columns but
-// summed in another order, so verification logits differed from decode
-// and a near-tie could flip a greedy token; it was dropped.
+//   - Q8_0 (and F16): lane order. q32_gemv and q32_tile put two blocks in
+//     a 512-bit register, one 4-byte group per lane, and each lane keeps
+//     its own running sum (fma of the group's integer sum by weight scale
+//     × activation scale; the tail apart; one final reduction). A tile of
+//     R rows × C columns shares weight and activation loads.
+//   - Q4_0: sixteen sums (see s16_gemv), which a packed GEMM with one row
+//     per lane can also follow: prefill 1.4-1.5x the tiles' speed at
+//     equal decode speed. For Q8_0 the sixteen-sum matrix-vector kernel
+//     lost 15-50% of decode to its shuffles on the machine we measured,
+//     so Q8_0 keeps the lane order and the tiles.
 #include "kernels.h"
 
 #if defined(__x86_64__)
@@ -104,7 +107,7 @@ AVX512 INLINE void prefetch_rows(const uint8_t *w, int64_t row_bytes, int64_t r0
 	}
 }
 
-// q32_tile computes an R×C tile of a Q8_0/Q4_0 matmul: rows r0..r0+R-1,
+// q32_tile computes an R×C tile of a Q8_0 matmul (bb 34): rows r0..r0+R-1,
 // columns j0..j0+C-1. R and C are constants at every call site.
 AVX512 INLINE void q32_tile(const int bb, const int R, const int C, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t r0, int64_t nb, const int8_t *xq, const float *xd, int64_t j0, int64_t rows) {
@@ -216,7 +219,7 @@ AVX512 INLINE __m256 scales8w(const uint8_t *blk, int bb) {
 // streams in flight and share each activation load and offset sum.
 #define GEMV_R 8
 
-// q32_gemv computes rows r0..r0+R-1 of a Q8_0/Q4_0 matrix-vector
+// q32_gemv computes rows r0..r0+R-1 of a Q8_0 (bb 34) matrix-vector
 // product (one activation column: decode). Unlike q32_tile it folds the
 // activation scales into the row scales once per eight blocks and loads
 // the scales with vector permutes: at one column the kernel is bound by
@@ -266,16 +269,303 @@ AVX512 INLINE void q32_gemv(const int bb, const int R, float *out, const uint8_t
 	}
 }
 
-// gemv_rows runs q32_gemv over rows lo..hi-1; bb is a constant at each
-// call site so the block-size branches fold away.
+// The sixteen-sum order (Q4_0), the same in s16_gemv and s16_gemm so that
+// a vector's outputs do not depend on the batch it is in: for each block
+// b, its exact integer dot product D_b and its scale s_b = dw_b·dx_b (one
+// float multiply); sixteen running sums, acc_k = fma(D_b, s_b, acc_k) for
+// the blocks b ≡ k (mod 16) in order; then one fixed tree,
+// ((acc_k + acc_k+8) pairwise at distance 4, 2, 1). The matrix-vector
+// kernel holds the sixteen sums in the lanes of one register (lane = block
+// mod 16); the batched kernel holds one register per sum (lane = row).
+
+// pi_order is the block of each lane after the transposing reduction
+// below (red3 leaves the block sums in this order, and the scales follow
+// it); pi_inv puts lanes back in block order.
+AVX512 INLINE __m512i pi_order(void) { return _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15); }
+AVX512 INLINE __m512i pi_inv(void) { return _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15); }
+
+// The transposing reduction of eight registers of 4-byte-group partial
+// sums (register p: blocks 2p and 2p+1 of sixteen, eight groups each) to
+// one register of the sixteen block sums (integer adds: exact in any order).
+AVX512 INLINE __m512i red1(__m512i a, __m512i b) {
+	return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+AVX512 INLINE __m512i red2(__m512i a, __m512i b) {
+	return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+AVX512 INLINE __m512i red3(__m512i x, __m512i y) {
+	return _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
+}
+
+// tree16 is the fixed final sum of the sixteen running sums (block order).
+AVX512 INLINE float tree16(__m512 v) {
+	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+	__m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+	return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+
+// pair_weights loads blocks b and b+1 of a row's weights (or block b alone,
+// the upper half zero, when one) as unsigned bytes.
+AVX512 INLINE __m512i pair_weights(const int bb, const uint8_t *blk, int two) {
+	return two ? weights64(bb, blk) : _mm512_zextsi256_si512(weights32(bb, blk));
+}
+
+// s16_x loads the activations of blocks b+2p and b+2p+1 (of m in the
+// step; a missing block reads as zeros) and their offset sums -c·Σx.
+AVX512 INLINE __m512i s16_x(const int8_t *x, int64_t b, int p, int m, __m512i offs, __m512i *neg) {
+	const int have = m - 2 * p;
+	__m512i xv = _mm512_setzero_si512();
+	if (have >= 2) {
+		xv = _mm512_loadu_si512((const void *)(x + (b + 2 * p) * 32));
+	} else if (have == 1) {
+		xv = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x + (b + 2 * p) * 32)));
+	}
+	*neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offs, xv));
+	return xv;
+}
+
+// s16_sums returns one row's sixteen block sums of a step (lane order
+// pi_order), from its weights at blk.
+AVX512 INLINE __m512i s16_sums(const int bb, const uint8_t *blk, const __m512i xv[8], const __m512i neg[8], int m) {
+	__m512i h[2];
+	for (int k = 0; k < 2; k++) {
+		__m512i q[2];
+		for (int e = 0; e < 2; e++) {
+			__m512i d[2];
+			for (int i = 0; i < 2; i++) {
+				const int p = 4 * k + 2 * e + i;
+				const int have = m - 2 * p;
+				d[i] = have <= 0 ? _mm512_setzero_si512()
+					: _mm512_dpbusd_epi32(neg[p], pair_weights(bb, blk + 2 * p * bb, have >= 2), xv[p]);
+			}
+			q[e] = red1(d[0], d[1]);
+		}
+		h[k] = red2(q[0], q[1]);
+	}
+	return red3(h[0], h[1]);
+}
+
+// s16_gemv computes rows r0..r0+R-1 of a matrix-vector product
+// (one activation column: decode), sixteen blocks per step: per row,
+// eight vpdpbusd give the 4-byte-group partial sums of the sixteen
+// blocks, a transposing reduction gives the block sums, and one fma adds
+// them into the sixteen running sums (lanes). Rows go one after another
+// within a step, so few registers are live and the activations and
+// their offset sums are shared.
+AVX512 INLINE void s16_gemv(const int bb, const int R, float *out, const uint8_t *w, int64_t row_bytes, int64_t r0,
+	int64_t nb, const int8_t *x, const float *dx) {
+	const __m512i offs = _mm512_set1_epi8((char)(bb == 34 ? 128 : 8));
+	const __m512i pi = pi_order();
+	__m512 acc[GEMV_R];
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm512_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b += 16) {
+		const int m = nb - b < 16 ? (int)(nb - b) : 16; // blocks in this step
+		__m512i xv[8], neg[8];
+		for (int p = 0; p < 8; p++) {
+			xv[p] = s16_x(x, b, p, m, offs, &neg[p]);
+		}
+		if (m == 16) {
+			prefetch_rows(w, row_bytes, r0, R, nb * bb, (b + PREFETCH_BLOCKS) * bb, 16 * bb);
+			const __m512 sx = _mm512_loadu_ps(dx + b);
+			for (int r = 0; r < R; r++) {
+				const uint8_t *blk = w + (r0 + r) * row_bytes + b * bb;
+				const __m512i sums = s16_sums(bb, blk, xv, neg, 16);
+				const __m512 sw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(scales8w(blk, bb))),
+					_mm256_castps_pd(scales8w(blk + 8 * bb, bb)), 1));
+				const __m512 s = _mm512_permutexvar_ps(pi, _mm512_mul_ps(sw, sx));
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
+			}
+			continue;
+		}
+		// The last, partial step: missing blocks add D = 0 at scale 0.
+		const __m512 sx = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), dx + b);
+		for (int r = 0; r < R; r++) {
+			const uint8_t *blk = w + (r0 + r) * row_bytes + b * bb;
+			const __m512i sums = s16_sums(bb, blk, xv, neg, m);
+			float sw[16] = {0};
+			for (int i = 0; i < m; i++) {
+				sw[i] = _cvtsh_ss(tk_le16(blk + i * bb));
+			}
+			const __m512 s = _mm512_permutexvar_ps(pi, _mm512_mul_ps(_mm512_loadu_ps(sw), sx));
+			acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
+		}
+	}
+	const __m512i inv = pi_inv();
+	for (int r = 0; r < R; r++) {
+		out[r0 + r] = tree16(_mm512_permutexvar_ps(inv, acc[r]));
+	}
+}
+
+// gemv_rows runs q32_gemv (Q8_0) or s16_gemv (Q4_0) over rows lo..hi-1;
+// bb is a constant at each call site so the block-size branches fold away.
 AVX512 INLINE void gemv_rows(const int bb, float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
 	int64_t nb, const int8_t *xq, const float *xd) {
 	int64_t r = lo;
 	for (; r + GEMV_R <= hi; r += GEMV_R) {
-		q32_gemv(bb, GEMV_R, out, w, row_bytes, r, nb, xq, xd);
+		if (bb == 18) {
+			s16_gemv(bb, GEMV_R, out, w, row_bytes, r, nb, xq, xd);
+		} else {
+			q32_gemv(bb, GEMV_R, out, w, row_bytes, r, nb, xq, xd);
+		}
 	}
 	for (; r < hi; r++) {
-		q32_gemv(bb, 1, out, w, row_bytes, r, nb, xq, xd);
+		if (bb == 18) {
+			s16_gemv(bb, 1, out, w, row_bytes, r, nb, xq, xd);
+		} else {
+			q32_gemv(bb, 1, out, w, row_bytes, r, nb, xq, xd);
+		}
+	}
+}
+
+// s16_gemm (two columns or more) repacks a tile of 16 weight
+// rows, GEMM_KC blocks at a time, into a scratch buffer where each 32-bit
+// lane of a 512-bit register is one row: per block, eight registers of
+// 16 rows × 4 unsigned weights, then the 16 row scales as floats. One
+// broadcast of 4 activation bytes then feeds 64 multiply-adds
+// (vpdpbusd), and per block and column the rows' scales apply in one
+// vector step. The sixteen running sums of each column live in a stack
+// array, so columns go in groups of GEMM_SG: the repacking is paid once
+// per tile and group.
+#define GEMM_KC 64 // a multiple of 16: a chunk starts at residue 0
+#define GEMM_C 8
+#define GEMM_SG 32
+#define PACK_BLOCK 576 // 8 × 64 weight bytes + 16 float scales
+
+// transpose8x8 transposes, within each 256-bit half, an 8×8 matrix of
+// 32-bit values held one row per register.
+AVX512 INLINE void transpose8x8(__m512i v[8]) {
+	__m512i t[8];
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+		t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+	}
+	__m512i u[8];
+	for (int i = 0; i < 8; i += 4) {
+		u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+		u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+		u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+		u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+	}
+	// u[i] holds, in each 128-bit lane, column i%4 of rows 4·(i/4)..+3;
+	// lanes 0 and 2 come from the low 128 bits of the row halves.
+	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	for (int i = 0; i < 4; i++) {
+		v[i] = _mm512_permutex2var_epi64(u[i], lo, u[i + 4]);
+		v[i + 4] = _mm512_permutex2var_epi64(u[i], hi, u[i + 4]);
+	}
+}
+
+// pack16 repacks blocks k0..k0+kc-1 of rows r0..r0+nr-1 (nr <= 16; the
+// missing rows get zero weights and scales).
+AVX512 INLINE void pack16(const int bb, uint8_t *buf, const uint8_t *w, int64_t row_bytes, int64_t r0, int nr,
+	int64_t k0, int64_t kc) {
+	for (int64_t k = 0; k < kc; k++) {
+		uint8_t *dst = buf + k * PACK_BLOCK;
+		float *sc = (float *)(dst + 512);
+		__m512i v[8];
+		// v[i] = [row i | row i+8], each 8 dwords of 4 weights
+		for (int i = 0; i < 8; i++) {
+			__m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+			if (i < nr) {
+				const uint8_t *blk = w + (r0 + i) * row_bytes + (k0 + k) * bb;
+				a = weights32(bb, blk);
+				sc[i] = _cvtsh_ss(tk_le16(blk));
+			} else {
+				sc[i] = 0;
+			}
+			if (i + 8 < nr) {
+				const uint8_t *blk = w + (r0 + i + 8) * row_bytes + (k0 + k) * bb;
+				b = weights32(bb, blk);
+				sc[i + 8] = _cvtsh_ss(tk_le16(blk));
+			} else {
+				sc[i + 8] = 0;
+			}
+			v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+		}
+		transpose8x8(v);
+		for (int t = 0; t < 8; t++) {
+			_mm512_storeu_si512((void *)(dst + 64 * t), v[t]);
+		}
+	}
+}
+
+// s16_chunk adds the chunk's blocks (packed in buf, from block k0) of
+// C columns from j0 into their running sums racc[c][b mod 16]; the
+// first sixteen blocks start them.
+AVX512 INLINE void s16_chunk(const int off, const int C, const uint8_t *buf, int64_t kc, int64_t k0, int64_t nb,
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t j0, __m512 (*racc)[16]) {
+	for (int64_t k = 0; k < kc; k++) {
+		const uint8_t *p = buf + k * PACK_BLOCK;
+		const int64_t b = k0 + k;
+		__m512i ai[GEMM_C];
+		for (int c = 0; c < C; c++) {
+			// start at -off·Σx so the unsigned weights' offset cancels
+			const int64_t xb = (j0 + c) * nb + b;
+			ai[c] = _mm512_set1_epi32(-off * (xs[2 * xb] + xs[2 * xb + 1]));
+		}
+		for (int t = 0; t < 8; t++) {
+			const __m512i wv = _mm512_loadu_si512((const void *)(p + 64 * t));
+			for (int c = 0; c < C; c++) {
+				int32_t x4;
+				__builtin_memcpy(&x4, xq + ((j0 + c) * nb + b) * 32 + 4 * t, 4);
+				ai[c] = _mm512_dpbusd_epi32(ai[c], wv, _mm512_set1_epi32(x4));
+			}
+		}
+		const __m512 sw = _mm512_loadu_ps((const float *)(p + 512));
+		const int res = (int)(b & 15);
+		for (int c = 0; c < C; c++) {
+			const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(xd[(j0 + c) * nb + b]));
+			const __m512 prev = b < 16 ? _mm512_setzero_ps() : racc[c][res];
+			racc[c][res] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[c]), s, prev);
+		}
+	}
+}
+
+AVX512 static void s16_gemm(const int bb, float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
+	int64_t rows, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
+	_Alignas(64) uint8_t buf[GEMM_KC * PACK_BLOCK];
+	__m512 racc[GEMM_SG][16];
+	const int off = bb == 34 ? 128 : 8;
+	for (int64_t r0 = lo; r0 < hi; r0 += 16) {
+		int nr = hi - r0 < 16 ? (int)(hi - r0) : 16;
+		__mmask16 m = (__mmask16)((1u << nr) - 1);
+		for (int64_t s0 = 0; s0 < n; s0 += GEMM_SG) {
+			int64_t sn = n - s0 < GEMM_SG ? n - s0 : GEMM_SG;
+			for (int64_t k0 = 0; k0 < nb; k0 += GEMM_KC) {
+				int64_t kc = nb - k0 < GEMM_KC ? nb - k0 : GEMM_KC;
+				pack16(bb, buf, w, row_bytes, r0, nr, k0, kc);
+				int64_t j = 0;
+				for (; j + GEMM_C <= sn; j += GEMM_C) {
+					s16_chunk(off, GEMM_C, buf, kc, k0, nb, xq, xd, xs, s0 + j, racc + j);
+				}
+				switch (sn - j) {
+#define TAIL(c) case c: s16_chunk(off, c, buf, kc, k0, nb, xq, xd, xs, s0 + j, racc + j); break;
+				TAIL(7) TAIL(6) TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
+#undef TAIL
+				}
+			}
+			// The fixed tree over the sixteen sums (those no block
+			// reached are zero).
+			for (int64_t c = 0; c < sn; c++) {
+				__m512 a[8];
+				for (int k = 0; k < 8; k++) {
+					__m512 lo8 = k < nb ? racc[c][k] : _mm512_setzero_ps();
+					__m512 hi8 = k + 8 < nb ? racc[c][k + 8] : _mm512_setzero_ps();
+					a[k] = _mm512_add_ps(lo8, hi8);
+				}
+				for (int k = 0; k < 4; k++) {
+					a[k] = _mm512_add_ps(a[k], a[k + 4]);
+				}
+				for (int k = 0; k < 2; k++) {
+					a[k] = _mm512_add_ps(a[k], a[k + 2]);
+				}
+				_mm512_mask_storeu_ps(out + (s0 + c) * rows + r0, m, _mm512_add_ps(a[0], a[1]));
+			}
+		}
 	}
 }
 
@@ -340,9 +630,6 @@ AVX512 INLINE void tile(int wt, const int R, const int C, float *out, const uint
 	case TK_Q8_0:
 		q32_tile(34, R, C, out, w, row_bytes, r0, cols / 32, xq, xd, j0, rows);
 		break;
-	case TK_Q4_0:
-		q32_tile(18, R, C, out, w, row_bytes, r0, cols / 32, xq, xd, j0, rows);
-		break;
 	default:
 		f16_tile(R, C, out, w, row_bytes, r0, cols, x, j0, rows);
 	}
@@ -374,14 +661,18 @@ AVX512 INLINE void rows_r(int wt, const int R, float *out, const uint8_t *w, int
 // tk_matmul_avx512 handles Q8_0, Q4_0 and F16 (see tk_has_avx512).
 AVX512 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
-	const int8_t *xq, const float *xd, int64_t n) {
+	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
 	int64_t r = lo;
+	if (n == 1 && wt == TK_Q4_0) {
+		gemv_rows(18, out, w, row_bytes, lo, hi, cols / 32, xq, xd);
+		return;
+	}
 	if (n == 1 && wt == TK_Q8_0) {
 		gemv_rows(34, out, w, row_bytes, lo, hi, cols / 32, xq, xd);
 		return;
 	}
-	if (n == 1 && wt == TK_Q4_0) {
-		gemv_rows(18, out, w, row_bytes, lo, hi, cols / 32, xq, xd);
+	if (wt == TK_Q4_0) {
+		s16_gemm(18, out, w, row_bytes, lo, hi, rows, cols / 32, xq, xd, xs, n);
 		return;
 	}
 	for (; r + 4 <= hi; r += 4) {
