@@ -429,7 +429,7 @@ AVX512 INLINE void gemv_rows(const int bb, float *out, const uint8_t *w, int64_t
 // vector step. The sixteen running sums of each column live in a stack
 // array, so columns go in groups of GEMM_SG: the repacking is paid once
 // per tile and group.
-#define GEMM_KC 64 // a multiple of 16: a chunk starts at residue 0
+#define GEMM_KC 32 // a multiple of 16: a chunk starts at residue 0
 #define GEMM_C 8
 #define GEMM_SG 32
 #define PACK_BLOCK 576 // 8 × 64 weight bytes + 16 float scales
