@@ -19,11 +19,12 @@
 // Each weight type has one order of summation, followed by its one-vector
 // and its batched kernel alike:
 //
-//   - Q8_0 (and F16): lane order. q32_gemv and q32_tile put two blocks in
+//   - Q8_0: lane order. q32_gemv and q32_tile put two blocks in
 //     a 512-bit register, one 4-byte group per lane, and each lane keeps
 //     its own running sum (fma of the group's integer sum by weight scale
 //     × activation scale; the tail apart; one final reduction). A tile of
-//     R rows × C columns shares weight and activation loads.
+//     R rows × C columns shares weight and activation loads. F16 tiles
+//     likewise give each output its own running sums.
 //   - Q4_0: sixteen sums (see s16_gemv), which a packed GEMM with one row
 //     per lane can also follow: prefill 1.4-1.5x the tiles' speed at
 //     equal decode speed. For Q8_0 the sixteen-sum matrix-vector kernel
@@ -325,6 +326,20 @@ AVX512 INLINE __m512i s16_x(const int8_t *x, int64_t b, int p, int m, __m512i of
 	return xv;
 }
 
+// s16_scales returns the weight scales of a step's m blocks in block
+// order; past them zero, so a missing block adds D = 0 at scale 0.
+AVX512 INLINE __m512 s16_scales(const int bb, const uint8_t *blk, int m) {
+	if (m == 16) {
+		return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(scales8w(blk, bb))),
+			_mm256_castps_pd(scales8w(blk + 8 * bb, bb)), 1));
+	}
+	float sw[16] = {0};
+	for (int i = 0; i < m; i++) {
+		sw[i] = _cvtsh_ss(tk_le16(blk + i * bb));
+	}
+	return _mm512_loadu_ps(sw);
+}
+
 // s16_sums returns one row's sixteen block sums of a step (lane order
 // pi_order), from its weights at blk.
 AVX512 INLINE __m512i s16_sums(const int bb, const uint8_t *blk, const __m512i xv[8], const __m512i neg[8], int m) {
@@ -346,6 +361,19 @@ AVX512 INLINE __m512i s16_sums(const int bb, const uint8_t *blk, const __m512i x
 	return red3(h[0], h[1]);
 }
 
+// s16_step adds one step of m blocks (weights at w, the step's first
+// block of row 0) into rows r0..r0+R-1's sixteen running sums.
+AVX512 INLINE void s16_step(const int bb, const int R, __m512 acc[], const uint8_t *w, int64_t row_bytes, int64_t r0,
+	const __m512i xv[8], const __m512i neg[8], __m512 sx, const int m) {
+	const __m512i pi = pi_order();
+	for (int r = 0; r < R; r++) {
+		const uint8_t *blk = w + (r0 + r) * row_bytes;
+		const __m512i sums = s16_sums(bb, blk, xv, neg, m);
+		const __m512 s = _mm512_permutexvar_ps(pi, _mm512_mul_ps(s16_scales(bb, blk, m), sx));
+		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
+	}
+}
+
 // s16_gemv computes rows r0..r0+R-1 of a matrix-vector product
 // (one activation column: decode), sixteen blocks per step: per row,
 // eight vpdpbusd give the 4-byte-group partial sums of the sixteen
@@ -356,7 +384,6 @@ AVX512 INLINE __m512i s16_sums(const int bb, const uint8_t *blk, const __m512i x
 AVX512 INLINE void s16_gemv(const int bb, const int R, float *out, const uint8_t *w, int64_t row_bytes, int64_t r0,
 	int64_t nb, const int8_t *x, const float *dx) {
 	const __m512i offs = _mm512_set1_epi8((char)(bb == 34 ? 128 : 8));
-	const __m512i pi = pi_order();
 	__m512 acc[GEMV_R];
 	for (int r = 0; r < R; r++) {
 		acc[r] = _mm512_setzero_ps();
@@ -367,30 +394,13 @@ AVX512 INLINE void s16_gemv(const int bb, const int R, float *out, const uint8_t
 		for (int p = 0; p < 8; p++) {
 			xv[p] = s16_x(x, b, p, m, offs, &neg[p]);
 		}
+		const __m512 sx = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), dx + b);
+		// A literal 16 lets the full steps fold s16_sums' checks away.
 		if (m == 16) {
 			prefetch_rows(w, row_bytes, r0, R, nb * bb, (b + PREFETCH_BLOCKS) * bb, 16 * bb);
-			const __m512 sx = _mm512_loadu_ps(dx + b);
-			for (int r = 0; r < R; r++) {
-				const uint8_t *blk = w + (r0 + r) * row_bytes + b * bb;
-				const __m512i sums = s16_sums(bb, blk, xv, neg, 16);
-				const __m512 sw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(scales8w(blk, bb))),
-					_mm256_castps_pd(scales8w(blk + 8 * bb, bb)), 1));
-				const __m512 s = _mm512_permutexvar_ps(pi, _mm512_mul_ps(sw, sx));
-				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
-			}
-			continue;
-		}
-		// The last, partial step: missing blocks add D = 0 at scale 0.
-		const __m512 sx = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), dx + b);
-		for (int r = 0; r < R; r++) {
-			const uint8_t *blk = w + (r0 + r) * row_bytes + b * bb;
-			const __m512i sums = s16_sums(bb, blk, xv, neg, m);
-			float sw[16] = {0};
-			for (int i = 0; i < m; i++) {
-				sw[i] = _cvtsh_ss(tk_le16(blk + i * bb));
-			}
-			const __m512 s = _mm512_permutexvar_ps(pi, _mm512_mul_ps(_mm512_loadu_ps(sw), sx));
-			acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
+			s16_step(bb, R, acc, w + b * bb, row_bytes, r0, xv, neg, sx, 16);
+		} else {
+			s16_step(bb, R, acc, w + b * bb, row_bytes, r0, xv, neg, sx, m);
 		}
 	}
 	const __m512i inv = pi_inv();
