@@ -22,6 +22,13 @@ func arRecords(t *testing.T, name string) []arRecord {
 func arLoadModel(t *testing.T, name string) *model.Model {
 	t.Helper()
 	f, err := weights.Open(testutil.Model(t, name))
+	return arLoadFile(t, f, err)
+}
+
+// arLoadFile loads an opened (or parsed) weights file; model and file
+// are closed when the test ends.
+func arLoadFile(t *testing.T, f *weights.File, err error) *model.Model {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -468,18 +468,10 @@ func (randomTrigger) Observe(Outcome)         {}
 // not seen; they must wait for the next draft step, however many
 // verifications come first.
 func TestSpeculateAnyTreeShape(t *testing.T) {
-	open := func(f *weights.File, err error) *model.Model {
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := model.Load(f, model.Options{Threads: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
-	target, draft := open(defaultmodel.Target()), open(defaultmodel.Draft())
+	tf, err := defaultmodel.Target()
+	target := arLoadFile(t, tf, err)
+	df, err := defaultmodel.Draft()
+	draft := arLoadFile(t, df, err)
 	prompts := [][]int32{{1, 378, 264, 560, 484, 624, 317, 637}, {1, 378, 264}}
 	for _, be := range kernels.Backends() {
 		// The pure-Go kernels are ten times slower (fifteen more under
