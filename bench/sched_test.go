@@ -165,3 +165,64 @@ func TestMeasureStepCostsRealModel(t *testing.T) {
 		t.Errorf("fit %v + %v·x, want 1 + 2·x", a, b)
 	}
 }
+
+func TestResponseFloorByHand(t *testing.T) {
+	// One lane, one member per step, 1 s per decoded token, free prefill:
+	// request i needs (tokens-1) seconds of lane time.
+	lane := StepCosts{B: time.Second}
+	none := func(string) int { return 0 }
+	reqs := []WorkRequest{
+		{Arrival: 0, Natural: 11, MaxTokens: 11},                             // 10 s
+		{Arrival: 0, Natural: 21, MaxTokens: 40},                             // 20 s
+		{Arrival: 5 * time.Second, Natural: 31, MaxTokens: 31},               // 30 s
+		{Arrival: 6 * time.Second, Natural: 50, MaxTokens: 50, MinTokens: 6}, // 5 s mandatory
+	}
+	// q = 1: all four must finish; by 6 s 65 s of work arrived, so the
+	// last one ends at 65 s at best, 59 s after it arrived.
+	if got := ResponseFloor(reqs, lane, 1, 1, 1, none); got != 59*time.Second {
+		t.Errorf("max response floor %v, want 59s", got)
+	}
+	// q = 0 lets the slowest 3 of 4 go: the bound drops to the time the
+	// shortest request needs for its own tokens.
+	if got := ResponseFloor(reqs, lane, 1, 1, 0, none); got != 5*time.Second {
+		t.Errorf("min response floor %v, want 5s", got)
+	}
+	// Two lanes halve the work's span (69 s by 6 s: 28.5 s), and then the
+	// longest request's own 30 tokens plus a 1 s prefill bind instead.
+	one := func(string) int { return 1 }
+	lane.C = time.Second
+	if got := ResponseFloor(reqs, lane, 2, 1, 1, one); got != 31*time.Second {
+		t.Errorf("two-lane floor %v, want 31s", got)
+	}
+	// With a per-step cost, a full batch shares it: 8 members pay A/8 each.
+	lane = StepCosts{A: 8 * time.Second, B: time.Second}
+	if got := ResponseFloor(reqs[:1], lane, 1, 8, 1, none); got != 8*time.Second+10*9*time.Second {
+		t.Errorf("one request's floor %v, want its own 98s", got)
+	}
+	burst := make([]WorkRequest, 16)
+	for i := range burst {
+		burst[i] = WorkRequest{Natural: 11, MaxTokens: 11}
+	}
+	if got := ResponseFloor(burst, lane, 1, 8, 1, none); got != 16*10*2*time.Second {
+		t.Errorf("a burst's floor %v, want 320s (16 × 10 tokens × (8/8+1) s)", got)
+	}
+}
+
+func TestResponseFloorHoldsForEveryPolicy(t *testing.T) {
+	// The floor is a bound on every schedule: no simulated policy may
+	// beat it, at light load or in overload.
+	c := StepCosts{Name: "test", A: 100 * time.Millisecond, B: 20 * time.Millisecond, C: time.Millisecond, MaxSeqs: 16, Context: 2048}
+	for _, load := range []float64{0.3, 1.5} {
+		for _, p := range sched.Policies() {
+			run := simRun(t, p, load)
+			reqs := make([]WorkRequest, len(run.Outcomes))
+			for i, o := range run.Outcomes {
+				reqs[i] = o.Req
+			}
+			floor := ResponseFloor(reqs, c, 2, 8, 0.99, nil)
+			if row := Summarize(run); floor <= 0 || row.P99 < floor {
+				t.Errorf("%v at load %.1f: p99 %v below the floor %v", p, load, row.P99, floor)
+			}
+		}
+	}
+}

@@ -124,6 +124,10 @@ func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.
 	return nil
 }
 
+// simPromptTokens is the simulator's default prompt length: 1.3 tokens
+// per word plus BOS, about what a 32k Llama vocabulary gives for English.
+func simPromptTokens(s string) int { return 1 + int(math.Ceil(1.3*float64(len(strings.Fields(s))))) }
+
 // Outcome is what happened to one benchmark request.
 type Outcome struct {
 	Req      WorkRequest
@@ -145,8 +149,7 @@ type SimConfig struct {
 	Sched     sched.Config
 	Estimator *sched.Estimator
 	Lanes     []StepCosts
-	// PromptTokens counts a prompt's tokens (default: 1.3 per word plus
-	// BOS, about what a 32k Llama vocabulary gives for English).
+	// PromptTokens counts a prompt's tokens (default simPromptTokens).
 	PromptTokens func(string) int
 }
 
@@ -162,7 +165,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 	}
 	count := cfg.PromptTokens
 	if count == nil {
-		count = func(s string) int { return 1 + int(math.Ceil(1.3*float64(len(strings.Fields(s))))) }
+		count = simPromptTokens
 	}
 	natural := map[string]int{}
 	for _, r := range reqs {
