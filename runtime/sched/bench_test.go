@@ -58,3 +58,12 @@ func BenchmarkStep(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkExtract measures the per-request feature extraction Submit
+// pays (and counts as scheduler overhead).
+func BenchmarkExtract(b *testing.B) {
+	text := "Summarize everything about the harbor and the lantern, and then describe what happened to them in detail. What could it mean, and why?"
+	for range b.N {
+		Extract(text, 30)
+	}
+}

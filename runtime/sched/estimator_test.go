@@ -317,3 +317,26 @@ func TestQuantilesWindow(t *testing.T) {
 		t.Errorf("median %v, want 767.5", got)
 	}
 }
+
+// TestFeaturesPinned pins the feature values a calibration was trained
+// on: a change to the word lists or the counting changes what every saved
+// calibration means, so it must be deliberate (and recalibrate).
+func TestFeaturesPinned(t *testing.T) {
+	for _, tc := range []struct {
+		text   string
+		tokens int
+		want   Features
+	}{
+		{"1. first\n2) second\n- third\n* fourth?? why? how many", 3,
+			Features{0, 0, 0, 0.4807692307692308, 0.3333333333333333, 0.75, 0.1666617754563214}},
+		{"Kind of, sort of... a lot; and so on. More or less!", 4,
+			Features{0.2222222222222222, 0.3571428571428571, 0.3571428571428571, 0.8293838862559242, 0, 0, 0.19348832938792088}},
+		{"IS it TRUE or false? Tell me about the bank, in detail, step by step.", 5,
+			Features{0.4, 0.47058823529411764, 0.4, 0.35714285714285715, 0.6470588235294118, 0, 0.21540721992910022}},
+		{"naïve café — “quoted” it's won't O'Brien", 6, Features{0, 0, 0, 0, 0, 0, 0.23393937782308158}},
+	} {
+		if got := Extract(tc.text, tc.tokens); got != tc.want {
+			t.Errorf("Extract(%q) =\n%v, want\n%v", tc.text, got, tc.want)
+		}
+	}
+}
