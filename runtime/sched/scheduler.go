@@ -332,7 +332,7 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 			s.consume(t, carry, &ev, now)
 		}
 		if t.state == waiting || t.state == running {
-			s.push(t, ev)
+			s.push(t, ev, now)
 		}
 	}
 	return t.stream, nil

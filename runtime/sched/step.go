@@ -215,7 +215,7 @@ func (s *Scheduler) End(st *Step) {
 		var ev Event
 		s.consume(t, o.Tokens, &ev, now)
 		if t.state == running {
-			s.push(t, ev)
+			s.push(t, ev, now)
 		}
 	}
 	if st.err == nil {
@@ -374,11 +374,11 @@ func holdback(text string, stops []string) int {
 }
 
 // push sends a token event, if it carries anything.
-func (s *Scheduler) push(t *task, ev Event) {
+func (s *Scheduler) push(t *task, ev Event, now time.Time) {
 	if len(ev.Tokens) == 0 && ev.Text == "" {
 		return
 	}
-	ev.Time = s.cfg.Now()
+	ev.Time = now
 	t.stream.push(ev)
 }
 
@@ -421,7 +421,7 @@ func (s *Scheduler) end(t *task, reason Reason, err error, ev *Event, now time.T
 // the result and takes t out of its batch or queue.
 func (s *Scheduler) detach(t *task, reason Reason, err error, ev *Event, now time.Time) *Result {
 	if ev != nil {
-		s.push(t, *ev)
+		s.push(t, *ev, now)
 		*ev = Event{}
 	}
 	res := s.result(t, reason, err, now)
