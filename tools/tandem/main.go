@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 )
@@ -70,7 +71,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	err := v.run(args[1:], stdout, stderr)
+	stop, err := startProfile(os.Getenv("TANDEM_CPUPROFILE"))
+	if err != nil {
+		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
+		return 1
+	}
+	err = v.run(args[1:], stdout, stderr)
+	stop()
 	switch {
 	case err == nil:
 		return 0
@@ -85,6 +92,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// startProfile writes a CPU profile of the command to path (the
+// TANDEM_CPUPROFILE variable, for go tool pprof) until stop is called; an
+// empty path profiles nothing.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("TANDEM_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("TANDEM_CPUPROFILE: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "tandem runs LLaMA-family models on device (Jetson, Android, Linux).")
 	fmt.Fprintln(w, "\nUsage: tandem COMMAND [flags] [args]\n\nCommands:")
@@ -97,6 +125,7 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, verbs[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'tandem COMMAND --help' for a command's flags and examples.")
+	fmt.Fprintln(w, "Set TANDEM_CPUPROFILE=FILE to write a CPU profile of a command for go tool pprof.")
 }
 
 // newFlags makes a FlagSet whose --help prints about, the flags and
