@@ -12,6 +12,13 @@ import (
 // bounded wait and nothing starves.
 const agingSteps = 64
 
+// rankSteps is how many full-batch steps a waiting request's priority is
+// reused before it is computed again. Priorities drift slowly (aging
+// doubles one in agingSteps steps), and recomputing every waiting
+// request's at every admission made ranking the scheduler's largest cost
+// with a deep queue.
+const rankSteps = 4
+
 // before reports whether a is served before b: the strict priority class
 // first, then (tandem) whether a deadline is still at stake, then the
 // policy's rank, then arrival order.
@@ -37,13 +44,14 @@ type ranker struct {
 	eta      time.Duration // η: time per token per member, at one more member than now
 	minSlack time.Duration
 	phi      time.Duration
-	uNorm    float64 // the score that normalises û to 1: the 99th percentile of recent scores
+	uNorm    float64       // the score that normalises û to 1: the 99th percentile of recent scores
+	reuse    time.Duration // how long a computed priority stays valid
 }
 
 func (s *Scheduler) ranker(l *lane, now time.Time) ranker {
 	eta := l.cost.perToken(len(l.running) + 1)
 	r := ranker{s: s, now: now, eta: eta, minSlack: s.cfg.MinSlack, phi: s.cfg.Phi,
-		uNorm: math.Max(1, s.quant.at(0.99, 1))}
+		uNorm: math.Max(1, s.quant.at(0.99, 1)), reuse: rankSteps * l.cost.step(s.cfg.MaxBatch, 0)}
 	if r.minSlack <= 0 {
 		r.minSlack = max(2*eta, time.Microsecond)
 	}
@@ -235,8 +243,11 @@ func (s *Scheduler) topK(q []*task, l *lane, r ranker, k int) []*task {
 		if t.hasSeq && t.lane != l.idx {
 			continue // resumed, its sequence lives on another lane
 		}
-		t.pri = r.rank(t)
-		t.atStake = r.atStake(t)
+		if t.rankedBy != l.idx+1 || r.now.Sub(t.rankedAt) >= r.reuse {
+			t.pri = r.rank(t)
+			t.atStake = r.atStake(t)
+			t.rankedAt, t.rankedBy = r.now, l.idx+1
+		}
 		if len(top) == k && !before(t, top[k-1]) {
 			continue
 		}
@@ -378,6 +389,7 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 	victim.maxTokens = max(victim.req.MinTokens, len(victim.generated))
 	victim.shed = true
 	victim.score = math.Min(victim.score, float64(victim.maxTokens))
+	victim.rankedBy = 0
 	if victim.state == waiting {
 		rest := remaining(victim)
 		s.qtokens[victim.qi] += rest - victim.qtok

@@ -91,8 +91,10 @@ type task struct {
 	parkedAt   time.Time
 	qi         int     // its queue while waiting
 	qtok       float64 // its share of qtokens[qi]
-	pri        float64 // cached priority for the current plan
+	pri        float64 // cached priority
 	atStake    bool    // cached: a deadline it can still meet (tandem)
+	rankedAt   time.Time
+	rankedBy   int // 1 + the lane whose ranker computed pri; 0: stale
 }
 
 type lane struct {
@@ -364,6 +366,7 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	t.segTokens = 0
 	t.firstTok = time.Time{}
 	t.cancel = nil
+	t.rankedBy = 0
 	t.stream = newStream(t.id)
 	q := max(t.lane, 0)
 	if len(s.queues) == 1 {

@@ -576,3 +576,39 @@ func TestShutdownDrainsThenCancels(t *testing.T) {
 		t.Errorf("submit after shutdown: %v", err)
 	}
 }
+
+func TestRankingReusedForAFewSteps(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, clock := newManual(t, Config{}, nil, e)
+	l := s.lanes[0]
+	now := s.cfg.Now()
+	tk := &task{score: 400, promptLen: 10, arrival: now.Add(-time.Minute)}
+	q := []*task{tk}
+	reuse := s.ranker(l, now).reuse
+	if reuse <= 0 {
+		t.Fatalf("reuse window %v", reuse)
+	}
+	s.topK(q, l, s.ranker(l, now), 1)
+	p0 := tk.pri
+	// Within the window the cached priority stands; after it, aging
+	// raises it (the request is a minute past its implicit deadline).
+	clock.Add(reuse / 2)
+	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	if tk.pri != p0 {
+		t.Errorf("priority recomputed within the reuse window: %v then %v", p0, tk.pri)
+	}
+	clock.Add(reuse)
+	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	if !(tk.pri > p0) {
+		t.Errorf("priority after the window %v, want above %v", tk.pri, p0)
+	}
+	// Another lane's ranker, or a change to the request (shedding cuts
+	// its score), computes it afresh.
+	p1 := tk.pri
+	tk.rankedBy = 0
+	tk.score = 10
+	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	if tk.pri == p1 {
+		t.Error("a stale priority was reused")
+	}
+}
