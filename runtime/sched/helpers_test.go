@@ -215,3 +215,10 @@ func (d *textDecoder) Next(id int32) string {
 	return d.words[int(id-100)%len(d.words)]
 }
 func (d *textDecoder) Flush() string { return "" }
+
+// stepLane runs one step of lane i (which must have work).
+func stepLane(s *Scheduler, i int) {
+	st := s.Begin(i)
+	st.Run(context.Background())
+	s.End(st)
+}

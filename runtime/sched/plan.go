@@ -345,6 +345,102 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 	return true
 }
 
+// preempt makes room for the most urgent waiting request whose deadline
+// is at stake but that admission left waiting: the lane is full, or its
+// batch is too large for the request to finish in time. It moves running
+// requests without a deadline at stake, least urgent first, back to the
+// queue with their sequences (they continue where they stopped when
+// admitted again, or are rebuilt by prefill if evict took the sequence
+// meanwhile), as many as the request needs to meet its deadline at
+// the measured step time, and only if that many can go. Admission
+// control then keeps the batch that small until the deadline passes. On
+// a model whose step time grows with every member this is what keeps a
+// planner's deadline in a full lane; where members are nearly free it
+// rarely fires, since the full batch already meets the deadline. It
+// reports whether it preempted anything.
+func (s *Scheduler) preempt(l *lane, now time.Time) bool {
+	qi := 0
+	if len(s.queues) > 1 {
+		qi = l.idx
+	}
+	tps := math.Max(l.cost.tokPerStep, 1e-3)
+	// finish is when t would finish in a batch of m (t included).
+	finish := func(t *task, m int) time.Time {
+		ctx := t.promptLen + len(t.generated)
+		if t.hasSeq {
+			ctx = 0
+		}
+		return now.Add(l.cost.prefill(ctx) + time.Duration(remaining(t)/tps*float64(l.cost.step(m, 0))))
+	}
+	// u: the earliest deadline among the waiting requests that can still
+	// meet theirs, at least alone.
+	var u *task
+	for _, t := range s.queues[qi] {
+		// Cheap tests first: this runs every step over the whole queue.
+		if t.deadline.IsZero() || (u != nil && !t.deadline.Before(u.deadline)) ||
+			(t.hasSeq && t.lane != l.idx) || finish(t, 1).After(t.deadline) {
+			continue
+		}
+		u = t
+	}
+	if u == nil {
+		return false
+	}
+	// The largest batch, u included, that still meets u's deadline.
+	fits := 1
+	for m := min(len(l.running)+1, s.cfg.MaxBatch); m > 1; m-- {
+		if !finish(u, m).After(u.deadline) {
+			fits = m
+			break
+		}
+	}
+	need := len(l.running) + 1 - fits // members that must leave
+	if need <= 0 {
+		return false
+	}
+	// Victims: running, past their start, without a deadline they could
+	// still meet.
+	r := s.ranker(l, now)
+	var victims []*task
+	for _, t := range l.running {
+		if t.starting || t.prefilling || t.cancel != nil || (!t.deadline.IsZero() && !finish(t, 1).After(t.deadline)) {
+			continue
+		}
+		t.pri = r.rank(t)
+		victims = append(victims, t)
+	}
+	if len(victims) < need {
+		return false
+	}
+	slices.SortFunc(victims, func(a, b *task) int {
+		switch {
+		case before(a, b):
+			return 1
+		case before(b, a):
+			return -1
+		}
+		return 0
+	})
+	victims = victims[:need]
+	for _, t := range victims {
+		l.running = removeTask(l.running, t)
+	}
+	if !s.admissible(l, u, now) {
+		// u would push a running deadline past its end even so.
+		l.running = append(l.running, victims...)
+		return false
+	}
+	for _, t := range victims {
+		t.state = waiting
+		t.rankedBy = 0
+		s.queues[qi] = append(s.queues[qi], t)
+		t.qi, t.qtok = qi, remaining(t)
+		s.qtokens[qi] += t.qtok
+		s.stats.preempted++
+	}
+	return true
+}
+
 // shed is imprecise computation under overload: when a running request
 // is predicted to miss its deadline, or admission control refused a
 // waiting one, or the most urgent waiting request with a deadline will
@@ -466,8 +562,10 @@ func (s *Scheduler) missing(l *lane, now time.Time) bool {
 }
 
 // evict frees the KV of the parked request least worth keeping (lowest
-// class, then parked longest), which will be rebuilt by prefill if
-// resumed. It reports whether a slot was freed.
+// class, then parked longest), or else of a waiting request that holds
+// one on this lane (one preempted, or resumed), the least urgent; it will
+// be rebuilt by prefill when the request runs again. It reports whether a
+// slot was freed.
 func (s *Scheduler) evict(l *lane) bool {
 	var victim *task
 	for _, t := range l.parked {
@@ -476,10 +574,20 @@ func (s *Scheduler) evict(l *lane) bool {
 			victim = t
 		}
 	}
+	if victim != nil {
+		l.parked = removeTask(l.parked, victim)
+	} else {
+		for _, q := range s.queues {
+			for _, t := range q {
+				if t.hasSeq && t.lane == l.idx && (victim == nil || before(victim, t)) {
+					victim = t
+				}
+			}
+		}
+	}
 	if victim == nil {
 		return false
 	}
-	l.parked = removeTask(l.parked, victim)
 	s.releaseSeq(victim)
 	s.stats.evicted++
 	return true

@@ -148,7 +148,7 @@ type Config struct {
 type Ablation struct {
 	NoRouting       bool // one shared queue instead of τ-quantile lanes
 	NoConsolidation bool // take candidates in priority order without the λ cut
-	NoAdmission     bool // no deadline-based admission control
+	NoAdmission     bool // no deadline-based admission control (nor preemption for deadlines)
 	NoShedding      bool // never shed optional tokens
 	NoAging         bool // priority from the arrival time, not the current time
 }
@@ -186,6 +186,7 @@ func (c *Config) defaults() {
 // features says which mechanisms the configured policy uses.
 type features struct {
 	routing, consolidation, admission, shedding, aging bool
+	preemption                                         bool
 }
 
 func (c *Config) features() features {
@@ -195,6 +196,7 @@ func (c *Config) features() features {
 			routing:       !c.Ablate.NoRouting,
 			consolidation: !c.Ablate.NoConsolidation,
 			admission:     !c.Ablate.NoAdmission,
+			preemption:    !c.Ablate.NoAdmission,
 			shedding:      !c.Ablate.NoShedding,
 			aging:         !c.Ablate.NoAging,
 		}

@@ -612,3 +612,95 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 		t.Error("a stale priority was reused")
 	}
 }
+
+func TestPreemptionMakesRoomForADeadline(t *testing.T) {
+	// A step costs 10 ms per member. Four long requests without deadlines
+	// fill the lane; then a request with 20 tokens and a 300 ms deadline
+	// arrives. In a batch of five (or after waiting for a slot) it needs
+	// a second or more; alone, 200 ms.
+	run := func(ablate Ablation) (*Scheduler, *Result, []*Result) {
+		e := newFakeEngine(nil)
+		e.stepA, e.stepB = 0, 10*time.Millisecond
+		s, _ := newManual(t, Config{MaxBatch: 4, Ablate: ablate}, nil, e)
+		s.SeedCost(0, 0, 10*time.Millisecond, 0)
+		var long []*Stream
+		for i := range 4 {
+			long = append(long, submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 100}))
+		}
+		for range 5 { // the long ones are decoding
+			stepLane(s, 0)
+		}
+		urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
+		drive(t, s, 10000)
+		_, _, ru := collect(t, urgent)
+		var rl []*Result
+		for _, st := range long {
+			_, _, r := collect(t, st)
+			rl = append(rl, r)
+		}
+		return s, ru, rl
+	}
+	s, ru, rl := run(Ablation{NoShedding: true})
+	if !ru.DeadlineMet {
+		t.Errorf("urgent request missed its deadline (finished %v after arrival)", ru.Finish.Sub(ru.Arrival))
+	}
+	if s.Stats().Preempted != 4 {
+		t.Errorf("%d requests preempted, want all 4 (only alone does the urgent one meet its deadline)", s.Stats().Preempted)
+	}
+	// The preempted requests continue where they stopped: every token
+	// once, in order.
+	for i, r := range rl {
+		if r.CompletionTokens != 100 || r.Reason != ReasonLength {
+			t.Errorf("long%d: %d tokens, %v; want all 100", i, r.CompletionTokens, r.Reason)
+		}
+	}
+	// Without admission control (and so without preemption) it waits for
+	// a slot or shares the lane, and misses.
+	s2, ru2, _ := run(Ablation{NoShedding: true, NoAdmission: true})
+	if ru2.DeadlineMet || s2.Stats().Preempted != 0 {
+		t.Errorf("without admission control: deadline met %v, %d preempted; the scenario tests nothing", ru2.DeadlineMet, s2.Stats().Preempted)
+	}
+}
+
+func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
+	// Five sequence slots, batches of four: four long requests run, an
+	// urgent one preempts them all (five slots held), and a second
+	// urgent one needs a slot while the first runs: a preempted request
+	// gives its sequence up and is rebuilt by prefill later, its tokens
+	// unchanged.
+	e := newFakeEngine(nil)
+	e.stepA, e.stepB, e.maxSeqs = 0, 10*time.Millisecond, 5
+	s, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoShedding: true}}, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+	var long []*Stream
+	for i := range 4 {
+		long = append(long, submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 60}))
+	}
+	for range 5 {
+		stepLane(s, 0)
+	}
+	u1 := submit(t, s, Request{ID: "u1", Prompt: prompt(10), MaxTokens: 10, Deadline: 150 * time.Millisecond})
+	stepLane(s, 0)
+	stepLane(s, 0)
+	u2 := submit(t, s, Request{ID: "u2", Prompt: prompt(10), MaxTokens: 10, Deadline: 400 * time.Millisecond})
+	drive(t, s, 10000)
+	for _, st := range []*Stream{u1, u2} {
+		if _, _, r := collect(t, st); !r.DeadlineMet {
+			t.Errorf("%s missed its deadline (finished %v after arrival)", r.ID, r.Finish.Sub(r.Arrival))
+		}
+	}
+	for i, st := range long {
+		toks, _, r := collect(t, st)
+		for k, tok := range toks {
+			if tok != int32(100+k) {
+				t.Fatalf("long%d: token %d is %d, want %d: a preempted request lost or repeated tokens", i, k, tok, 100+k)
+			}
+		}
+		if len(toks) != 60 || r.Reason != ReasonLength {
+			t.Errorf("long%d: %d tokens, %v; want 60", i, len(toks), r.Reason)
+		}
+	}
+	if st := s.Stats(); st.Preempted == 0 || st.Evicted == 0 {
+		t.Errorf("preempted %d, evicted %d: the scenario did not need a preempted sequence's slot", st.Preempted, st.Evicted)
+	}
+}

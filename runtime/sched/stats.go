@@ -9,6 +9,7 @@ type counters struct {
 	deadlineHits, deadlineMisses          uint64
 	shedRequests, shedTokens              uint64
 	deferred, evicted, expired            uint64
+	preempted                             uint64
 	freeErrors                            uint64
 	tokens                                uint64
 	utility                               float64
@@ -50,6 +51,7 @@ type Stats struct {
 	DeadlineHits, DeadlineMisses          uint64
 	ShedRequests, ShedTokens              uint64
 	Deferred                              uint64 // admissions postponed by admission control
+	Preempted                             uint64 // running requests sent back to the queue for a deadline
 	Evicted, Expired                      uint64 // parked KV evicted under memory pressure; parked requests dropped
 	Tokens                                uint64 // generated tokens, all lanes
 	Utility                               float64
@@ -91,7 +93,7 @@ func (s *Scheduler) Stats() Stats {
 		Admitted: c.admitted, Rejected: c.rejected,
 		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
-		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred,
+		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
 		Evicted: c.evicted, Expired: c.expired, Tokens: c.tokens, Utility: c.utility,
 		SchedulerWall: c.schedWall, EngineWall: c.engineWall,
 	}

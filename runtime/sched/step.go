@@ -73,6 +73,9 @@ func (s *Scheduler) begin(l *lane) *Step {
 		if s.feat.shedding && s.shed(l, now, refused) {
 			s.admit(l, now)
 		}
+		if s.feat.preemption && s.preempt(l, now) {
+			s.admit(l, now)
+		}
 	}
 	if len(l.running) == 0 && len(l.toFree) == 0 {
 		return nil
