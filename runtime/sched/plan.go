@@ -345,9 +345,10 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 	return true
 }
 
-// preempt makes room for the most urgent waiting request whose deadline
-// is at stake but that admission left waiting: the lane is full, or its
-// batch is too large for the request to finish in time. It moves running
+// preempt makes room for the waiting request with the earliest deadline
+// it can still meet (at least alone) when admission left it waiting: the
+// lane is full, or its batch is too large for the request to finish in
+// time. It moves running
 // requests without a deadline at stake, least urgent first, back to the
 // queue with their sequences (they continue where they stopped when
 // admitted again, or are rebuilt by prefill if evict took the sequence
