@@ -360,6 +360,9 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 // rarely fires, since the full batch already meets the deadline. It
 // reports whether it preempted anything.
 func (s *Scheduler) preempt(l *lane, now time.Time) bool {
+	if len(l.running) == 0 {
+		return false // admit took what it could; nothing runs to make room
+	}
 	qi := 0
 	if len(s.queues) > 1 {
 		qi = l.idx

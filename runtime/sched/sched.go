@@ -186,7 +186,6 @@ func (c *Config) defaults() {
 // features says which mechanisms the configured policy uses.
 type features struct {
 	routing, consolidation, admission, shedding, aging bool
-	preemption                                         bool
 }
 
 func (c *Config) features() features {
@@ -196,7 +195,6 @@ func (c *Config) features() features {
 			routing:       !c.Ablate.NoRouting,
 			consolidation: !c.Ablate.NoConsolidation,
 			admission:     !c.Ablate.NoAdmission,
-			preemption:    !c.Ablate.NoAdmission,
 			shedding:      !c.Ablate.NoShedding,
 			aging:         !c.Ablate.NoAging,
 		}

@@ -73,7 +73,9 @@ func (s *Scheduler) begin(l *lane) *Step {
 		if s.feat.shedding && s.shed(l, now, refused) {
 			s.admit(l, now)
 		}
-		if s.feat.preemption && s.preempt(l, now) {
+		// Preemption is admission control's other half: it makes room
+		// where keeping new members out is not enough.
+		if s.feat.admission && s.preempt(l, now) {
 			s.admit(l, now)
 		}
 	}
