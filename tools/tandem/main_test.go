@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -46,6 +47,22 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 	if code, out, _ := tandem(t, "version"); code != 0 || !strings.HasPrefix(out, "tandem ") {
 		t.Errorf("version: %d %q", code, out)
+	}
+}
+
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	t.Setenv("TANDEM_CPUPROFILE", path)
+	if code, out, errOut := tandem(t, "version"); code != 0 || !strings.HasPrefix(out, "tandem ") {
+		t.Fatalf("version with a profile: exit %d, %q %q", code, out, errOut)
+	}
+	// pprof writes a gzipped protocol buffer.
+	if b, err := os.ReadFile(path); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("profile %s: %d bytes, %v; want a gzipped pprof profile", path, len(b), err)
+	}
+	t.Setenv("TANDEM_CPUPROFILE", filepath.Join(t.TempDir(), "missing", "cpu.prof"))
+	if code, _, errOut := tandem(t, "version"); code != 1 || !strings.Contains(errOut, "TANDEM_CPUPROFILE") {
+		t.Errorf("unwritable profile: exit %d, %q; want 1 and the variable named", code, errOut)
 	}
 }
 
