@@ -120,7 +120,7 @@ func TestSummarizeAndGoals(t *testing.T) {
 	}
 	rows := []SchedRow{
 		{Engine: "e", Policy: "fifo", Load: 1, P99: 10 * time.Second, Attainment: 10},
-		{Engine: "e", Policy: "tandem", Load: 1, P99: 6 * time.Second, Attainment: 40, Overhead: 0.5},
+		{Engine: "e", Policy: "tandem", Load: 1, P99: 6 * time.Second, P99Floor: 4 * time.Second, Attainment: 40, Overhead: 0.5},
 		{Engine: "e", Policy: "tandem", Load: 0.5, P99: time.Second, Attainment: 100, Overhead: 2},
 	}
 	g := Goals(rows)
@@ -129,6 +129,14 @@ func TestSummarizeAndGoals(t *testing.T) {
 	}
 	if !strings.Contains(GoalTable(g), "40.0% met") || !strings.Contains(SchedTable(rows), "| tandem |") {
 		t.Error("tables lack the figures")
+	}
+	// The floor goes with its reduction from FIFO's p99; unknown, a dash.
+	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) |") {
+		t.Errorf("goal table lacks the p99 floor:\n%s", GoalTable(g))
+	}
+	rows[1].P99Floor = 0
+	if !strings.Contains(GoalTable(Goals(rows)), "met | - |") {
+		t.Errorf("goal table without a floor:\n%s", GoalTable(Goals(rows)))
 	}
 }
 
