@@ -355,7 +355,7 @@ func TestMatMulBatchInvariant(t *testing.T) {
 	pool := NewPool(2)
 	defer pool.Close()
 	for _, wt := range matmulTypes {
-		// 83 blocks of 32 cross the batched kernel's 64-block chunks
+		// 83 blocks of 32 cross the batched kernel's 32-block chunks
 		// and end in a partial step of 16.
 		for _, cols := range append(colsFor(wt), 83*weights.QK) {
 			if cols%wt.BlockSize() != 0 {
