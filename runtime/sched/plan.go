@@ -448,12 +448,12 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 // shed is imprecise computation under overload: when a running request
 // is predicted to miss its deadline, or admission control refused a
 // waiting one, or the most urgent waiting request with a deadline will
-// miss it, or the queue is backlogged, the request with the least utility that has optional tokens
+// miss it, or the queue is backlogged (see backlogged), the request with the least utility that has optional tokens
 // left (MinTokens set, MaxTokens not reached) is cut to what it has, or
 // to its MinTokens. One request per step, so shedding stays gradual. It
 // reports whether it shed anything.
 func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
-	if !refused && !s.backlogged(l) && !s.missing(l, now) {
+	if !refused && !s.backlogged(l, now) && !s.missing(l, now) {
 		return false
 	}
 	var victim *task
@@ -519,14 +519,22 @@ func optional(t *task) int {
 // nothing else arrived.
 const shedHorizon = 128
 
+// overloadHorizon is the shorter backlog, in full-batch steps, past which
+// a lane sheds while the offered load exceeds the lanes' capacity. Then
+// the queue can only grow, so waiting for shedHorizon's backlog would only
+// make every request wait longer before the optional tokens go anyway.
+const overloadHorizon = 16
+
 // backlogged reports whether l's queue takes longer than shedHorizon
-// full-batch steps to drain: sustained overload, not a burst.
-func (s *Scheduler) backlogged(l *lane) bool {
+// full-batch steps to drain (sustained overload, not a burst), or longer
+// than overloadHorizon while work arrives faster than the lanes decode.
+func (s *Scheduler) backlogged(l *lane, now time.Time) bool {
 	qi := 0
 	if len(s.queues) > 1 {
 		qi = l.idx
 	}
-	return s.drain(qi) > shedHorizon*l.cost.step(s.cfg.MaxBatch, 0)
+	d, full := s.drain(qi), l.cost.step(s.cfg.MaxBatch, 0)
+	return d > shedHorizon*full || (d > overloadHorizon*full && s.offeredRatio(now) > 1)
 }
 
 // missing reports whether a deadline in l is predicted to be missed: a

@@ -27,8 +27,9 @@ type Scheduler struct {
 	lanes []*lane
 
 	mu      sync.Mutex
-	queues  [][]*task // routed: one per lane; shared: queues[0]
-	qtokens []float64 // per queue: the predicted tokens its requests still need
+	queues  [][]*task   // routed: one per lane; shared: queues[0]
+	qtokens []float64   // per queue: the predicted tokens its requests still need
+	offered offeredLoad // the predicted tokens of new work, for overload
 	tasks   map[string]*task
 	parked  int
 	quant   *quantiles
@@ -376,6 +377,7 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	s.queues[q] = append(s.queues[q], t)
 	t.qi, t.qtok = q, remaining(t)
 	s.qtokens[q] += t.qtok
+	s.offered.add(t.qtok, now, s.loadWindow())
 	s.wake(t)
 }
 

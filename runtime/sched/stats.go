@@ -55,6 +55,10 @@ type Stats struct {
 	Evicted, Expired                      uint64 // parked KV evicted under memory pressure; parked requests dropped
 	Tokens                                uint64 // generated tokens, all lanes
 	Utility                               float64
+	// OfferedLoad is the recent arrival rate of predicted tokens over the
+	// lanes' full-batch capacity: above 1 the scheduler is overloaded and
+	// sheds optional tokens early.
+	OfferedLoad float64
 
 	// SchedulerWall is the wall time spent in the scheduler's own code
 	// (scoring, planning, delivering); EngineWall in Engine.Step.
@@ -96,6 +100,7 @@ func (s *Scheduler) Stats() Stats {
 		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
 		Evicted: c.evicted, Expired: c.expired, Tokens: c.tokens, Utility: c.utility,
 		SchedulerWall: c.schedWall, EngineWall: c.engineWall,
+		OfferedLoad: s.offeredRatio(s.cfg.Now()),
 	}
 	for i, l := range s.lanes {
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,

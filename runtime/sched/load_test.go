@@ -1,0 +1,102 @@
+package sched
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+func TestOfferedLoadFollowsTheArrivalRate(t *testing.T) {
+	var o offeredLoad
+	start := time.Unix(1_000_000, 0)
+	const window = time.Second
+	// 40 tokens every 100 ms for 20 windows: 400 tokens/s.
+	now := start
+	for range 200 {
+		now = now.Add(100 * time.Millisecond)
+		o.add(40, now, window)
+	}
+	// Sampled just after an arrival the sum holds that arrival in full:
+	// the steady state is 40/(1-e^-0.1) over the window, 5% above 400.
+	if r := o.rate(now, window); math.Abs(r-400) > 0.06*400 {
+		t.Errorf("rate %.1f tokens/s after steady arrivals, want about 400", r)
+	}
+	if r := o.rate(now.Add(5*window), window); r > 0.01*400 {
+		t.Errorf("rate %.1f tokens/s five windows after the last arrival, want near 0", r)
+	}
+	var empty offeredLoad
+	if r := empty.rate(now, 0); r != 0 {
+		t.Errorf("rate %.1f with no window, want 0", r)
+	}
+}
+
+// loadLane is a one-lane scheduler whose full batch of 2 decodes 100
+// tokens/s (10 ms per member), so shedHorizon's backlog is 256 tokens.
+func loadLane(t *testing.T) (*Scheduler, *fakeClock) {
+	e := newFakeEngine(nil)
+	e.stepA, e.stepB, e.stepC = 0, 10*time.Millisecond, 0
+	s, clock := newManual(t, Config{MaxBatch: 2, MaxQueue: 1000}, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+	return s, clock
+}
+
+// shedable is a request predicted at 10 tokens with 8 of them optional.
+func shedable(t *testing.T, s *Scheduler) {
+	t.Helper()
+	submit(t, s, Request{Prompt: prompt(10), MinTokens: 2, MaxTokens: 10, Utility: Utility{Value: 0.5}})
+}
+
+func TestShedsEarlyWhenWorkArrivesFasterThanTheLanesDecode(t *testing.T) {
+	s, clock := loadLane(t)
+	// Arrivals at 200 tokens/s against a capacity of 100: the queue grows
+	// by 100 tokens/s. Shedding must begin once the offered load reads
+	// above 1, before the backlog reaches shedHorizon.
+	next := clock.Now()
+	for i := 0; ; i++ {
+		for !clock.Now().Before(next) {
+			shedable(t, s)
+			next = next.Add(50 * time.Millisecond)
+		}
+		// Shedding happens in Begin: the backlog it saw is the one
+		// before it (shedding shrinks it).
+		s.mu.Lock()
+		drain, full := s.drain(0), s.lanes[0].cost.step(2, 0)
+		s.mu.Unlock()
+		st := s.Begin(0)
+		stats := s.Stats()
+		if stats.ShedRequests > 0 {
+			if drain >= shedHorizon*full {
+				t.Errorf("shedding began at a backlog of %v, past shedHorizon (%v)", drain, shedHorizon*full)
+			}
+			if drain <= overloadHorizon*full {
+				t.Errorf("shedding began at a backlog of %v, within overloadHorizon (%v)", drain, overloadHorizon*full)
+			}
+			if stats.OfferedLoad <= 1 {
+				t.Errorf("offered load %.2f when shedding began, want > 1", stats.OfferedLoad)
+			}
+			return
+		}
+		st.Run(context.Background())
+		s.End(st)
+		if i > 2000 {
+			t.Fatalf("no shedding after %d steps at twice the capacity (offered load %.2f)", i, stats.OfferedLoad)
+		}
+	}
+}
+
+func TestBurstBelowTheHorizonIsNotShed(t *testing.T) {
+	s, _ := loadLane(t)
+	// The same backlog as above at once, then nothing: 25 requests are
+	// 250 tokens, 125 full-batch steps, an offered load below 1.
+	for range 25 {
+		shedable(t, s)
+	}
+	if l := s.Stats().OfferedLoad; l >= 1 || l < 0.5 {
+		t.Errorf("offered load %.2f after the burst, want 250/256", l)
+	}
+	drive(t, s, 1000)
+	if st := s.Stats(); st.ShedRequests != 0 || st.Completed != 25 {
+		t.Errorf("a burst below shedHorizon: %d requests shed, %d completed; want 0 and 25", st.ShedRequests, st.Completed)
+	}
+}
