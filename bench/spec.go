@@ -395,16 +395,26 @@ func VerifyCost(cfg SpecConfig, sizes []int) ([]time.Duration, error) {
 }
 
 // SpecPlot draws per-token latency per mode against storage bandwidth for
-// one type and budget.
+// one type and budget: a line per mode, or with a single storage a bar per
+// mode (labelled with its tokens per target pass).
 func SpecPlot(rs []SpecResult, title string) []byte {
+	storages := map[float64]bool{}
+	for _, r := range rs {
+		storages[specBandwidth(r)] = true
+	}
+	if len(storages) == 1 {
+		c := BarChart{Title: title, XLabel: "ms per token (median)"}
+		for _, r := range rs {
+			c.Bars = append(c.Bars, Bar{Name: r.Config.Mode.Name, Value: ms(r.Token),
+				Label: fmt.Sprintf("%.0f ms, %.2f tokens/pass", ms(r.Token), r.TokensPerPass())})
+		}
+		return c.SVG()
+	}
 	c := Chart{Title: title, XLabel: "storage bandwidth (MB/s)", YLabel: "ms per token (median)", YFromZero: true}
 	lines := map[string]*Series{}
 	var order []string
 	for _, r := range rs {
-		bw := r.Config.Bandwidth
-		if bw == 0 {
-			bw = r.Config.DiskBW
-		}
+		bw := specBandwidth(r)
 		name := r.Config.Mode.Name
 		s, ok := lines[name]
 		if !ok {
@@ -418,4 +428,13 @@ func SpecPlot(rs []SpecResult, title string) []byte {
 		c.Series = append(c.Series, *lines[n])
 	}
 	return c.SVG()
+}
+
+// specBandwidth is the storage bandwidth a result streamed from: the
+// emulated one, or the disk's as measured.
+func specBandwidth(r SpecResult) float64 {
+	if r.Config.Bandwidth == 0 {
+		return r.Config.DiskBW
+	}
+	return r.Config.Bandwidth
 }

@@ -60,9 +60,7 @@ func (c Chart) SVG() []byte {
 	py := func(y float64) float64 { return padT + plotH - (y-ymin)/span(ymin, ymax)*plotH }
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, svgH, svgW, svgH)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, svgH)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="14" font-weight="bold">%s</text>`+"\n", padL, esc(c.Title))
+	svgHead(&b, svgH, c.Title)
 	for _, t := range yt {
 		y := py(t)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e0e0e0"/>`+"\n", padL, y, padL+plotW, y)
@@ -102,6 +100,14 @@ func (c Chart) SVG() []byte {
 	}
 	b.WriteString("</svg>\n")
 	return []byte(b.String())
+}
+
+// svgHead opens a chart's SVG document: svgW wide and height high, on
+// white, with its title.
+func svgHead(b *strings.Builder, height int, title string) {
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, height, svgW, height)
+	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, height)
+	fmt.Fprintf(b, `<text x="%d" y="22" font-size="14" font-weight="bold">%s</text>`+"\n", padL, esc(title))
 }
 
 // ticks returns about tickCount round values covering [lo, hi].
@@ -145,3 +151,67 @@ func num(v float64) string {
 }
 
 func esc(s string) string { return html.EscapeString(s) }
+
+// Bar is one bar of a BarChart.
+type Bar struct {
+	Name  string
+	Value float64
+	Label string // printed after the bar ("" prints the value)
+	Color string // CSS color; "" picks from the palette
+}
+
+// BarChart is a horizontal bar chart drawn as a standalone SVG: one
+// labelled bar per row, lengths from zero. It draws a single
+// configuration's modes, where a line chart would have one x value.
+type BarChart struct {
+	Title, XLabel string
+	Bars          []Bar
+}
+
+const barRow, barPadL, barPadR = 26, 120, 170
+
+// SVG renders the chart.
+func (c BarChart) SVG() []byte {
+	vmax := 0.0
+	for _, r := range c.Bars {
+		if finite(r.Value) {
+			vmax = math.Max(vmax, r.Value)
+		}
+	}
+	xt := ticks(0, vmax)
+	top := xt[len(xt)-1]
+	w := float64(svgW - barPadL - barPadR)
+	h := barRow * max(len(c.Bars), 1)
+	height := padT + h + padB
+	px := func(v float64) float64 { return barPadL + v/span(0, top)*w }
+
+	var b strings.Builder
+	svgHead(&b, height, c.Title)
+	for _, t := range xt {
+		x := px(t)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e0e0e0"/>`+"\n", x, padT, x, padT+h)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, padT+h+16, num(t))
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", barPadL+w/2, height-12, esc(c.XLabel))
+	for i, r := range c.Bars {
+		color := r.Color
+		if color == "" {
+			color = palette[i%len(palette)]
+		}
+		y := padT + i*barRow
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", barPadL-8, y+barRow/2+4, esc(r.Name))
+		if !finite(r.Value) {
+			continue
+		}
+		end := px(math.Max(r.Value, 0))
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", barPadL, y+4, end-barPadL, barRow-8, color)
+		label := r.Label
+		if label == "" {
+			label = num(r.Value)
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", end+6, y+barRow/2+4, esc(label))
+	}
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", barPadL, padT, barPadL, padT+h)
+	b.WriteString("</svg>\n")
+	return []byte(b.String())
+}
