@@ -41,8 +41,8 @@ func loadLane(t *testing.T) (*Scheduler, *fakeClock) {
 	return s, clock
 }
 
-// shedable is a request predicted at 10 tokens with 8 of them optional.
-func shedable(t *testing.T, s *Scheduler) {
+// sheddable is a request predicted at 10 tokens with 8 of them optional.
+func sheddable(t *testing.T, s *Scheduler) {
 	t.Helper()
 	submit(t, s, Request{Prompt: prompt(10), MinTokens: 2, MaxTokens: 10, Utility: Utility{Value: 0.5}})
 }
@@ -55,7 +55,7 @@ func TestShedsEarlyWhenWorkArrivesFasterThanTheLanesDecode(t *testing.T) {
 	next := clock.Now()
 	for i := 0; ; i++ {
 		for !clock.Now().Before(next) {
-			shedable(t, s)
+			sheddable(t, s)
 			next = next.Add(50 * time.Millisecond)
 		}
 		// Shedding happens in Begin: the backlog it saw is the one
@@ -90,7 +90,7 @@ func TestBurstBelowTheHorizonIsNotShed(t *testing.T) {
 	// The same backlog as above at once, then nothing: 25 requests are
 	// 250 tokens, 125 full-batch steps, an offered load below 1.
 	for range 25 {
-		shedable(t, s)
+		sheddable(t, s)
 	}
 	if l := s.Stats().OfferedLoad; l >= 1 || l < 0.5 {
 		t.Errorf("offered load %.2f after the burst, want 250/256", l)
