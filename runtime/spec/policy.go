@@ -197,6 +197,13 @@ func (c *CostAware) Verify(s TreeState) bool {
 	if s.Nodes == 0 || s.LastAdded == 0 {
 		return false
 	}
+	// While a pass stays IO-bound with more tokens, a drafted token costs
+	// only its draft step, and the estimate below undervalues the many
+	// low-confidence side branches that a larger tree keeps: draft on
+	// while the round's drafting is a small share of the pass.
+	if c.io > 0 && c.verifyCost(s.Nodes+max(s.LastAdded, 1)) <= c.io && s.Draft.Seconds() < freeDraftShare*c.io {
+		return false
+	}
 	e, gain := 1+c.k*s.SumConf, c.k*s.LastGain
 	if s.ConfByDepth != nil {
 		e, gain = 1+c.expected(s.ConfByDepth), c.expected(s.LastByDepth)
@@ -206,6 +213,10 @@ func (c *CostAware) Verify(s TreeState) bool {
 	cost := c.stepCost(s.LastStep) + tv - c.verifyCost(s.Nodes-s.LastAdded)
 	return gain*t < cost*e
 }
+
+// freeDraftShare is the share of an IO-bound pass that a round's drafting
+// may take before the marginal rule decides alone.
+const freeDraftShare = 0.05
 
 // depthPrior is the weight of the global k in k_d, in verifications: a
 // depth seen in few verifications is calibrated mostly by k.

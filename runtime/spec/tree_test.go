@@ -152,11 +152,7 @@ func TestCostAwareTrigger(t *testing.T) {
 	// cost nothing until the compute outgrows the IO. Passes of 1 s with
 	// compute growing 10 ms per token: the compute reaches the IO at
 	// about 100 tokens.
-	overlap := &CostAware{}
-	for _, n := range []int{10, 30, 10, 30} {
-		compute := time.Duration(10*(n+1)) * time.Millisecond
-		overlap.Observe(Outcome{Verified: n, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: time.Second - compute})
-	}
+	overlap := overlapped(10 * time.Millisecond)
 	small := TreeState{Nodes: 60, Branches: 4, SumConf: 4, LastGain: 0.02, LastAdded: 2, LastStep: time.Millisecond, Draft: 10 * time.Millisecond}
 	if overlap.Verify(small) {
 		t.Error("IO-bound target, 60 tokens: verified although their compute hides under the IO")
@@ -201,8 +197,10 @@ func TestCostAwareByDepth(t *testing.T) {
 		c.Observe(Outcome{Verified: 30, Accepted: 3, SumConf: 1.11, ConfByDepth: []float64{0.9, 0.2, 0.01},
 			Time: time.Second, IOWait: 950 * time.Millisecond})
 	}
+	// 60 ms of drafting: past the share of an IO-bound pass that is
+	// drafted freely, so the marginal rule decides.
 	st := TreeState{Nodes: 30, Branches: 8, SumConf: 1.11, ConfByDepth: []float64{0.9, 0.2, 0.01},
-		LastGain: 0.001, LastAdded: 2, LastStep: time.Millisecond, Draft: 10 * time.Millisecond}
+		LastGain: 0.001, LastAdded: 2, LastStep: time.Millisecond, Draft: 60 * time.Millisecond}
 	shallow, deep := st, st
 	shallow.LastByDepth = []float64{0.001, 0, 0}
 	deep.LastByDepth = []float64{0, 0, 0.001}
@@ -215,6 +213,49 @@ func TestCostAwareByDepth(t *testing.T) {
 	if e := c.expected([]float64{0.9, 0.2, 0.01}); e < 2.5 || e > 3.5 {
 		t.Errorf("expected tokens of the observed tree = %.2f, want about the 3 every pass accepted", e)
 	}
+}
+
+// TestCostAwareDraftsFreelyWhileIOBound: while a pass stays IO-bound with
+// more tokens, the tree grows whatever the marginal rule says until the
+// round's drafting takes freeDraftShare of a pass; then, or when the pass
+// would turn compute-bound, the marginal rule decides again.
+func TestCostAwareDraftsFreelyWhileIOBound(t *testing.T) {
+	c := &CostAware{}
+	for range 5 { // 1 s passes, all but 20 ms of them waiting on IO
+		c.Observe(Outcome{Verified: 40, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: 980 * time.Millisecond})
+	}
+	worthless := TreeState{Nodes: 60, Branches: 4, SumConf: 3, LastGain: 1e-9, LastAdded: 2, LastStep: time.Millisecond}
+	early := worthless
+	early.Draft = 40 * time.Millisecond
+	if c.Verify(early) {
+		t.Error("IO-bound pass, 40 ms of drafting per 1 s pass: verified, but drafting is free until 50 ms")
+	}
+	late := worthless
+	late.Draft = 60 * time.Millisecond
+	if !c.Verify(late) {
+		t.Error("60 ms of drafting per 1 s pass, a step adding nothing: kept drafting")
+	}
+	// Compute grows 20 ms per token: past 50 tokens it outgrows the IO.
+	heavy := overlapped(20 * time.Millisecond)
+	if !heavy.Verify(early) {
+		t.Error("a pass that 60 more tokens would make compute-bound: drafted on as if free")
+	}
+	resident := &CostAware{}
+	resident.Observe(Outcome{Verified: 40, Accepted: 3, SumConf: 3, Time: 20 * time.Millisecond})
+	if !resident.Verify(early) {
+		t.Error("resident target (no IO): drafted a step adding nothing")
+	}
+}
+
+// overlapped is a CostAware that saw 1 s streamed passes of 11 and 31
+// tokens whose compute, perToken a token, hides under the IO.
+func overlapped(perToken time.Duration) *CostAware {
+	c := &CostAware{}
+	for _, n := range []int{10, 30, 10, 30} {
+		compute := time.Duration(n+1) * perToken
+		c.Observe(Outcome{Verified: n, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: time.Second - compute})
+	}
+	return c
 }
 
 // walkDecoder is a decoder holding only what walk needs.
