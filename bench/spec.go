@@ -70,6 +70,15 @@ type SpecConfig struct {
 	Runs, Tokens int
 }
 
+// bandwidth is the storage bandwidth the target streams from: the
+// emulated one, or the disk's as measured.
+func (c SpecConfig) bandwidth() float64 {
+	if c.Bandwidth > 0 {
+		return c.Bandwidth
+	}
+	return c.DiskBW
+}
+
 // SpecResult is one configuration measured.
 type SpecResult struct {
 	Config     SpecConfig
@@ -136,11 +145,7 @@ func Spec(cfg SpecConfig) (SpecResult, error) {
 		return res, err
 	}
 	res.TotalBytes, res.Streamed = plan.Total, plan.Streamed(groups, tf)
-	bw := cfg.Bandwidth
-	if bw == 0 {
-		bw = cfg.DiskBW
-	}
-	if bw > 0 {
+	if bw := cfg.bandwidth(); bw > 0 {
 		res.PassBound = time.Duration(float64(res.Streamed) / bw * float64(time.Second))
 	}
 	mopt := model.Options{Pool: pool, Stream: &sopt}
@@ -400,7 +405,7 @@ func VerifyCost(cfg SpecConfig, sizes []int) ([]time.Duration, error) {
 func SpecPlot(rs []SpecResult, title string) []byte {
 	storages := map[float64]bool{}
 	for _, r := range rs {
-		storages[specBandwidth(r)] = true
+		storages[r.Config.bandwidth()] = true
 	}
 	if len(storages) == 1 {
 		c := BarChart{Title: title, XLabel: "ms per token (median)"}
@@ -414,7 +419,7 @@ func SpecPlot(rs []SpecResult, title string) []byte {
 	lines := map[string]*Series{}
 	var order []string
 	for _, r := range rs {
-		bw := specBandwidth(r)
+		bw := r.Config.bandwidth()
 		name := r.Config.Mode.Name
 		s, ok := lines[name]
 		if !ok {
@@ -428,13 +433,4 @@ func SpecPlot(rs []SpecResult, title string) []byte {
 		c.Series = append(c.Series, *lines[n])
 	}
 	return c.SVG()
-}
-
-// specBandwidth is the storage bandwidth a result streamed from: the
-// emulated one, or the disk's as measured.
-func specBandwidth(r SpecResult) float64 {
-	if r.Config.Bandwidth == 0 {
-		return r.Config.DiskBW
-	}
-	return r.Config.Bandwidth
 }
