@@ -124,6 +124,16 @@ func (m *costModel) perToken(n int) time.Duration {
 	return time.Duration(float64(m.step(max(n, 1), 0)) / math.Max(m.tokPerStep, 1e-3))
 }
 
+// rate is what a batch of n decodes, in tokens per second (0 while the
+// step costs nothing measured).
+func (m *costModel) rate(n int) float64 {
+	step := m.step(max(n, 1), 0)
+	if step <= 0 {
+		return 0
+	}
+	return float64(max(n, 1)) * math.Max(m.tokPerStep, 1e-3) / step.Seconds()
+}
+
 // prefill is the time to evaluate a context of n tokens in chunks of
 // chunk, next to a batch of decode members.
 func (m *costModel) prefill(n int) time.Duration {

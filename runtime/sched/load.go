@@ -44,12 +44,9 @@ func (s *Scheduler) loadWindow() time.Duration {
 // capacity is what the lanes decode at full batch, in tokens per second,
 // at their measured step costs.
 func (s *Scheduler) capacity() float64 {
-	c := s.cfg.MaxBatch
 	total := 0.0
 	for _, l := range s.lanes {
-		if step := l.cost.step(c, 0); step > 0 {
-			total += float64(c) * math.Max(l.cost.tokPerStep, 1e-3) / step.Seconds()
-		}
+		total += l.cost.rate(s.cfg.MaxBatch)
 	}
 	return total
 }

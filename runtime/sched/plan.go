@@ -228,10 +228,11 @@ func (s *Scheduler) source(l *lane) int {
 
 // drain is the time lane i needs to serve its queue at full batch.
 func (s *Scheduler) drain(i int) time.Duration {
-	tokens := s.qtokens[i]
-	l := s.lanes[i]
-	c := s.cfg.MaxBatch
-	return time.Duration(tokens / (float64(c) * math.Max(l.cost.tokPerStep, 1e-3)) * float64(l.cost.step(c, 0)))
+	r := s.lanes[i].cost.rate(s.cfg.MaxBatch)
+	if r <= 0 {
+		return 0
+	}
+	return time.Duration(s.qtokens[i] / r * float64(time.Second))
 }
 
 // topK returns the k most urgent waiting requests this lane can run, in
