@@ -285,6 +285,8 @@ func addSpecStats(a, b spec.Stats) spec.Stats {
 	a.Verified += b.Verified
 	a.Accepted += b.Accepted
 	a.MaxTree = max(a.MaxTree, b.MaxTree)
+	a.Filled += b.Filled
+	a.FilledAccepted += b.FilledAccepted
 	a.PipelineSteps += b.PipelineSteps
 	a.KeptNodes += b.KeptNodes
 	for len(a.AcceptLen) < len(b.AcceptLen) {

@@ -184,6 +184,10 @@ type Stats struct {
 	Verified     int // drafted tokens the target checked
 	Accepted     int // drafted tokens accepted
 	MaxTree      int // largest tree verified (drafted tokens)
+	// Filled are the verified tokens that came from free rows (Filler):
+	// proposed by the draft, never extended by it. FilledAccepted of them
+	// were accepted.
+	Filled, FilledAccepted int
 	// PipelineSteps are the draft steps run while a verification was in
 	// flight; KeptNodes the drafted tokens carried into the next round
 	// because they hung under the token the target chose.
@@ -233,6 +237,7 @@ type Decoder struct {
 	sampler  *sample.Sampler // the target's: picks and accepts tokens
 	proposer *sample.Sampler // the draft's draws (sampling only)
 
+	filler   Filler // the trigger, when the tree fills free verification rows
 	tree     *tree
 	pending  []int32 // accepted tokens before the root the draft has no KV row for
 	history  []int32 // prompt and emitted tokens, the root last
@@ -291,6 +296,9 @@ func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.S
 	d.limit = min(tc, dc)
 	if dc < tc {
 		d.notes = append(d.notes, fmt.Sprintf("the draft's context (%d) is shorter than the target's (%d): generation stops at %d tokens", dc, tc, dc))
+	}
+	if f, ok := cfg.Trigger.(Filler); ok && cfg.Method == Tree {
+		d.filler = f
 	}
 	if cfg.Pipeline && !target.Streamed() {
 		d.cfg.Pipeline = false
@@ -437,7 +445,7 @@ func (d *Decoder) step(ctx context.Context) ([]int32, error) {
 		}
 		d.roundDraft += d.last.time
 	}
-	snap := d.snapshot()
+	snap := d.snapshot(d.fill())
 	var err error
 	if d.cfg.Pipeline {
 		err = d.verifyPipelined(ctx)

@@ -219,7 +219,9 @@ func TestSpeculateDraftExtremes(t *testing.T) {
 func TestSpeculateCachesMatchPlainDecode(t *testing.T) {
 	r := arRecords(t, "stories260K.greedy.jsonl")[1]
 	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
-	d := p.decoder(t, Config{Method: Tree, MaxTree: 12})
+	// Filled free rows put undrafted tokens on the accepted path, which
+	// the draft evaluates with its next step.
+	d := p.decoder(t, Config{Method: Tree, MaxTree: 12, Trigger: fixedFill{FixedSize{N: 12}, 24}})
 	ctx := context.Background()
 	if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
 		t.Fatal(err)
@@ -451,17 +453,21 @@ func TestCheckDraftFile(t *testing.T) {
 
 // randomTrigger verifies at random points, empty trees (the root alone)
 // included, several times in a row: shapes no tuned trigger makes.
+// It offers up to free rows to fill, a random number each time.
 type randomTrigger struct {
-	rng *rand.Rand
-	p   float64
+	rng  *rand.Rand
+	p    float64
+	free int
 }
 
-func (r randomTrigger) Verify(TreeState) bool { return r.rng.Float64() < r.p }
-func (randomTrigger) Observe(Outcome)         {}
+func (r randomTrigger) Verify(TreeState) bool   { return r.rng.Float64() < r.p }
+func (randomTrigger) Observe(Outcome)           {}
+func (r randomTrigger) FreeRows() int           { return r.rng.IntN(r.free + 1) }
+func (r randomTrigger) DepthFactor(int) float64 { return 0.5 + r.rng.Float64() }
 
 // TestSpeculateAnyTreeShape: whatever trees the trigger and the draft
 // settings make, greedy speculation emits the target's own tokens, bit
-// for bit. The embedded pair has Q8_0 weights, whose kernels take one
+// for bit, free rows filled or not. The embedded pair has Q8_0 weights, whose kernels take one
 // path for one token and another for a batch, so a verification of n
 // tokens must give the logits of n one-token decodes (kernels are
 // batch-invariant). Verifying the root alone leaves tokens the draft has
@@ -496,7 +502,7 @@ func TestSpeculateAnyTreeShape(t *testing.T) {
 				}
 				for seed := range seeds {
 					rng := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
-					cfg := Config{Method: Tree, Trigger: randomTrigger{rng, 0.05 + 0.6*rng.Float64()},
+					cfg := Config{Method: Tree, Trigger: randomTrigger{rng, 0.05 + 0.6*rng.Float64(), rng.IntN(3) * 20},
 						DraftBatch: 1 + rng.IntN(4), MaxBranches: 1 + rng.IntN(8), BranchThreshold: 0.02 + 0.3*rng.Float64()}
 					d, err := New(draft, target, dcache, tcache, nil, cfg)
 					if err != nil {

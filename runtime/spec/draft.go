@@ -96,7 +96,9 @@ type stepInfo struct {
 // threshold while branches are left. Sampling: as many independent draws
 // from the draft's sampling distribution as the threshold would open
 // branches, so speculative sampling stays exact. BiLD hands over instead
-// when the draft's top probability is below its fallback threshold.
+// when the draft's top probability is below its fallback threshold. When
+// the decoder fills free verification rows, the likely tokens left out
+// are kept as x's alternatives.
 func (d *Decoder) propose(x int, logits []float32, cap int) {
 	t := d.tree
 	if t.nodes[x].depth >= d.maxDepth() {
@@ -104,7 +106,7 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 	}
 	room := d.cfg.MaxBranches - len(t.leaves(nil)) // x, expanded now, gives way to its children
 	room = min(room, d.maxNodes(cap)-t.size())
-	if room <= 0 {
+	if room <= 0 && d.filler == nil {
 		return
 	}
 	sampling := !d.sampler.Greedy()
@@ -115,34 +117,49 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 		d.probs = softmaxInto(d.probs, logits)
 		q = d.probs
 	}
-	top := topTokens(q, min(room, 8))
+	top := topTokens(q, maxProposals)
 	if d.cfg.Method == BiLD && float64(q[top[0]]) < d.cfg.Fallback {
 		d.handover = true
 		return
 	}
-	want := 1
+	want := 0
+	if room > 0 {
+		want = 1
+	}
 	for _, id := range top[1:] {
 		if float64(q[id]) > d.cfg.BranchThreshold && want < room {
 			want++
 		}
 	}
-	if !sampling {
+	switch {
+	case !sampling:
 		for _, id := range top[:want] {
 			d.addChild(x, id, q[id])
 		}
+	case want > 0:
+		t.nodes[x].dist = q
+		for range want {
+			id := d.proposer.Draw(q)
+			c := t.child(x, id)
+			if c < 0 {
+				c = d.addChild(x, id, q[id])
+			}
+			t.nodes[x].draws = append(t.nodes[x].draws, c)
+		}
+	}
+	if d.filler == nil {
 		return
 	}
-	n := &t.nodes[x]
-	n.dist = q
-	for range want {
-		id := d.proposer.Draw(q)
-		c := t.child(x, id)
-		if c < 0 {
-			c = d.addChild(x, id, q[id])
+	for _, id := range top {
+		if t.child(x, id) < 0 {
+			t.nodes[x].alts = append(t.nodes[x].alts, alt{id, q[id]})
 		}
-		t.nodes[x].draws = append(t.nodes[x].draws, c)
 	}
 }
+
+// maxProposals is how many of the draft's most likely tokens after a
+// node it considers: children first, then alternatives.
+const maxProposals = 8
 
 // addChild adds a child and prunes it at once when its branch is already
 // below the confidence floor.

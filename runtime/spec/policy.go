@@ -218,6 +218,28 @@ func (c *CostAware) Verify(s TreeState) bool {
 // may take before the marginal rule decides alone.
 const freeDraftShare = 0.05
 
+// FreeRows is the largest tree whose fitted compute stays within
+// fillShare of an IO-bound pass: 0 for a target that does not wait on IO.
+func (c *CostAware) FreeRows() int {
+	if c.io <= 0 || c.seen == 0 {
+		return 0
+	}
+	b := c.perToken()
+	if b <= 0 {
+		return math.MaxInt32
+	}
+	n := (fillShare*c.io-c.st/c.sw)/b + c.sn/c.sw - 1
+	return int(math.Max(0, math.Min(math.Floor(n+1e-6), math.MaxInt32))) // 1e-6: the fit's rounding
+}
+
+// fillShare is the share of an IO-bound pass its compute may take once a
+// tree is filled: compute overlaps the streaming layer by layer, and the
+// resident layers and the last layer's compute have no IO to hide
+// behind, so a pass whose total compute nears its IO already runs
+// longer (tinyllama-1.1b Q4_0, 25% budget, 400 MB/s: 96 tokens cost no
+// more than 1, 128 cost 2% more).
+const fillShare = 0.7
+
 // depthPrior is the weight of the global k in k_d, in verifications: a
 // depth seen in few verifications is calibrated mostly by k.
 const depthPrior = 1
@@ -227,14 +249,20 @@ const depthPrior = 1
 func (c *CostAware) expected(conf []float64) float64 {
 	var e float64
 	for i, x := range conf {
-		kd := c.k
-		if i < len(c.acc) && c.conf[i] > 0 {
-			n := c.passes[i]
-			kd = (n*c.acc[i]/c.conf[i] + depthPrior*c.k) / (n + depthPrior)
-		}
-		e += kd * x
+		e += c.DepthFactor(i+1) * x
 	}
 	return e
+}
+
+// DepthFactor is k_d: how many times more often verifications accepted
+// a drafted token at depth d than its C said.
+func (c *CostAware) DepthFactor(d int) float64 {
+	i := d - 1
+	if i < 0 || i >= len(c.acc) || c.conf[i] <= 0 {
+		return c.k
+	}
+	n := c.passes[i]
+	return (n*c.acc[i]/c.conf[i] + depthPrior*c.k) / (n + depthPrior)
 }
 
 // verifyCost is t_v(n): the fitted compute of a pass over n drafted

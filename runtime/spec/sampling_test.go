@@ -29,13 +29,14 @@ func TestSpeculativeSamplingDistribution(t *testing.T) {
 		cfg  Config
 	}{
 		{"tree t=1", sample.Options{Temperature: 1}, Config{Method: Tree}},
+		{"tree t=1 free rows", sample.Options{Temperature: 1}, Config{Method: Tree, Trigger: fixedFill{FixedSize{N: 3}, 24}}},
 		{"sd t=1.3 top-k 40 top-p 0.95", sample.Options{Temperature: 1.3, TopK: 40, TopP: 0.95}, Config{Method: SD, DraftLen: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p1, p2 := exactTwoTokens(t, p.target, prompt, tc.opt)
 			c1 := make([]int, len(p1))
 			c2 := make([]int, len(p2))
-			var passes, drafted int
+			var passes, drafted, filled int
 			for i := range trials {
 				opt := tc.opt
 				opt.Seed = uint64(i) + 1
@@ -52,6 +53,7 @@ func TestSpeculativeSamplingDistribution(t *testing.T) {
 				st := d.Stats()
 				passes += st.TargetPasses
 				drafted += st.Accepted
+				filled += st.FilledAccepted
 			}
 			for i, c := range []struct {
 				counts []int
@@ -70,7 +72,10 @@ func TestSpeculativeSamplingDistribution(t *testing.T) {
 			if drafted == 0 {
 				t.Errorf("no drafted token was ever accepted in %d runs: the test did not exercise speculation", trials)
 			}
-			t.Logf("%d target passes and %d accepted draft tokens for %d tokens", passes, drafted, 2*trials)
+			if _, ok := tc.cfg.Trigger.(Filler); ok && filled == 0 {
+				t.Errorf("no token from a free row was ever accepted in %d runs: the test did not exercise filling", trials)
+			}
+			t.Logf("%d target passes and %d accepted draft tokens (%d from free rows) for %d tokens", passes, drafted, filled, 2*trials)
 		})
 	}
 }

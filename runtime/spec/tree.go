@@ -26,6 +26,16 @@ type node struct {
 	// order; a token drawn twice is one child drawn twice.
 	draws []int
 	dist  []float32
+	// alts are the draft's next most likely tokens after an expanded
+	// node that it did not branch on: below the branch threshold or past
+	// the branch cap. A verification's free rows may check them.
+	alts []alt
+}
+
+// alt is a token the draft proposed without branching on it.
+type alt struct {
+	tok  int32
+	prob float32
 }
 
 // tree is the draft's token tree since the last verification, in
@@ -141,7 +151,7 @@ func (t *tree) reroot(n int, remap []int) *tree {
 	var visit func(old, parent int)
 	visit = func(old, parent int) {
 		o := t.nodes[old]
-		c := node{tok: o.tok, parent: parent, prob: o.prob, row: o.row, expanded: o.expanded, pruned: o.pruned, dist: o.dist}
+		c := node{tok: o.tok, parent: parent, prob: o.prob, row: o.row, expanded: o.expanded, pruned: o.pruned, dist: o.dist, alts: o.alts}
 		if parent < 0 {
 			c.prob, c.conf, c.pruned = 1, 1, false
 		} else {

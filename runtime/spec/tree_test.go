@@ -247,6 +247,31 @@ func TestCostAwareDraftsFreelyWhileIOBound(t *testing.T) {
 	}
 }
 
+// TestCostAwareFreeRows: a streamed target offers the rows whose fitted
+// compute stays within fillShare of its IO-bound pass; a resident one, or
+// one not measured yet, offers none.
+func TestCostAwareFreeRows(t *testing.T) {
+	for _, tc := range []struct {
+		perToken time.Duration
+		want     int
+	}{
+		{10 * time.Millisecond, 69}, // 0.7 s of compute ÷ 10 ms, less the root
+		{2 * time.Millisecond, 349},
+	} {
+		if got := overlapped(tc.perToken).FreeRows(); got != tc.want {
+			t.Errorf("passes of 1 s, compute %v a token: %d free rows, want %d", tc.perToken, got, tc.want)
+		}
+	}
+	resident := &CostAware{}
+	resident.Observe(Outcome{Verified: 40, Accepted: 3, SumConf: 3, Time: 20 * time.Millisecond})
+	if n := resident.FreeRows(); n != 0 {
+		t.Errorf("resident target: %d free rows, want 0", n)
+	}
+	if n := (&CostAware{}).FreeRows(); n != 0 {
+		t.Errorf("no pass measured: %d free rows, want 0", n)
+	}
+}
+
 // overlapped is a CostAware that saw 1 s streamed passes of 11 and 31
 // tokens whose compute, perToken a token, hides under the IO.
 func overlapped(perToken time.Duration) *CostAware {

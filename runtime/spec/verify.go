@@ -23,9 +23,10 @@ func (s snapshot) at(n int) int {
 	return -1
 }
 
-// snapshot puts the root and every unpruned drafted node into the target
-// batch, in tree order, each slot under its parent's.
-func (d *Decoder) snapshot() snapshot {
+// snapshot puts the root, every unpruned drafted node and the pruned ones
+// fill marks into the target batch, in tree order, each slot under its
+// parent's.
+func (d *Decoder) snapshot(fill []bool) snapshot {
 	t := d.tree
 	s := snapshot{slot: make([]int, len(t.nodes))}
 	b := &d.tb
@@ -34,7 +35,7 @@ func (d *Decoder) snapshot() snapshot {
 	for i := range t.nodes {
 		n := &t.nodes[i]
 		s.slot[i] = -1
-		if n.pruned {
+		if n.pruned && (i >= len(fill) || !fill[i]) {
 			continue
 		}
 		parent := -1
@@ -135,6 +136,11 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 		d.stats.AcceptLen = append(d.stats.AcceptLen, 0)
 	}
 	d.stats.AcceptLen[accepted]++
+	for _, n := range path[1:] {
+		if t.nodes[n].pruned { // only a fill puts a pruned node in the batch
+			d.stats.FilledAccepted++
+		}
+	}
 	var byDepth []float64
 	for i := 1; i < len(snap.slot); i++ {
 		if snap.slot[i] >= 0 {

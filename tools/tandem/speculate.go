@@ -193,6 +193,8 @@ type specStats struct {
 	MaxTree        int     `json:"max_tree_size"`
 	PipelineSteps  int     `json:"pipeline_draft_steps"`
 	KeptTokens     int     `json:"pipeline_tokens_kept"`
+	Filled         int     `json:"free_row_tokens_verified"`
+	FilledAccepted int     `json:"free_row_tokens_accepted"`
 	DraftSeconds   float64 `json:"draft_seconds"`
 	TargetSeconds  float64 `json:"target_seconds"`
 	IOWaitSeconds  float64 `json:"io_wait_seconds"`
@@ -202,6 +204,7 @@ func newSpecStats(st spec.Stats, draft string) *specStats {
 	s := &specStats{Mode: st.Method, Draft: draft, TargetPasses: st.TargetPasses, DraftSteps: st.DraftSteps,
 		TokensPerPass: st.TokensPerPass(), AcceptanceRate: st.AcceptanceRate(), DraftTokens: st.Verified, Accepted: st.Accepted,
 		MaxTree: st.MaxTree, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
+		Filled: st.Filled, FilledAccepted: st.FilledAccepted,
 		DraftSeconds: st.DraftTime.Seconds(), TargetSeconds: st.TargetTime.Seconds(), IOWaitSeconds: st.IOWait.Seconds()}
 	if st.TargetPasses > 0 {
 		s.MeanTree = float64(st.Verified) / float64(st.TargetPasses)
@@ -215,6 +218,9 @@ func (s *specStats) String() string {
 		s.Mode, s.TokensPerPass, s.TargetPasses, s.AcceptanceRate, s.MeanTree, s.MaxTree, s.DraftSteps)
 	if s.PipelineSteps > 0 {
 		fmt.Fprintf(&b, " (%d during IO, %d tokens kept)", s.PipelineSteps, s.KeptTokens)
+	}
+	if s.Filled > 0 {
+		fmt.Fprintf(&b, ", %d tokens in free rows (%d accepted)", s.Filled, s.FilledAccepted)
 	}
 	fmt.Fprintf(&b, " | time: draft %s, target %s (IO wait %s)", secs(s.DraftSeconds), secs(s.TargetSeconds), secs(s.IOWaitSeconds))
 	return b.String()
