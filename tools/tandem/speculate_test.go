@@ -25,6 +25,7 @@ func TestGenerateSpeculative(t *testing.T) {
 				TokensPerPass float64 `json:"tokens_per_target_pass"`
 				Acceptance    float64 `json:"acceptance_rate"`
 				DraftSeconds  float64 `json:"draft_seconds"`
+				FreeRows      int     `json:"free_row_tokens_verified"`
 			} `json:"speculative"`
 		} `json:"stats"`
 	}
@@ -41,18 +42,26 @@ func TestGenerateSpeculative(t *testing.T) {
 		return r
 	}
 	want := run().IDs
-	for _, args := range [][]string{
-		{"--draft", draft},
-		{"--draft", draft, "--mode", "sd", "--draft-len", "3"},
-		{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"},
-		{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"},
-		{"--draft", draft, "--mode", "bild"},
+	for _, tc := range []struct {
+		args  []string
+		fills bool // the default trigger fills an IO-bound pass's free rows
+	}{
+		{[]string{"--draft", draft}, false},
+		{[]string{"--draft", draft, "--mode", "sd", "--draft-len", "3"}, false},
+		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"}, false},
+		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"}, false},
+		{[]string{"--draft", draft, "--mode", "bild"}, false},
+		{[]string{"--draft", draft, "--budget", "min", "--io-bandwidth", "200MB/s"}, true},
 	} {
+		args := tc.args
 		r := run(args...)
 		sp := r.Stats.Spec
 		if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
 			t.Errorf("%v: speculative stats %+v", args, sp)
 			continue
+		}
+		if tc.fills != (sp.FreeRows > 0) {
+			t.Errorf("%v: %d tokens verified in free rows; want them only from the default trigger on a streamed target", args, sp.FreeRows)
 		}
 		if sp.Mode != "bild" && !equalIDs(r.IDs, want) {
 			t.Errorf("%v: ids differ from the model alone:\n got %v\nwant %v", args, r.IDs, want)
