@@ -37,10 +37,10 @@ bench-stream:
 # as the streamed target and llama2xs as the resident draft (README,
 # "Speculative decoding"): Q4_0 at 25/50% budgets from 400 MB/s, 1.5 GB/s
 # and the real disk; F16 at 25% from 1.5 GB/s (its 400 MB/s cell alone
-# would take a quarter of an hour). Median of 5 runs of 24 tokens each.
+# would take a quarter of an hour). Median of 5 runs of 32 tokens each.
 SPEC_PLOTS ?= bench/results
 SPEC_PAIR = --from $(SHARED)/models/stories260K.bin --draft $(SHARED)/models/llama2xs_model.bin \
-	--prompts $(SHARED)/testdata/stories260K.greedy.jsonl --shape tinyllama-1.1b --runs 5 --tokens 24 --plots $(SPEC_PLOTS)
+	--prompts $(SHARED)/testdata/stories260K.greedy.jsonl --shape tinyllama-1.1b --runs 5 --plots $(SPEC_PLOTS)
 bench-spec:
 	@mkdir -p $(SPEC_PLOTS)
 	$(GO) run ./tools/tandem bench spec $(SPEC_PAIR) --types q4_0 --budgets 25,50 --storage 400MB/s,1.5GB/s,disk
