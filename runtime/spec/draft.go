@@ -96,7 +96,7 @@ type stepInfo struct {
 // threshold while branches are left. Sampling: as many independent draws
 // from the draft's sampling distribution as the threshold would open
 // branches, so speculative sampling stays exact. BiLD hands over instead
-// when the draft's top probability is below its fallback threshold. When
+// when the draft's top probability is below its fallback threshold. While
 // the decoder fills free verification rows, the likely tokens left out
 // are kept as x's alternatives.
 func (d *Decoder) propose(x int, logits []float32, cap int) {
@@ -106,7 +106,10 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 	}
 	room := d.cfg.MaxBranches - len(t.leaves(nil)) // x, expanded now, gives way to its children
 	room = min(room, d.maxNodes(cap)-t.size())
-	if room <= 0 && d.filler == nil {
+	// Alternatives are kept only while verifications have rows to fill
+	// (never with a resident target).
+	keepAlts := d.filler != nil && d.filler.FreeRows() > 0
+	if room <= 0 && !keepAlts {
 		return
 	}
 	sampling := !d.sampler.Greedy()
@@ -147,7 +150,7 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 			t.nodes[x].draws = append(t.nodes[x].draws, c)
 		}
 	}
-	if d.filler == nil {
+	if !keepAlts {
 		return
 	}
 	for _, id := range top {

@@ -28,7 +28,8 @@ type node struct {
 	dist  []float32
 	// alts are the draft's next most likely tokens after an expanded
 	// node that it did not branch on: below the branch threshold or past
-	// the branch cap. A verification's free rows may check them.
+	// the branch cap. A verification's free rows may check them; one that
+	// does becomes a pruned child, which later fills take as such.
 	alts []alt
 }
 
