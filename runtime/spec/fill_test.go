@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"context"
 	"slices"
 	"testing"
 )
@@ -133,5 +134,39 @@ func TestFillChecksFreeRows(t *testing.T) {
 	}
 	if filled.TargetPasses >= plain.TargetPasses {
 		t.Errorf("%d target passes with free rows filled, %d without: filling saved none", filled.TargetPasses, plain.TargetPasses)
+	}
+}
+
+// TestAlternativesOnlyWithRowsToFill: the draft keeps a node's
+// alternatives only while verifications have free rows, so a resident
+// target (CostAware offers none) pays nothing for them.
+func TestAlternativesOnlyWithRowsToFill(t *testing.T) {
+	r := arRecords(t, "stories260K.greedy.jsonl")[0]
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	for _, tc := range []struct {
+		trig Trigger
+		want bool
+	}{{nil, false}, {fixedFill{FixedSize{N: 8}, 40}, true}} {
+		d := p.decoder(t, Config{Method: Tree, Trigger: tc.trig})
+		ctx := context.Background()
+		if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+			t.Fatal(err)
+		}
+		alts := 0
+		for range 4 {
+			if _, err := d.Step(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.draftStep(d.cfg.MaxTree); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range d.tree.nodes {
+				alts += len(n.alts)
+			}
+		}
+		d.Close()
+		if (alts > 0) != tc.want {
+			t.Errorf("trigger %T: %d alternatives kept, want some: %v", tc.trig, alts, tc.want)
+		}
 	}
 }
