@@ -11,8 +11,9 @@ import (
 
 // TestBenchSpecSmall runs the speculative benchmark end to end on a small
 // inflated target (512 wide, 6 layers) and checks that it reports every
-// mode asked for, the goals, both curves, and writes its plot into a
-// folder it has to create.
+// mode asked for, the goals, both curves, the draft's ranks with the
+// best tree they allow, and writes its plot into a folder it has to
+// create.
 func TestBenchSpecSmall(t *testing.T) {
 	plots := filepath.Join(t.TempDir(), "results", "spec")
 	code, out, errOut := tandem(t, "bench", "spec", "--from", testutil.Model(t, "stories260K.bin"),
@@ -22,7 +23,8 @@ func TestBenchSpecSmall(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{"| std |", "| sd(k=", "| tree |", "goal 5x", "verification cost by tree size", "tree acceptance by depth"} {
+	for _, want := range []string{"| std |", "| sd(k=", "| tree |", "goal 5x", "verification cost by tree size", "tree acceptance by depth",
+		"draft rank of the target's token (share of the 6 positions", "best tree for these ranks", "measured: tree "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -251,7 +251,7 @@ func specCurves(rs []bench.SpecResult, target, draft string, prompts [][]int32, 
 	if tree == nil {
 		return nil
 	}
-	sizes := []int{1, 2, 4, 8, 16, 32, 64}
+	sizes := []int{1, 2, 4, 8, 16, 32, 64, 96, 128}
 	costs, err := bench.VerifyCost(bench.SpecConfig{Target: target, Budget: tree.Config.Budget, Bandwidth: tree.Config.Bandwidth,
 		DiskBW: diskBW, Threads: threads, Prompts: prompts}, sizes)
 	if err != nil {
@@ -276,6 +276,46 @@ func specCurves(rs []bench.SpecResult, target, draft string, prompts [][]int32, 
 		fmt.Fprintf(w, " %.2f |", v)
 	}
 	fmt.Fprintln(w)
+	return treeBound(*tree, draft, threads, w)
+}
+
+// treeBound prints how well the draft predicts the target (the rank of
+// the target's token among the draft's choices, along the tree runs'
+// outputs) and what the best tree of each size could gain from that:
+// the ceiling a tree policy works under with this draft.
+func treeBound(tree bench.SpecResult, draft string, threads int, w io.Writer) error {
+	const maxRank = 8
+	var prompts [][]int32
+	for r := range tree.Outputs {
+		prompts = append(prompts, tree.Config.Prompts[r%len(tree.Config.Prompts)])
+	}
+	ranks, n, err := bench.DraftRanks(draft, threads, prompts, tree.Outputs, maxRank)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\ndraft rank of the target's token (share of the %d positions the tree runs emitted):\n\n| rank |", n)
+	for k := range ranks {
+		fmt.Fprintf(w, " %d |", k+1)
+	}
+	fmt.Fprintf(w, " >%d |\n|---|%s---|\n| share |", maxRank, strings.Repeat("---|", maxRank))
+	rest := 1.0
+	for _, v := range ranks {
+		fmt.Fprintf(w, " %.3f |", v)
+		rest -= v
+	}
+	fmt.Fprintf(w, " %.3f |\n", max(0, rest))
+	sizes := []int{8, 16, 32, 64, 96, 128}
+	best := bench.BestTrees(ranks, sizes[len(sizes)-1])
+	fmt.Fprint(w, "\nbest tree for these ranks (Sequoia's dynamic program, every position alike and independent):\n\n| drafted tokens |")
+	for _, s := range sizes {
+		fmt.Fprintf(w, " %d |", s)
+	}
+	fmt.Fprintf(w, "\n|---|%s\n| tokens/pass |", strings.Repeat("---|", len(sizes)))
+	for _, s := range sizes {
+		fmt.Fprintf(w, " %.2f |", best[s])
+	}
+	fmt.Fprintf(w, "\n\nmeasured: tree %.2f tokens/pass, %.1f tokens verified per pass\n", tree.TokensPerPass(),
+		float64(tree.Stats.Verified)/float64(max(1, tree.Stats.TargetPasses)))
 	return nil
 }
 
