@@ -115,9 +115,9 @@ func (r SpecResult) Storage() string {
 // Spec measures one mode: the target is loaded streaming under the
 // budget (page cache dropped first), the draft resident, and each run
 // generates cfg.Tokens greedy tokens from a prompt. A run's latency is
-// its decode time ÷ tokens: for the target alone every token after the
-// prefill is one pass; a speculative run's decode also holds the pass
-// over the prompt's last token, so its figure is, if anything, high.
+// its time from the prompt to the last token ÷ tokens: the target alone
+// makes one pass per token (the prefill's gives the first); a
+// speculative run verifies its first tree in the pass over the prompt.
 func Spec(cfg SpecConfig) (SpecResult, error) {
 	cfg.Runs = cmp(cfg.Runs, 5)
 	cfg.Tokens = cmp(cfg.Tokens, 32)
@@ -213,8 +213,9 @@ func Spec(cfg SpecConfig) (SpecResult, error) {
 	return res, nil
 }
 
-// specRun generates n tokens (no stop token) and returns them, the
-// decode time and the target passes it took.
+// specRun generates n tokens (no stop token) and returns them, the time
+// from the prompt to the last of them and the target passes the target
+// alone took (one per token: the prefill's pass gives the first).
 func specRun(target *model.Model, tcache *kv.Cache, dec *spec.Decoder, prompt []int32, n int) ([]int32, time.Duration, int, error) {
 	ctx := context.Background()
 	opt := spec.GenOptions{MaxTokens: n}
@@ -223,18 +224,13 @@ func specRun(target *model.Model, tcache *kv.Cache, dec *spec.Decoder, prompt []
 		if err != nil {
 			return nil, 0, 0, err
 		}
-		if len(res.Ids) < 2 {
-			return nil, 0, 0, fmt.Errorf("only %d tokens", len(res.Ids))
-		}
-		// The first token came with the prefill's pass: time the other
-		// n-1, one pass each.
-		return res.Ids, res.Decode * time.Duration(len(res.Ids)) / time.Duration(len(res.Ids)-1), len(res.Ids), nil
+		return res.Ids, res.PromptEval + res.Decode, len(res.Ids), nil
 	}
 	res, err := spec.Speculate(ctx, dec, prompt, opt)
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	return res.Ids, res.Decode, 0, nil
+	return res.Ids, res.PromptEval + res.Decode, 0, nil
 }
 
 // SpecTable formats results with their speedups over std and over the

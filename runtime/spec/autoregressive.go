@@ -55,8 +55,11 @@ type Result struct {
 	Ids          []int32 // generated ids, a stop id last when Reason is StopToken
 	Reason       StopReason
 	PromptTokens int
-	PromptEval   time.Duration // prefill of the prompt, up to its logits
-	Decode       time.Duration // sampling and one Forward per generated token
+	// PromptEval is the prefill of the prompt, up to its logits.
+	// Speculate's is the draft's prefill and the target's of all but the
+	// prompt's last chunk, which its first verification, in Decode, holds.
+	PromptEval time.Duration
+	Decode     time.Duration // sampling and one Forward per generated token (Speculate: per verification)
 }
 
 // DefaultChunkSize is the prefill chunk when GenOptions.ChunkSize is 0.

@@ -240,6 +240,7 @@ type Decoder struct {
 	filler   Filler // the trigger, when the tree fills free verification rows
 	tree     *tree
 	pending  []int32 // accepted tokens before the root the draft has no KV row for
+	prefix   []int32 // prompt tokens before the root the target has no KV row for
 	history  []int32 // prompt and emitted tokens, the root last
 	handover bool    // BiLD: the draft declined to guess past a leaf
 	// This round's draft work outside verification, and the last step's.
@@ -332,7 +333,10 @@ func (d *Decoder) Stats() Stats {
 }
 
 // Start prefills prompt (BOS first) into a new sequence of each model:
-// all but its last token, which becomes the root of the first tree.
+// all but its last token, which becomes the root of the first tree. The
+// target prefills all but the body's last chunk, which rides with the
+// first verification instead: a streamed target then reads its weights
+// once for the prompt and the first tree, not once for each.
 func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	if d.started {
 		return errors.New("spec: decoder already started; Close it first")
@@ -356,19 +360,21 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	}
 	d.started = true
 	body := prompt[:len(prompt)-1]
+	folded := len(body) - min(len(body), chunk)
 	for _, mc := range []struct {
-		m   *model.Model
-		c   *kv.Cache
-		seq int
-	}{{d.draft, d.dcache, d.dseq}, {d.target, d.tcache, d.tseq}} {
-		for off := 0; off < len(body); off += chunk {
+		m      *model.Model
+		c      *kv.Cache
+		seq    int
+		tokens []int32
+	}{{d.draft, d.dcache, d.dseq, body}, {d.target, d.tcache, d.tseq, body[:folded]}} {
+		for off := 0; off < len(mc.tokens); off += chunk {
 			if err := ctx.Err(); err != nil {
 				d.Close()
 				return err
 			}
-			end := min(off+chunk, len(body))
+			end := min(off+chunk, len(mc.tokens))
 			d.db.Reset()
-			d.db.Chain(body[off:end], int32(off), mc.seq, -1, false)
+			d.db.Chain(mc.tokens[off:end], int32(off), mc.seq, -1, false)
 			if err := mc.m.Forward(&d.db, mc.c, &d.dout); err != nil {
 				d.Close()
 				return fmt.Errorf("spec: prefill: %w", err)
@@ -378,6 +384,7 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	}
 	d.tree = newTree(prompt[len(prompt)-1])
 	d.pending = nil
+	d.prefix = append(d.prefix[:0], body[folded:]...)
 	d.history = append(d.history[:0], prompt...)
 	return nil
 }
@@ -393,18 +400,19 @@ func (d *Decoder) Close() {
 }
 
 // rootPos is the root's position: the tokens before it.
-func (d *Decoder) rootPos() int { return d.tcache.Len(d.tseq) }
+func (d *Decoder) rootPos() int { return d.tcache.Len(d.tseq) + len(d.prefix) }
 
 // maxDepth is how far below the root the tree may reach.
 func (d *Decoder) maxDepth() int { return d.limit - 1 - d.rootPos() }
 
 // maxNodes is how many drafted tokens a tree may hold now: the method's
 // cap, bounded by the rows both caches have left. The target's room is
-// counted from its committed rows alone: while a pipelined verification
+// counted from its committed rows and the prompt tokens that ride with
+// the tree, not from its tentative rows: while a pipelined verification
 // runs, its tree's rows are in flight in another goroutine, and the tree
 // they came from is counted here anyway.
 func (d *Decoder) maxNodes(cap int) int {
-	troom := d.tcache.Config().SeqRows() - d.tcache.Len(d.tseq)
+	troom := d.tcache.Config().SeqRows() - d.rootPos()
 	return max(0, min(cap, troom-1, d.dcache.Room(d.dseq)-1-len(d.pending)))
 }
 
@@ -417,14 +425,14 @@ func (d *Decoder) Step(ctx context.Context) ([]int32, error) {
 	if !d.started {
 		return nil, errors.New("spec: step before Start")
 	}
-	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1 {
+	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
 		return nil, fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
 	}
 	out, err := d.step(ctx)
 	if err != nil {
 		d.dcache.Drop(d.dseq)
 		d.tcache.Drop(d.tseq)
-		d.tree, d.pending = nil, nil
+		d.tree, d.pending, d.prefix = nil, nil, nil
 		d.started = false
 		d.dcache.Free(d.dseq)
 		d.tcache.Free(d.tseq)

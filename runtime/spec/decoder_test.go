@@ -222,12 +222,31 @@ func TestSpeculateCachesMatchPlainDecode(t *testing.T) {
 	// Filled free rows put undrafted tokens on the accepted path, which
 	// the draft evaluates with its next step.
 	d := p.decoder(t, Config{Method: Tree, MaxTree: 12, Trigger: fixedFill{FixedSize{N: 12}, 24}})
+	// The prompt's last chunk rides with the first verification: the
+	// whole prompt with the default chunk, three tokens with chunks of 3.
+	for _, chunk := range []int{0, 3} {
+		t.Run(fmt.Sprintf("chunk %d", chunk), func(t *testing.T) {
+			checkCachesMatchPlainDecode(t, p, d, r.PromptIDs, chunk)
+		})
+	}
+}
+
+// checkCachesMatchPlainDecode starts d on prompt and steps it, checking
+// both caches against a plain decode of the tokens after every step.
+func checkCachesMatchPlainDecode(t *testing.T, p pair, d *Decoder, prompt []int32, chunk int) {
 	ctx := context.Background()
-	if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+	if err := d.Start(ctx, prompt, chunk); err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tokens := slices.Clone(r.PromptIDs)
+	rode := len(prompt) - 1
+	if chunk > 0 {
+		rode = min(rode, chunk)
+	}
+	if n := p.tcache.Len(d.tseq); n != len(prompt)-1-rode {
+		t.Fatalf("after Start the target holds %d rows, want %d: the last %d prompt tokens wait for the first verification", n, len(prompt)-1-rode, rode)
+	}
+	tokens := slices.Clone(prompt)
 	for step := 0; step < 6; step++ {
 		ids, err := d.Step(ctx)
 		if err != nil {

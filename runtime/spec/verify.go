@@ -23,14 +23,19 @@ func (s snapshot) at(n int) int {
 	return -1
 }
 
-// snapshot puts the root, every unpruned drafted node and the pruned ones
-// fill marks into the target batch, in tree order, each slot under its
-// parent's.
+// snapshot puts the prompt tokens the target has not seen (before the
+// first verification), the root, every unpruned drafted node and the
+// pruned ones fill marks into the target batch, in tree order, each slot
+// under its parent's.
 func (d *Decoder) snapshot(fill []bool) snapshot {
 	t := d.tree
 	s := snapshot{slot: make([]int, len(t.nodes))}
 	b := &d.tb
 	b.Reset()
+	tip := -1 // the slot the root follows
+	if len(d.prefix) > 0 {
+		tip = b.Chain(d.prefix, int32(d.tcache.Len(d.tseq)), d.tseq, -1, false)
+	}
 	root := int32(d.rootPos())
 	for i := range t.nodes {
 		n := &t.nodes[i]
@@ -38,7 +43,7 @@ func (d *Decoder) snapshot(fill []bool) snapshot {
 		if n.pruned && (i >= len(fill) || !fill[i]) {
 			continue
 		}
-		parent := -1
+		parent := tip
 		if n.parent >= 0 {
 			parent = s.slot[n.parent]
 		}
@@ -127,7 +132,7 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 	path, next, nextNode := d.walk(snap, func(slot int) []float32 { return d.tout.Row(slot) })
 	x := path[len(path)-1]
 
-	verified := len(d.tb.Tokens) - 1
+	verified := len(d.tb.Tokens) - len(d.prefix) - 1
 	accepted := len(path) - 1
 	d.stats.Verified += verified
 	d.stats.Accepted += accepted
@@ -151,17 +156,22 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 			byDepth[n.depth-1] += n.conf
 		}
 	}
-	d.cfg.Trigger.Observe(Outcome{Verified: verified, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
+	d.cfg.Trigger.Observe(Outcome{Verified: verified, Rows: len(d.tb.Tokens), Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
 		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
 
-	// The target evaluated every slot; keep the path's rows.
-	slots := make([]int, len(path))
-	for i, n := range path {
-		slots[i] = snap.at(n)
+	// The target evaluated every slot; keep the prompt's rows and the
+	// path's.
+	slots := make([]int, len(d.prefix), len(d.prefix)+len(path))
+	for i := range slots {
+		slots[i] = i
+	}
+	for _, n := range path {
+		slots = append(slots, snap.at(n))
 	}
 	if err := d.tcache.Commit(d.tseq, slots); err != nil {
 		return nil, fmt.Errorf("spec: target: %w", err)
 	}
+	d.prefix = d.prefix[:0]
 	// The draft has rows for the expanded nodes, which are a prefix of
 	// the path (a node is proposed only by an expanded parent).
 	var rows []int
