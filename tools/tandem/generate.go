@@ -152,7 +152,22 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	start := time.Now()
+	// The first token's time is what a user waits for: with a draft the
+	// prompt's last chunk is verified with the first tree, so the
+	// prefill's figure alone does not say it.
+	var start time.Time
+	var firstToken time.Duration
+	onToken := opt.OnToken
+	opt.OnToken = func(id int32) error {
+		if firstToken == 0 {
+			firstToken = time.Since(start)
+		}
+		if onToken != nil {
+			return onToken(id)
+		}
+		return nil
+	}
+	start = time.Now()
 	res, err := generate()
 	if err != nil {
 		return err
@@ -170,6 +185,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		StopReason:     res.Reason.String(),
 		PrefillSeconds: res.PromptEval.Seconds(),
 		DecodeSeconds:  res.Decode.Seconds(),
+		FirstToken:     firstToken.Seconds(),
 		PrefillTokPerS: perSecond(len(ids), res.PromptEval),
 		DecodeTokPerS:  perSecond(len(res.Ids)-1, res.Decode),
 		WallSeconds:    wall.Seconds(),
@@ -188,8 +204,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(map[string]any{"prompt_ids": nonNil(ids), "ids": nonNil(gen), "text": text, "stats": st})
 	}
 	fmt.Fprintln(stdout, dec.Flush())
-	fmt.Fprintf(stderr, "\nprompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s (%s) | %d threads, %s kernels | peak RSS %.1f MiB\n",
-		st.PromptTokens, st.PrefillTokPerS, st.Generated, st.DecodeTokPerS, st.StopReason, st.Threads, st.Kernels, float64(st.PeakRSSBytes)/(1<<20))
+	fmt.Fprintf(stderr, "\nprompt %d tokens, %.1f tok/s | first token after %.0f ms | generated %d tokens, %.1f tok/s (%s) | %d threads, %s kernels | peak RSS %.1f MiB\n",
+		st.PromptTokens, st.PrefillTokPerS, st.FirstToken*1e3, st.Generated, st.DecodeTokPerS, st.StopReason, st.Threads, st.Kernels, float64(st.PeakRSSBytes)/(1<<20))
 	if st.Stream != nil {
 		fmt.Fprintf(stderr, "stream %s\n", st.Stream)
 	}
@@ -206,6 +222,9 @@ type stats struct {
 	StopReason     string  `json:"stop_reason"`
 	PrefillSeconds float64 `json:"prefill_seconds"`
 	DecodeSeconds  float64 `json:"decode_seconds"`
+	// FirstToken is the time from the start to the first generated
+	// token (0 when none came before a stop).
+	FirstToken     float64 `json:"first_token_seconds"`
 	PrefillTokPerS float64 `json:"prefill_tok_per_s"`
 	DecodeTokPerS  float64 `json:"decode_tok_per_s"`
 	WallSeconds    float64 `json:"wall_seconds"`

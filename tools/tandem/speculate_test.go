@@ -27,6 +27,11 @@ func TestGenerateSpeculative(t *testing.T) {
 				DraftSeconds  float64 `json:"draft_seconds"`
 				FreeRows      int     `json:"free_row_tokens_verified"`
 			} `json:"speculative"`
+			Stream *struct {
+				Passes int `json:"passes"`
+			} `json:"stream"`
+			FirstToken float64 `json:"first_token_seconds"`
+			Wall       float64 `json:"wall_seconds"`
 		} `json:"stats"`
 	}
 	run := func(args ...string) result {
@@ -68,6 +73,13 @@ func TestGenerateSpeculative(t *testing.T) {
 		if sp.Mode != "bild" && !equalIDs(r.IDs, want) {
 			t.Errorf("%v: ids differ from the model alone:\n got %v\nwant %v", args, r.IDs, want)
 		}
+	}
+	// The prompt rides with the first verification: the first token
+	// costs one pass over the streamed weights, not a prefill's and then
+	// a verification's.
+	first := run("--draft", draft, "--budget", "min", "--io-bandwidth", "4MB/s", "--max-tokens", "1")
+	if st := first.Stats; st.Stream == nil || st.Stream.Passes != 1 || st.FirstToken <= 0 || st.FirstToken > st.Wall {
+		t.Errorf("one token from a streamed target: stream %+v, first token after %gs of %gs; want one pass and a time within the run", st.Stream, st.FirstToken, st.Wall)
 	}
 	for _, tc := range []struct {
 		args []string
