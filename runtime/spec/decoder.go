@@ -360,13 +360,13 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	}
 	d.started = true
 	body := prompt[:len(prompt)-1]
-	folded := len(body) - min(len(body), chunk)
+	prefilled := len(body) - min(len(body), chunk) // by the target now; the rest rides
 	for _, mc := range []struct {
 		m      *model.Model
 		c      *kv.Cache
 		seq    int
 		tokens []int32
-	}{{d.draft, d.dcache, d.dseq, body}, {d.target, d.tcache, d.tseq, body[:folded]}} {
+	}{{d.draft, d.dcache, d.dseq, body}, {d.target, d.tcache, d.tseq, body[:prefilled]}} {
 		for off := 0; off < len(mc.tokens); off += chunk {
 			if err := ctx.Err(); err != nil {
 				d.Close()
@@ -384,7 +384,7 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	}
 	d.tree = newTree(prompt[len(prompt)-1])
 	d.pending = nil
-	d.prefix = append(d.prefix[:0], body[folded:]...)
+	d.prefix = append(d.prefix[:0], body[prefilled:]...)
 	d.history = append(d.history[:0], prompt...)
 	return nil
 }
