@@ -31,9 +31,7 @@ type TreeState struct {
 // Outcome is what one verification found, for a Trigger to learn from.
 type Outcome struct {
 	Verified int // drafted tokens the target checked
-	// Rows is the pass's batch: the root, the checked tokens and the
-	// prompt tokens that rode with the first verification (0: Verified+1).
-	Rows     int
+	Prompt   int // prompt tokens that rode with the pass (the first one)
 	Accepted int // drafted tokens accepted
 	// Branch is the length of the tree branch that best matched the
 	// accepted path (N_all) and Correct how many of its tokens were
@@ -303,10 +301,7 @@ func (c *CostAware) Observe(o Outcome) {
 	if o.Time > 0 && o.IOWait.Seconds() > ioBound*o.Time.Seconds() {
 		c.io = ewma(c.io, o.Time.Seconds(), c.io == 0)
 	}
-	n := float64(o.Verified + 1)
-	if o.Rows > 0 {
-		n = float64(o.Rows)
-	}
+	n := float64(o.Prompt + o.Verified + 1) // the pass's rows
 	t := math.Max(0, (o.Time - o.IOWait).Seconds())
 	decay := 1 - ewmaWeight
 	c.sn, c.st, c.snn, c.snt, c.sw = decay*c.sn+n, decay*c.st+t, decay*c.snn+n*n, decay*c.snt+n*t, decay*c.sw+1

@@ -272,6 +272,20 @@ func TestCostAwareFreeRows(t *testing.T) {
 	}
 }
 
+// TestCostAwareChargesPromptRows: the prompt tokens that ride with the
+// first verification are rows of its pass, so its compute is not taken
+// for the cost of the tree alone.
+func TestCostAwareChargesPromptRows(t *testing.T) {
+	c := &CostAware{}
+	for range 2 { // a resident target: 1 ms a row, 8 tree rows, 0 or 8 prompt rows
+		c.Observe(Outcome{Verified: 7, Accepted: 3, SumConf: 3, Time: 8 * time.Millisecond})
+		c.Observe(Outcome{Verified: 7, Prompt: 8, Accepted: 3, SumConf: 3, Time: 16 * time.Millisecond})
+	}
+	if got := c.verifyCost(7); math.Abs(got-0.008) > 1e-6 {
+		t.Errorf("a pass over 7 drafted tokens costs %.2f ms by the fit, want 8", got*1e3)
+	}
+}
+
 // overlapped is a CostAware that saw 1 s streamed passes of 11 and 31
 // tokens whose compute, perToken a token, hides under the IO.
 func overlapped(perToken time.Duration) *CostAware {

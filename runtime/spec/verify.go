@@ -156,7 +156,7 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 			byDepth[n.depth-1] += n.conf
 		}
 	}
-	d.cfg.Trigger.Observe(Outcome{Verified: verified, Rows: len(d.tb.Tokens), Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
+	d.cfg.Trigger.Observe(Outcome{Verified: verified, Prompt: len(d.prefix), Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
 		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
 
 	// The target evaluated every slot; keep the prompt's rows and the
