@@ -64,11 +64,14 @@ type SpecConfig struct {
 	Bandwidth     float64 // emulated storage bytes/s; 0 = the real disk
 	DiskBW        float64 // the disk's measured cold bandwidth
 	Threads       int
-	Prompts       [][]int32 // run r decodes Prompts[r % len]
+	Prompts       [][]int32 // run r decodes Prompt(r)
 	// Runs runs of Tokens tokens are measured; the per-token latency is
 	// the median over runs.
 	Runs, Tokens int
 }
+
+// Prompt is the prompt run r decodes: the prompts in turn.
+func (c SpecConfig) Prompt(r int) []int32 { return c.Prompts[r%len(c.Prompts)] }
 
 // bandwidth is the storage bandwidth the target streams from: the
 // emulated one, or the disk's as measured.
@@ -193,8 +196,7 @@ func Spec(cfg SpecConfig) (SpecResult, error) {
 	}
 	var secs []float64
 	for r := 0; r < cfg.Runs; r++ {
-		prompt := cfg.Prompts[r%len(cfg.Prompts)]
-		out, d, passes, err := specRun(target, tcache, dec, prompt, cfg.Tokens)
+		out, d, passes, err := specRun(target, tcache, dec, cfg.Prompt(r), cfg.Tokens)
 		if err != nil {
 			return res, fmt.Errorf("bench: spec %s run %d: %w", cfg.Mode.Name, r, err)
 		}

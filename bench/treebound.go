@@ -29,6 +29,14 @@ func DraftRanks(draftPath string, threads int, prompts, outputs [][]int32, maxRa
 	}
 	defer m.Close()
 	counts := make([]int, maxRank)
+	longest := 0
+	for i, prompt := range prompts {
+		longest = max(longest, len(prompt)+len(outputs[i]))
+	}
+	cache, err := m.NewCache(min(max(longest, 1), m.Config().Context), weights.F32)
+	if err != nil {
+		return nil, 0, err
+	}
 	var b model.Batch
 	var out model.Logits
 	for i, prompt := range prompts {
@@ -37,10 +45,6 @@ func DraftRanks(draftPath string, threads int, prompts, outputs [][]int32, maxRa
 		}
 		seq := append(append([]int32(nil), prompt...), outputs[i]...)
 		seq = seq[:min(len(seq), m.Config().Context)]
-		cache, err := m.NewCache(len(seq), weights.F32)
-		if err != nil {
-			return nil, 0, err
-		}
 		id, err := cache.NewSeq()
 		if err != nil {
 			return nil, 0, err
@@ -51,7 +55,9 @@ func DraftRanks(draftPath string, threads int, prompts, outputs [][]int32, maxRa
 		for p, tok := range seq[:len(seq)-1] {
 			b.Add(tok, int32(p), id, p-1, p >= len(prompt)-1)
 		}
-		if err := m.Forward(&b, cache, &out); err != nil {
+		err = m.Forward(&b, cache, &out)
+		cache.Free(id)
+		if err != nil {
 			return nil, 0, fmt.Errorf("bench: draft ranks: %w", err)
 		}
 		for p := len(prompt) - 1; p+1 < len(seq); p++ {

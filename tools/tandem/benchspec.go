@@ -287,7 +287,7 @@ func treeBound(tree bench.SpecResult, draft string, threads int, w io.Writer) er
 	const maxRank = 8
 	var prompts [][]int32
 	for r := range tree.Outputs {
-		prompts = append(prompts, tree.Config.Prompts[r%len(tree.Config.Prompts)])
+		prompts = append(prompts, tree.Config.Prompt(r))
 	}
 	ranks, n, err := bench.DraftRanks(draft, threads, prompts, tree.Outputs, maxRank)
 	if err != nil {
