@@ -27,9 +27,11 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 			"draft is --draft, resident (optionally inflated to --draft-shape, for a draft\n"+
 			"with real cost). Modes: std and stdpl (the target alone), sd (its draft\n"+
 			"length tuned first), bild, tree and the tree's ablations. Each row gives the\n"+
-			"median of --runs runs of --tokens tokens, tokens per target pass, and speedups\n"+
-			"over std and over the best sd measured alongside; then the goals, the\n"+
-			"verification cost curve and acceptance by depth, and an SVG plot per type.", stdout, stderr,
+			"median of --runs runs of --tokens tokens (timed from the prompt), tokens per\n"+
+			"target pass, and speedups over std and over the best sd measured alongside;\n"+
+			"then the goals, the verification cost curve, acceptance by depth, the rank of\n"+
+			"the target's tokens among the draft's choices with the best tree of each size\n"+
+			"those ranks allow, and an SVG plot per type.", stdout, stderr,
 		"tandem bench spec --from ../shared/models/stories260K.bin --draft ../shared/models/llama2xs_model.bin --prompts ../shared/testdata/stories260K.greedy.jsonl",
 		"tandem bench spec --from stories260K.bin --draft llama2xs_model.bin --prompts p.jsonl --types q4_0 --budgets 25 --storage 400MB/s --runs 5")
 	from := fs.String("from", "", "small target model to inflate")
