@@ -109,9 +109,10 @@ type lane struct {
 	held    int     // allocated sequences (running, parked, waiting with KV)
 	toFree  []SeqID
 	cond    *sync.Cond
-	busy    bool    // between Begin and End
-	step    Step    // the step in flight; its buffers are reused
-	top     []*task // topK's buffer
+	busy    bool      // between Begin and End
+	step    Step      // the step in flight; its buffers are reused
+	top     []*task   // topK's buffer
+	sources [][]*task // sources' buffer
 
 	steps      uint64
 	engineWall time.Duration

@@ -178,6 +178,19 @@ func TestTandemPriorityPrefersShortAndUrgent(t *testing.T) {
 	if !(p0 < p1 && p1 < p2) {
 		t.Errorf("priority does not grow with waiting: %v, %v, %v", p0, p1, p2)
 	}
+	// Past the clamp, waiting outweighs the score: a request overdue by
+	// agingSteps more decode steps outranks one with a far smaller score,
+	// however long both have waited (the published form multiplies the
+	// aging by the numerator, so the small score won forever).
+	for _, wait := range []time.Duration{0, time.Minute, time.Hour} {
+		at := now.Add(wait)
+		older := mk(500, time.Millisecond)
+		newer := mk(5, time.Millisecond)
+		newer.deadline = newer.deadline.Add(time.Duration(agingSteps) * eta)
+		if s.tandemPriority(older, l, at) <= s.tandemPriority(newer, l, at) {
+			t.Errorf("after %v: a request overdue by %d more steps does not outrank a less uncertain one", wait, agingSteps)
+		}
+	}
 	for _, tk := range []*task{short, long, urgent, relaxed} {
 		if p := s.tandemPriority(tk, l, now); !(p > 0) {
 			t.Errorf("normalised priority %v is not positive", p)
@@ -263,6 +276,53 @@ func TestRoutingSendsLongRequestsToSecondaryLane(t *testing.T) {
 	if lanes[1] == 0 || lanes[0] == 0 {
 		t.Errorf("short requests per lane %v: want both lanes used", lanes)
 	}
+}
+
+func TestPrimaryLaneTakesRoutedRequestOnceItOutranksItsOwn(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, clock := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
+	for range 10 {
+		submit(t, s, Request{Prompt: prompt(2), MaxTokens: 2})
+	}
+	// Uncalibrated, a request's score is its prompt length: these two are
+	// routed to the secondary lane, which runs one of them for long.
+	busy := submit(t, s, Request{ID: "busy", Prompt: prompt(30), MaxTokens: 400})
+	for range 100 {
+		if len(s.queues[0]) == 0 && len(s.lanes[0].running) == 0 {
+			break
+		}
+		for i := range s.lanes {
+			if st := s.Begin(i); st != nil {
+				st.Run(context.Background())
+				s.End(st)
+			}
+		}
+	}
+	if len(s.queues[0]) != 0 || len(s.lanes[0].running) != 0 || s.tasks["busy"].state != running || s.tasks["busy"].lane != 1 {
+		t.Fatalf("setup: the primary lane is not idle, or the long request is not running on the secondary lane")
+	}
+	submit(t, s, Request{ID: "waiting", Prompt: prompt(30), MaxTokens: 400})
+	if w := s.tasks["waiting"]; w.qi != 1 {
+		t.Fatalf("setup: the second long request is in queue %d, want the secondary's", w.qi)
+	}
+	// It waits a minute behind the busy secondary; then a short request
+	// arrives for the primary. The long one is overdue by far more: the
+	// primary takes it rather than leave it to a lane that is not free.
+	clock.Add(time.Minute)
+	submit(t, s, Request{ID: "fresh", Prompt: prompt(2), MaxTokens: 2})
+	st := s.Begin(0)
+	if st == nil || len(st.tasks) != 1 || st.tasks[0].id != "waiting" {
+		var got []string
+		if st != nil {
+			for _, tk := range st.tasks {
+				got = append(got, tk.id)
+			}
+		}
+		t.Fatalf("primary lane runs %v, want the long request that waited a minute", got)
+	}
+	st.Run(context.Background())
+	s.End(st)
+	_ = busy
 }
 
 func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
@@ -588,17 +648,17 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	if reuse <= 0 {
 		t.Fatalf("reuse window %v", reuse)
 	}
-	s.topK(q, l, s.ranker(l, now), 1)
+	s.topK([][]*task{q}, l, s.ranker(l, now), 1)
 	p0 := tk.pri
 	// Within the window the cached priority stands; after it, aging
 	// raises it (the request is a minute past its implicit deadline).
 	clock.Add(reuse / 2)
-	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri != p0 {
 		t.Errorf("priority recomputed within the reuse window: %v then %v", p0, tk.pri)
 	}
 	clock.Add(reuse)
-	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
 	if !(tk.pri > p0) {
 		t.Errorf("priority after the window %v, want above %v", tk.pri, p0)
 	}
@@ -607,7 +667,7 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	p1 := tk.pri
 	tk.rankedBy = 0
 	tk.score = 10
-	s.topK(q, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri == p1 {
 		t.Error("a stale priority was reused")
 	}
