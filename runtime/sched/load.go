@@ -60,3 +60,64 @@ func (s *Scheduler) offeredRatio(now time.Time) float64 {
 	}
 	return s.offered.rate(now, s.loadWindow()) / c
 }
+
+// recentDeadlines remembers the time per token that recent requests with
+// deadlines can afford (relative deadline ÷ predicted tokens), so a lane
+// keeps its batch small enough for the next such request before it
+// arrives.
+type recentDeadlines struct {
+	per [16]time.Duration
+	at  [16]time.Time
+	n   int
+}
+
+func (d *recentDeadlines) add(per time.Duration, now time.Time) {
+	i := d.n % len(d.per)
+	d.per[i], d.at[i] = per, now
+	d.n++
+}
+
+// tightest is the smallest time per token recorded within window of now
+// and at least floor, or 0 when there is none. A request below floor
+// cannot meet its deadline even alone, and no batch size helps it.
+func (d *recentDeadlines) tightest(now time.Time, window, floor time.Duration) time.Duration {
+	var best time.Duration
+	for i := range min(d.n, len(d.per)) {
+		if now.Sub(d.at[i]) > window || d.per[i] < floor {
+			continue
+		}
+		if best == 0 || d.per[i] < best {
+			best = d.per[i]
+		}
+	}
+	return best
+}
+
+// deadlineShare is the part of a deadline request's time per token that
+// a lane's step may take; the rest is left for waiting for a slot and for
+// its prefill.
+const deadlineShare = 0.5
+
+// batchCap is the most members l admits: MaxBatch, or fewer while
+// requests with deadlines keep arriving (within loadWindow) whose time per
+// token a larger batch would not leave room for. Admission control keeps
+// a running request's deadline, and preemption makes room for a waiting
+// one; but when a full batch's step alone is too slow for the deadlines
+// that arrive, each newcomer then waits for room to be made, or finds none
+// when the running ones have deadlines too. On an engine whose step grows
+// with every member (stories260K: 58 µs per member over 29 µs per step),
+// a smaller batch costs little throughput and keeps those deadlines
+// reachable; on one whose step is mostly fixed cost (a large model's
+// weights read once per step) the cap stays at MaxBatch.
+func (s *Scheduler) batchCap(l *lane, now time.Time) int {
+	if !s.feat.admission {
+		return s.cfg.MaxBatch
+	}
+	floor := time.Duration(float64(l.cost.perToken(1)) / deadlineShare)
+	per := s.deadlines.tightest(now, s.loadWindow(), floor)
+	n := s.cfg.MaxBatch
+	for per > 0 && n > 1 && float64(l.cost.perToken(n)) > deadlineShare*float64(per) {
+		n--
+	}
+	return n
+}

@@ -100,3 +100,51 @@ func TestBurstBelowTheHorizonIsNotShed(t *testing.T) {
 		t.Errorf("a burst below shedHorizon: %d requests shed, %d completed; want 0 and 25", st.ShedRequests, st.Completed)
 	}
 }
+
+func TestBatchShrinksForDeadlinesAFullBatchCannotKeep(t *testing.T) {
+	// A step costs 1 ms per member: a full batch of 8 gives each member a
+	// token every 8 ms.
+	run := func(t *testing.T, cfg Config, deadline time.Duration, wait time.Duration) int {
+		t.Helper()
+		e := newFakeEngine(nil)
+		e.stepA, e.stepB, e.stepC = 0, time.Millisecond, 0
+		cfg.MaxBatch, cfg.MaxQueue = 8, 100
+		s, clock := newManual(t, cfg, nil, e)
+		s.SeedCost(0, 0, time.Millisecond, 0)
+		if deadline > 0 {
+			// Uncalibrated, the prompt length is the estimate: 10 tokens.
+			st := submit(t, s, Request{Prompt: prompt(10), MaxTokens: 10, Deadline: deadline})
+			drive(t, s, 1000)
+			collect(t, st)
+		}
+		clock.Add(wait)
+		for range 12 {
+			submit(t, s, Request{Prompt: prompt(2), MaxTokens: 50})
+		}
+		st := s.Begin(0)
+		if st == nil {
+			t.Fatal("nothing to run")
+		}
+		return len(st.tasks)
+	}
+	// 40 ms for 10 tokens is 4 ms a token: half of it fits a step of 2.
+	if n := run(t, Config{}, 40*time.Millisecond, 0); n != 2 {
+		t.Errorf("batch of %d after a request due in 4 ms a token, want 2", n)
+	}
+	if n := run(t, Config{}, 0, 0); n != 8 {
+		t.Errorf("batch of %d without deadlines, want 8", n)
+	}
+	// The cap lasts while such requests keep arriving: loadWindow is 128
+	// full-batch steps, about a second here.
+	if n := run(t, Config{}, 40*time.Millisecond, 2*time.Second); n != 8 {
+		t.Errorf("batch of %d two seconds after the last deadline request, want 8", n)
+	}
+	// A deadline no batch can keep (0.5 ms a token, below one member's
+	// step) does not shrink the batch for nothing.
+	if n := run(t, Config{}, 5*time.Millisecond, 0); n != 8 {
+		t.Errorf("batch of %d after an unreachable deadline, want 8", n)
+	}
+	if n := run(t, Config{Ablate: Ablation{NoAdmission: true}}, 40*time.Millisecond, 0); n != 8 {
+		t.Errorf("batch of %d without admission control, want 8", n)
+	}
+}

@@ -156,7 +156,7 @@ func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
 // finding a sequence slot (evicting a parked sequence if needed). It
 // reports whether admission control refused a candidate (overload).
 func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
-	free := s.cfg.MaxBatch - len(l.running)
+	free := s.batchCap(l, now) - len(l.running)
 	if free <= 0 {
 		return false
 	}

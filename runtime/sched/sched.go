@@ -7,7 +7,8 @@
 // to the secondary lane, see Config.TauQuantile) and queues it. Each lane
 // is a goroutine that repeats one step: plan (drop cancelled work, shed
 // optional tokens under overload, take waiting requests into the batch in
-// priority order with dynamic consolidation and admission control), run
+// priority order with dynamic consolidation and admission control, up to
+// a batch size that leaves recent deadlines reachable), run
 // Engine.Step once for every member, then deliver the new tokens to the
 // members' Streams. Members join and leave between steps (continuous
 // batching). A request with a segment delimiter is parked when a segment
@@ -50,7 +51,8 @@ type Policy int
 const (
 	// Tandem: normalised RT-LM priority (1-α·û)/max(slack, min) with
 	// aging, lane routing by the τ quantile, dynamic consolidation,
-	// admission control and shedding of optional tokens.
+	// admission control, preemption and a batch cap for deadlines, and
+	// shedding of optional tokens.
 	Tandem Policy = iota
 	// FIFO serves requests in arrival order from one queue shared by all
 	// lanes (what local engines do today).
@@ -148,7 +150,7 @@ type Config struct {
 type Ablation struct {
 	NoRouting       bool // one shared queue instead of τ-quantile lanes
 	NoConsolidation bool // take candidates in priority order without the λ cut
-	NoAdmission     bool // no deadline-based admission control (nor preemption for deadlines)
+	NoAdmission     bool // no deadline-based admission control (nor preemption or a batch cap for deadlines)
 	NoShedding      bool // never shed optional tokens
 	NoAging         bool // priority from the arrival time, not the current time
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -30,15 +31,17 @@ type Scheduler struct {
 	queues  [][]*task   // routed: one per lane; shared: queues[0]
 	qtokens []float64   // per queue: the predicted tokens its requests still need
 	offered offeredLoad // the predicted tokens of new work, for overload
-	tasks   map[string]*task
-	parked  int
-	quant   *quantiles
-	closing bool // no new work; lanes drain
-	stopped bool // lanes exit once their frees are done
-	seqNo   uint64
-	nextID  uint64
-	stats   counters
-	started time.Time
+	// deadlines: the time per token recent deadline requests afford
+	deadlines recentDeadlines
+	tasks     map[string]*task
+	parked    int
+	quant     *quantiles
+	closing   bool // no new work; lanes drain
+	stopped   bool // lanes exit once their frees are done
+	seqNo     uint64
+	nextID    uint64
+	stats     counters
+	started   time.Time
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -379,6 +382,9 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	t.qi, t.qtok = q, remaining(t)
 	s.qtokens[q] += t.qtok
 	s.offered.add(t.qtok, now, s.loadWindow())
+	if dl > 0 {
+		s.deadlines.add(dl/time.Duration(max(math.Round(t.qtok), 1)), now)
+	}
 	s.wake(t)
 }
 

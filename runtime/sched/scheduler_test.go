@@ -727,7 +727,9 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	// urgent one preempts them all (five slots held), and a second
 	// urgent one needs a slot while the first runs: a preempted request
 	// gives its sequence up and is rebuilt by prefill later, its tokens
-	// unchanged.
+	// unchanged. (The second is due in 80 ms a token, loose enough that
+	// batchCap keeps batches of four; a tighter one would keep the batch
+	// too small to need the slot.)
 	e := newFakeEngine(nil)
 	e.stepA, e.stepB, e.maxSeqs = 0, 10*time.Millisecond, 5
 	s, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoShedding: true}}, nil, e)
@@ -742,7 +744,7 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	u1 := submit(t, s, Request{ID: "u1", Prompt: prompt(10), MaxTokens: 10, Deadline: 150 * time.Millisecond})
 	stepLane(s, 0)
 	stepLane(s, 0)
-	u2 := submit(t, s, Request{ID: "u2", Prompt: prompt(10), MaxTokens: 10, Deadline: 400 * time.Millisecond})
+	u2 := submit(t, s, Request{ID: "u2", Prompt: prompt(10), MaxTokens: 10, Deadline: 800 * time.Millisecond})
 	drive(t, s, 10000)
 	for _, st := range []*Stream{u1, u2} {
 		if _, _, r := collect(t, st); !r.DeadlineMet {
