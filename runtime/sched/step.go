@@ -384,7 +384,7 @@ func (s *Scheduler) push(t *task, ev Event, now time.Time) {
 		return
 	}
 	ev.Time = now
-	t.stream.push(ev)
+	t.stream.pushFrom(ev, t.generated)
 }
 
 // park ends the current segment and keeps the sequence for Resume.

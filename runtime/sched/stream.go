@@ -14,16 +14,20 @@ type Stream struct {
 	mu     sync.Mutex
 	events []Event // events[head:] are queued
 	head   int
-	done   bool // the final event was queued
-	read   bool // the final event was received
-	ready  chan struct{}
-	result *Result
+	// pendFrom is where the last queued event's tokens begin in the
+	// request's generated tokens (which are only ever appended to), or -1
+	// when they are not such a view.
+	pendFrom int
+	done     bool // the final event was queued
+	read     bool // the final event was received
+	ready    chan struct{}
+	result   *Result
 	// finished is closed when the final event is queued.
 	finished chan struct{}
 }
 
 func newStream(id string) *Stream {
-	return &Stream{id: id, ready: make(chan struct{}, 1), finished: make(chan struct{})}
+	return &Stream{id: id, pendFrom: -1, ready: make(chan struct{}, 1), finished: make(chan struct{})}
 }
 
 // ID is the request's id (for Resume).
@@ -83,7 +87,11 @@ func (s *Stream) Wait(ctx context.Context) (*Result, error) {
 }
 
 // push queues an event; it reports false when the stream already ended.
-func (s *Stream) push(ev Event) bool {
+func (s *Stream) push(ev Event) bool { return s.pushFrom(ev, nil) }
+
+// pushFrom queues an event whose Tokens, if any, are the tail of gen: the
+// request's generated tokens, which are only ever appended to.
+func (s *Stream) pushFrom(ev Event, gen []int32) bool {
 	s.mu.Lock()
 	if s.done {
 		s.mu.Unlock()
@@ -93,11 +101,24 @@ func (s *Stream) push(ev Event) bool {
 	// one event per kind, not one per step.
 	if n := len(s.events); n > s.head && !ev.Done && !s.events[n-1].Done {
 		last := &s.events[n-1]
-		last.Tokens = append(last.Tokens, ev.Tokens...)
+		if from := s.pendFrom; from >= 0 && isTail(ev.Tokens, gen) && from+len(last.Tokens) == len(gen)-len(ev.Tokens) {
+			// gen[from:] holds the pending tokens and the new ones: a
+			// longer view of it replaces a copy. A reader that takes
+			// events only now and then (or never: Wait) would otherwise
+			// cost a copy of every token it has not taken yet.
+			last.Tokens = gen[from:len(gen):len(gen)]
+		} else {
+			last.Tokens = append(last.Tokens, ev.Tokens...)
+			s.pendFrom = -1
+		}
 		last.Text += ev.Text
 		last.Time = ev.Time
 	} else {
 		s.events = append(s.events, ev)
+		s.pendFrom = -1
+		if !ev.Done && len(ev.Tokens) > 0 && isTail(ev.Tokens, gen) {
+			s.pendFrom = len(gen) - len(ev.Tokens)
+		}
 	}
 	if ev.Done {
 		s.done = true
@@ -110,4 +131,10 @@ func (s *Stream) push(ev Event) bool {
 	default:
 	}
 	return true
+}
+
+// isTail reports whether toks is a view of gen's last len(toks) elements.
+func isTail(toks, gen []int32) bool {
+	m := len(toks)
+	return m > 0 && m <= len(gen) && &gen[len(gen)-m] == &toks[0]
 }
