@@ -124,6 +124,14 @@ func (m *costModel) perToken(n int) time.Duration {
 	return time.Duration(float64(m.step(max(n, 1), 0)) / math.Max(m.tokPerStep, 1e-3))
 }
 
+// members is the largest batch, from 1 to limit, whose time per token
+// (perToken) stays within d.
+func (m *costModel) members(d time.Duration, limit int) int {
+	// perToken(n) = (a + b·n)/tokPerStep ≤ d  ⇔  n ≤ (d·tokPerStep - a)/b.
+	n := (d.Seconds()*math.Max(m.tokPerStep, 1e-3) - m.fit[0]) / m.fit[1]
+	return int(math.Max(1, math.Min(float64(limit), math.Floor(n))))
+}
+
 // rate is what a batch of n decodes, in tokens per second (0 while the
 // step costs nothing measured).
 func (m *costModel) rate(n int) float64 {

@@ -66,15 +66,17 @@ func (s *Scheduler) offeredRatio(now time.Time) float64 {
 // keeps its batch small enough for the next such request before it
 // arrives.
 type recentDeadlines struct {
-	per [16]time.Duration
-	at  [16]time.Time
-	n   int
+	per  [16]time.Duration
+	at   [16]time.Time
+	n    int
+	last time.Time // the latest add: no scan while it is out of the window
 }
 
 func (d *recentDeadlines) add(per time.Duration, now time.Time) {
 	i := d.n % len(d.per)
 	d.per[i], d.at[i] = per, now
 	d.n++
+	d.last = now
 }
 
 // tightest is the smallest time per token recorded within window of now
@@ -82,6 +84,9 @@ func (d *recentDeadlines) add(per time.Duration, now time.Time) {
 // cannot meet its deadline even alone, and no batch size helps it.
 func (d *recentDeadlines) tightest(now time.Time, window, floor time.Duration) time.Duration {
 	var best time.Duration
+	if d.n == 0 || now.Sub(d.last) > window {
+		return 0
+	}
 	for i := range min(d.n, len(d.per)) {
 		if now.Sub(d.at[i]) > window || d.per[i] < floor {
 			continue
@@ -115,9 +120,8 @@ func (s *Scheduler) batchCap(l *lane, now time.Time) int {
 	}
 	floor := time.Duration(float64(l.cost.perToken(1)) / deadlineShare)
 	per := s.deadlines.tightest(now, s.loadWindow(), floor)
-	n := s.cfg.MaxBatch
-	for per > 0 && n > 1 && float64(l.cost.perToken(n)) > deadlineShare*float64(per) {
-		n--
+	if per == 0 {
+		return s.cfg.MaxBatch
 	}
-	return n
+	return l.cost.members(time.Duration(deadlineShare*float64(per)), s.cfg.MaxBatch)
 }

@@ -395,9 +395,9 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	// u: the earliest deadline among the waiting requests that can still
 	// meet theirs, at least alone.
 	var u *task
-	for _, t := range s.queues[qi] {
-		// Cheap tests first: this runs every step over the whole queue.
-		if t.deadline.IsZero() || (u != nil && !t.deadline.Before(u.deadline)) ||
+	for _, t := range s.deadlined(now) {
+		// Cheap tests first: this runs every step.
+		if t.state != waiting || t.qi != qi || (u != nil && !t.deadline.Before(u.deadline)) ||
 			(t.hasSeq && t.lane != l.idx) || finish(t, 1).After(t.deadline) {
 			continue
 		}
@@ -496,8 +496,10 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 	if len(s.queues) > 1 {
 		qi = l.idx
 	}
-	for _, t := range s.queues[qi] {
-		consider(t)
+	for _, t := range s.optionals() {
+		if t.state == waiting && t.qi == qi {
+			consider(t)
+		}
 	}
 	if victim == nil {
 		return false
@@ -577,8 +579,8 @@ func (s *Scheduler) missing(l *lane, now time.Time) bool {
 		qi = l.idx
 	}
 	var urgent *task
-	for _, t := range s.queues[qi] {
-		if !t.deadline.IsZero() && t.deadline.After(now) && (urgent == nil || t.deadline.Before(urgent.deadline)) {
+	for _, t := range s.deadlined(now) {
+		if t.state == waiting && t.qi == qi && t.deadline.After(now) && (urgent == nil || t.deadline.Before(urgent.deadline)) {
 			urgent = t
 		}
 	}
@@ -619,4 +621,26 @@ func (s *Scheduler) evict(l *lane) bool {
 	s.releaseSeq(victim)
 	s.stats.evicted++
 	return true
+}
+
+// deadlined is withDeadline less the tasks that are over (ended,
+// parked, or past their deadline, which only moves away).
+func (s *Scheduler) deadlined(now time.Time) []*task {
+	s.withDeadline = slices.DeleteFunc(s.withDeadline, func(t *task) bool {
+		over := (t.state != waiting && t.state != running) || t.deadline.IsZero() || now.After(t.deadline)
+		t.inDeadline = !over
+		return over
+	})
+	return s.withDeadline
+}
+
+// optionals is withOptional less the tasks that have no optional tokens
+// left (or ended, or are parked; Resume lists them again).
+func (s *Scheduler) optionals() []*task {
+	s.withOptional = slices.DeleteFunc(s.withOptional, func(t *task) bool {
+		over := (t.state != waiting && t.state != running) || optional(t) == 0
+		t.inOptional = !over
+		return over
+	})
+	return s.withOptional
 }

@@ -33,15 +33,20 @@ type Scheduler struct {
 	offered offeredLoad // the predicted tokens of new work, for overload
 	// deadlines: the time per token recent deadline requests afford
 	deadlines recentDeadlines
-	tasks     map[string]*task
-	parked    int
-	quant     *quantiles
-	closing   bool // no new work; lanes drain
-	stopped   bool // lanes exit once their frees are done
-	seqNo     uint64
-	nextID    uint64
-	stats     counters
-	started   time.Time
+	// withDeadline and withOptional are the tasks with a deadline and
+	// those with optional tokens, waiting or running: the few that
+	// preempt, missing and shed look at every step instead of the whole
+	// queue. Tasks leave them lazily, when a scan finds them over.
+	withDeadline, withOptional []*task
+	tasks                      map[string]*task
+	parked                     int
+	quant                      *quantiles
+	closing                    bool // no new work; lanes drain
+	stopped                    bool // lanes exit once their frees are done
+	seqNo                      uint64
+	nextID                     uint64
+	stats                      counters
+	started                    time.Time
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -99,6 +104,8 @@ type task struct {
 	atStake    bool    // cached: a deadline it can still meet (tandem)
 	rankedAt   time.Time
 	rankedBy   int // 1 + the lane whose ranker computed pri; 0: stale
+	// listed in Scheduler.withDeadline, withOptional
+	inDeadline, inOptional bool
 }
 
 type lane struct {
@@ -384,6 +391,14 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	s.offered.add(t.qtok, now, s.loadWindow())
 	if dl > 0 {
 		s.deadlines.add(dl/time.Duration(max(math.Round(t.qtok), 1)), now)
+		if !t.inDeadline {
+			t.inDeadline = true
+			s.withDeadline = append(s.withDeadline, t)
+		}
+	}
+	if optional(t) > 0 && !t.inOptional {
+		t.inOptional = true
+		s.withOptional = append(s.withOptional, t)
 	}
 	s.wake(t)
 }
