@@ -69,47 +69,77 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	return run, nil
 }
 
-// LiveCapacity measures a running scheduler as the benchmark sees it
-// (goroutines, wakeups and all): the time per token of one request alone,
-// and the tokens per second of a saturating burst (every lane's batch
-// full). The real-engine runs set their deadlines and offered loads from
-// these, since per-step costs measured in isolation miss the live
-// system's overheads.
-func LiveCapacity(ctx context.Context, s *sched.Scheduler, prompt []int32, lanes, batch int) (tokenTime time.Duration, tokPerS float64, err error) {
+// LiveTokenTime measures a running scheduler's time per token for one
+// request alone (the fastest of three runs of 64 tokens from prompt: a
+// one-off stall is not the engine). The real-engine runs set their
+// deadlines from it.
+func LiveTokenTime(ctx context.Context, s *sched.Scheduler, prompt []int32) (time.Duration, error) {
 	const n = 64
-	run := func(count int) (time.Duration, int, error) {
-		var streams []*sched.Stream
-		start := time.Now()
-		for range count {
-			st, err := s.Submit(ctx, sched.Request{Prompt: prompt, MaxTokens: n})
-			if err != nil {
-				return 0, 0, err
-			}
-			streams = append(streams, st)
-		}
-		tokens := 0
-		for _, st := range streams {
-			res, err := st.Wait(ctx)
-			if err != nil {
-				return 0, 0, err
-			}
-			tokens += res.TotalGenerated
-		}
-		return time.Since(start), tokens, nil
-	}
 	var best time.Duration
-	for range 3 { // the fastest of three: a one-off stall is not the engine
-		d, k, err := run(1)
+	for range 3 {
+		start := time.Now()
+		st, err := s.Submit(ctx, sched.Request{Prompt: prompt, MaxTokens: n})
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
-		if per := d / time.Duration(max(k, 1)); best == 0 || per < best {
+		res, err := st.Wait(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if per := time.Since(start) / time.Duration(max(res.TotalGenerated, 1)); best == 0 || per < best {
 			best = per
 		}
 	}
-	d, k, err := run(4 * lanes * batch)
-	if err != nil {
-		return 0, 0, err
+	return best, nil
+}
+
+// LiveThroughput measures what a running scheduler decodes, in tokens per
+// second, while a burst of requests keeps every lane's batch full: from
+// the burst's submission until its queue runs dry (then lanes drain at
+// smaller batches, which is not their capacity). The real-engine runs
+// take their offered loads from it, with a burst drawn from the workload
+// itself: its prompts and answer lengths, and so its context lengths,
+// set what a step costs.
+func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Request) (float64, error) {
+	before := s.Stats().Tokens
+	start := time.Now()
+	var streams []*sched.Stream
+	for _, r := range burst {
+		st, err := s.Submit(ctx, r)
+		if err != nil {
+			return 0, err
+		}
+		streams = append(streams, st)
 	}
-	return best, float64(k) / d.Seconds(), nil
+	done := make(chan error, 1)
+	go func() {
+		for _, st := range streams {
+			if _, err := st.Wait(ctx); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var full time.Duration
+	var fullTokens uint64
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return 0, err
+			}
+			st := s.Stats()
+			if full <= 0 { // drained before the first look: the whole burst
+				full, fullTokens = time.Since(start), st.Tokens-before
+			}
+			return float64(fullTokens) / full.Seconds(), nil
+		case <-tick.C:
+			if st := s.Stats(); st.Waiting > 0 {
+				full, fullTokens = time.Since(start), st.Tokens-before
+			}
+		}
+	}
 }

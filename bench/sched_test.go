@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"context"
 	"encoding/xml"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -232,5 +234,51 @@ func TestResponseFloorHoldsForEveryPolicy(t *testing.T) {
 				t.Errorf("%v at load %.1f: p99 %v below the floor %v", p, load, row.P99, floor)
 			}
 		}
+	}
+}
+
+// sleepEngine is the simulator's engine in real time: each step sleeps
+// for its cost, so a live scheduler on it has a known capacity.
+type sleepEngine struct{ *simEngine }
+
+func (e sleepEngine) Step(ctx context.Context, members []sched.Member, out []sched.StepOut) error {
+	err := e.simEngine.Step(ctx, members, out)
+	time.Sleep(e.last)
+	return err
+}
+
+func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
+	// Two lanes of 2 ms + 0.25 ms per member: 8 members decode 2000
+	// tokens/s per lane, one alone 444.
+	cost := StepCosts{A: 2 * time.Millisecond, B: 250 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+	var burst []sched.Request
+	natural := map[string]int{}
+	for i := range 33 {
+		n := 40
+		if i == 32 {
+			n = 200 // last in: it drains alone for most of its length
+		}
+		id := fmt.Sprint(i)
+		natural[id] = n
+		burst = append(burst, sched.Request{ID: id, Prompt: []int32{1}, MaxTokens: n})
+	}
+	lanes := []sched.Lane{{Engine: sleepEngine{newSimEngine(cost, natural)}}, {Engine: sleepEngine{newSimEngine(cost, natural)}}}
+	s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: 8}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	start := time.Now()
+	got, err := LiveThroughput(context.Background(), s, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := float64(s.Stats().Tokens) / time.Since(start).Seconds()
+	// The whole burst averages about 2200 tokens/s: the long request's
+	// drain would pull a plain average that far below capacity.
+	capacity := 2 * cost.Capacity(8)
+	t.Logf("throughput %.0f tokens/s while the batches were full, %.0f over the whole burst, capacity %.0f", got, whole, capacity)
+	if got < 0.75*capacity || got > 1.1*capacity {
+		t.Errorf("throughput %.0f tokens/s, want about the full-batch capacity %.0f (the whole burst: %.0f)", got, capacity, whole)
 	}
 }

@@ -31,7 +31,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"scheduler in a discrete-event simulator whose per-step costs are measured\n"+
 			"on a synthetic model of --sim-shape (or given by --sim-costs); the\n"+
 			"simulator charges the scheduler's own run time. Load 1.0 is the lanes'\n"+
-			"measured token capacity at full batch divided by the mean request length.\n"+
+			"token capacity at full batch (the simulator's step costs; for the real\n"+
+			"engine, measured on a burst drawn from the workload) divided by the mean\n"+
+			"request length.\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.", stdout, stderr,
 		"tandem bench sched --model stories260K.gguf --out /tmp/sched",
 		"tandem bench sched --real=false --sim-costs 300,30,5 --variance small,normal,large",
@@ -243,17 +245,11 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	if err != nil {
 		return nil, "", err
 	}
+	defer probe.Shutdown(context.Background())
 	ids, _ := encode("Once upon a time")
-	tokTime, capacity, err := bench.LiveCapacity(ctx, probe, ids, len(lanes), b.maxBatch)
-	probe.Shutdown(context.Background())
+	tokTime, err := bench.LiveTokenTime(ctx, probe, ids)
 	if err != nil {
 		return nil, "", err
-	}
-	// One lane of the live capacity, so rate() sums it back.
-	costs := make([]bench.StepCosts, len(lanes))
-	for i := range costs {
-		per := time.Duration(float64(b.maxBatch) / (capacity / float64(len(lanes))) * float64(time.Second))
-		costs[i] = bench.StepCosts{A: per, MaxSeqs: 16, Context: ctxLen}
 	}
 	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
 	v := b.variances[0]
@@ -261,8 +257,32 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	bar := progress.New(b.stderr, "real-engine runs", uint64(total))
 	defer bar.Done()
 	var rows []bench.SchedRow
+	var capacities []string
 	done := uint64(0)
 	for _, adv := range b.adversarial {
+		// The capacity of this workload (its prompts, its answer lengths
+		// and so its context lengths), every lane at full batch: load 1.0.
+		sample := bench.Workload(bench.WorkloadConfig{Requests: 8 * len(lanes) * b.maxBatch, Adversarial: adv, Variance: v,
+			TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed + 7})
+		burst := make([]sched.Request, len(sample))
+		for i, r := range sample {
+			p, err := encode(r.Prompt)
+			if err != nil {
+				return nil, "", err
+			}
+			burst[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stopTokens(tok)}
+		}
+		capacity, err := bench.LiveThroughput(ctx, probe, burst)
+		if err != nil {
+			return nil, "", err
+		}
+		capacities = append(capacities, fmt.Sprintf("%.0f tok/s at %.0f%% adversarial", capacity, 100*adv))
+		// One lane of the live capacity, so rate() sums it back.
+		costs := make([]bench.StepCosts, len(lanes))
+		for i := range costs {
+			per := time.Duration(float64(b.maxBatch) / (capacity / float64(len(lanes))) * float64(time.Second))
+			costs[i] = bench.StepCosts{A: per, MaxSeqs: 16, Context: ctxLen}
+		}
 		for _, load := range b.loads {
 			rate := b.rate(load, costs, adv, v, tokTime)
 			reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
@@ -288,8 +308,8 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			}
 		}
 	}
-	note := fmt.Sprintf("%s: %d lane(s) of %v threads; live capacity %.0f tok/s (all lanes, full batches), one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
-		name, len(lanes), threads, capacity, 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
+	note := fmt.Sprintf("%s: %d lane(s) of %v threads; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
+		name, len(lanes), threads, strings.Join(capacities, ", "), 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
 		cost.C.Round(100*time.Nanosecond), calPath)
 	return rows, note, nil
 }
