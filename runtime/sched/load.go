@@ -67,16 +67,16 @@ func (s *Scheduler) offeredRatio(now time.Time) float64 {
 // arrives.
 type recentDeadlines struct {
 	per  [16]time.Duration
-	at   [16]time.Time
+	at   [16]int64 // UnixNano: compared every step, cheaper than time.Time
 	n    int
-	last time.Time // the latest add: no scan while it is out of the window
+	last int64 // the latest add: no scan while it is out of the window
 }
 
 func (d *recentDeadlines) add(per time.Duration, now time.Time) {
 	i := d.n % len(d.per)
-	d.per[i], d.at[i] = per, now
+	d.per[i], d.at[i] = per, now.UnixNano()
 	d.n++
-	d.last = now
+	d.last = d.at[i]
 }
 
 // tightest is the smallest time per token recorded within window of now
@@ -84,11 +84,12 @@ func (d *recentDeadlines) add(per time.Duration, now time.Time) {
 // cannot meet its deadline even alone, and no batch size helps it.
 func (d *recentDeadlines) tightest(now time.Time, window, floor time.Duration) time.Duration {
 	var best time.Duration
-	if d.n == 0 || now.Sub(d.last) > window {
+	since := now.UnixNano() - int64(window)
+	if d.n == 0 || d.last < since {
 		return 0
 	}
 	for i := range min(d.n, len(d.per)) {
-		if now.Sub(d.at[i]) > window || d.per[i] < floor {
+		if d.at[i] < since || d.per[i] < floor {
 			continue
 		}
 		if best == 0 || d.per[i] < best {

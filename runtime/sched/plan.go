@@ -253,15 +253,16 @@ func (s *Scheduler) drain(i int) time.Duration {
 func (s *Scheduler) topK(qs [][]*task, l *lane, r ranker, k int) []*task {
 	top := l.top[:0]
 	defer func() { l.top = top[:0] }()
+	now := r.now.UnixNano() // compared per task: cheaper than time.Time
 	for _, q := range qs {
 		for _, t := range q {
 			if t.hasSeq && t.lane != l.idx {
 				continue // resumed, its sequence lives on another lane
 			}
-			if t.rankedBy != l.idx+1 || r.now.Sub(t.rankedAt) >= r.reuse {
+			if t.rankedBy != l.idx+1 || now >= t.rankedUntil {
 				t.pri = r.rank(t)
 				t.atStake = r.atStake(t)
-				t.rankedAt, t.rankedBy = r.now, l.idx+1
+				t.rankedUntil, t.rankedBy = now+int64(r.reuse), l.idx+1
 			}
 			if len(top) == k && !before(t, top[k-1]) {
 				continue
@@ -285,9 +286,11 @@ func (s *Scheduler) topK(qs [][]*task, l *lane, r ranker, k int) []*task {
 // (in priority order): sorted by u, cut into groups where u grows by more
 // than λ× from one to the next or a group reaches C, and the group that
 // holds the most urgent candidate is taken, in priority order. The rest
-// stay queued for a later step.
+// stay queued for a later step. It filters cands in place.
 func (s *Scheduler) consolidate(cands []*task) []*task {
-	byU := slices.Clone(cands)
+	byU := append(s.byU[:0], cands...)
+	s.byU = byU
+	defer clear(byU) // hold no finished task
 	slices.SortStableFunc(byU, func(a, b *task) int {
 		switch {
 		case a.score < b.score:
@@ -307,7 +310,7 @@ func (s *Scheduler) consolidate(cands []*task) []*task {
 		}
 		group := byU[start:i]
 		if slices.Contains(group, first) {
-			out := cands[:0:0]
+			out := cands[:0]
 			for _, t := range cands {
 				if slices.Contains(group, t) {
 					out = append(out, t)

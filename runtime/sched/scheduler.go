@@ -38,6 +38,7 @@ type Scheduler struct {
 	// preempt, missing and shed look at every step instead of the whole
 	// queue. Tasks leave them lazily, when a scan finds them over.
 	withDeadline, withOptional []*task
+	byU                        []*task // consolidate's buffer
 	tasks                      map[string]*task
 	parked                     int
 	quant                      *quantiles
@@ -92,18 +93,18 @@ type task struct {
 	cancel    error // set when the caller cancelled a running task
 	sampler   *sample.Sampler
 
-	hasSeq     bool // its sequence is allocated in lanes[lane]'s engine
-	seq        SeqID
-	starting   bool // a Start is in flight
-	prefilling bool // started, no token yet
-	firstTok   time.Time
-	parkedAt   time.Time
-	qi         int     // its queue while waiting
-	qtok       float64 // its share of qtokens[qi]
-	pri        float64 // cached priority
-	atStake    bool    // cached: a deadline it can still meet (tandem)
-	rankedAt   time.Time
-	rankedBy   int // 1 + the lane whose ranker computed pri; 0: stale
+	hasSeq      bool // its sequence is allocated in lanes[lane]'s engine
+	seq         SeqID
+	starting    bool // a Start is in flight
+	prefilling  bool // started, no token yet
+	firstTok    time.Time
+	parkedAt    time.Time
+	qi          int     // its queue while waiting
+	qtok        float64 // its share of qtokens[qi]
+	pri         float64 // cached priority
+	atStake     bool    // cached: a deadline it can still meet (tandem)
+	rankedUntil int64   // UnixNano until which pri stands
+	rankedBy    int     // 1 + the lane whose ranker computed pri; 0: stale
 	// listed in Scheduler.withDeadline, withOptional
 	inDeadline, inOptional bool
 }
