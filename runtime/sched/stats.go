@@ -79,6 +79,7 @@ type LaneStats struct {
 	Steps      uint64
 	EngineWall time.Duration
 	Busy       time.Duration // clock time inside steps
+	BatchCap   int           // most members it admits now (batchCap: MaxBatch, or fewer for recent deadlines)
 	StepTime   time.Duration // the cost model's current step time at the current batch
 	TokenTime  time.Duration // η: time per token per member at the current batch
 	Threads    int
@@ -107,7 +108,7 @@ func (s *Scheduler) Stats() Stats {
 			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps,
 			EngineWall: l.engineWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
 			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, Context: l.info.Context,
-			SeqBytes: l.info.SeqBytes}
+			SeqBytes: l.info.SeqBytes, BatchCap: s.batchCap(l, s.cfg.Now())}
 		if len(s.queues) > 1 {
 			ls.Waiting = len(s.queues[i])
 		}

@@ -92,6 +92,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		val        func(sched.LaneStats) float64
 	}{
 		{"tandem_lane_running", "Sequences in each lane's batch.", func(l sched.LaneStats) float64 { return float64(l.Running) }},
+		{"tandem_lane_batch_cap", "Most sequences each lane admits now: --max-batch, or fewer while recent deadlines need shorter steps.", func(l sched.LaneStats) float64 { return float64(l.BatchCap) }},
 		{"tandem_lane_sequences", "Allocated sequences (running, parked, resumed) per lane.", func(l sched.LaneStats) float64 { return float64(l.Sequences) }},
 		{"tandem_lane_max_sequences", "Sequence slots per lane.", func(l sched.LaneStats) float64 { return float64(l.MaxSeqs) }},
 		{"tandem_lane_kv_bytes", "KV memory of the allocated sequences per lane.", func(l sched.LaneStats) float64 { return float64(l.KVBytes) }},

@@ -395,7 +395,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		"tandem_deadline_hits_total 1", "tandem_deadline_misses_total 0", `tandem_http_responses_total{code="400"} 1`,
 		`tandem_lane_utilization{lane="cpu0"}`, `tandem_lane_utilization{lane="cpu1"}`, "tandem_tokens_per_second",
 		`tandem_memory_bytes{kind="kv"}`, `tandem_memory_bytes{kind="go_heap"}`, "tandem_tokens_generated_total 5",
-		`tandem_requests_finished_total{outcome="completed"} 1`, "tandem_offered_load ",
+		`tandem_requests_finished_total{outcome="completed"} 1`, "tandem_offered_load ", `tandem_lane_batch_cap{lane="cpu0"}`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
