@@ -53,13 +53,14 @@ func (st *Step) EngineWall() time.Duration { return st.engineWall }
 func (s *Scheduler) Begin(i int) *Step {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.begin(s.lanes[i])
+	wall, now := s.clock()
+	st := s.begin(s.lanes[i], now)
+	s.stats.schedWall += time.Since(wall)
+	return st
 }
 
-func (s *Scheduler) begin(l *lane) *Step {
-	wall := time.Now()
-	defer func() { s.stats.schedWall += time.Since(wall) }()
-	now := s.cfg.Now()
+// begin plans l's next step at now; s.mu is held.
+func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 	for i := 0; i < len(l.running); {
 		if t := l.running[i]; t.cancel != nil {
 			s.end(t, ReasonCancelled, t.cancel, nil, now)
@@ -150,9 +151,13 @@ func (st *Step) Run(ctx context.Context) error {
 func (s *Scheduler) End(st *Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	wall := time.Now()
-	defer func() { s.stats.schedWall += time.Since(wall) }()
-	now := s.cfg.Now()
+	wall, now := s.clock()
+	s.deliver(st, now)
+	s.stats.schedWall += time.Since(wall)
+}
+
+// deliver is End with s.mu held.
+func (s *Scheduler) deliver(st *Step, now time.Time) {
 	l := st.l
 	l.busy = false
 	s.stats.engineWall += st.engineWall
