@@ -20,8 +20,12 @@ type Stream struct {
 	pendFrom int
 	done     bool // the final event was queued
 	read     bool // the final event was received
-	ready    chan struct{}
-	result   *Result
+	// waiters counts the Recv calls waiting on ready. Only then does a
+	// push signal: a reader that takes the final result (Wait) or drains
+	// the queue without waiting costs no channel operation per step.
+	waiters int
+	ready   chan struct{}
+	result  *Result
 	// finished is closed when the final event is queued.
 	finished chan struct{}
 }
@@ -37,8 +41,13 @@ func (s *Stream) ID() string { return s.id }
 // (Done set) it returns io.EOF. It returns ctx's error if ctx ends first;
 // that does not cancel the request (the context given to Submit does).
 func (s *Stream) Recv(ctx context.Context) (Event, error) {
+	waited := false
 	for {
 		s.mu.Lock()
+		if waited {
+			s.waiters--
+			waited = false
+		}
 		if s.head < len(s.events) {
 			ev := s.events[s.head]
 			s.events[s.head] = Event{}
@@ -56,10 +65,15 @@ func (s *Stream) Recv(ctx context.Context) (Event, error) {
 			s.mu.Unlock()
 			return Event{}, io.EOF
 		}
+		s.waiters++
+		waited = true
 		s.mu.Unlock()
 		select {
 		case <-s.ready:
 		case <-ctx.Done():
+			s.mu.Lock()
+			s.waiters--
+			s.mu.Unlock()
 			return Event{}, ctx.Err()
 		}
 	}
@@ -125,10 +139,13 @@ func (s *Stream) pushFrom(ev Event, gen []int32) bool {
 		s.result = ev.Result
 		close(s.finished)
 	}
+	wake := s.waiters > 0
 	s.mu.Unlock()
-	select {
-	case s.ready <- struct{}{}:
-	default:
+	if wake {
+		select {
+		case s.ready <- struct{}{}:
+		default:
+		}
 	}
 	return true
 }
