@@ -69,47 +69,48 @@ const (
 
 // task is a request's scheduler state; s.mu guards it.
 type task struct {
-	id        string
-	req       Request
-	seqNo     uint64
-	state     taskState
-	lane      int // queue/lane it belongs to (-1: shared queue while waiting)
-	score     float64
-	promptLen int
+	// Read on every step, by planning and delivery: they come first and
+	// together, so a step touches a few cache lines of each task. An
+	// engine step evicts the scheduler's data, and those misses, not
+	// instructions, were most of the scheduler's cost per step.
+	state                  taskState
+	hasSeq                 bool // its sequence is allocated in lanes[lane]'s engine
+	starting               bool // a Start is in flight
+	prefilling             bool // started, no token yet
+	shed                   bool
+	atStake                bool // cached: a deadline it can still meet (tandem)
+	inDeadline, inOptional bool // listed in Scheduler.withDeadline, withOptional
+	lane                   int  // queue/lane it belongs to (-1: shared queue while waiting)
+	seq                    SeqID
+	maxTokens              int // effective cap on generated tokens (shedding lowers it)
+	promptLen              int
+	score                  float64
+	pri                    float64 // cached priority
+	rankedUntil            int64   // UnixNano until which pri stands
+	rankedBy               int     // 1 + the lane whose ranker computed pri; 0: stale
+	seqNo                  uint64
+	qi                     int     // its queue while waiting
+	generated              []int32 // every token generated, segments included
+	stream                 *Stream
+	cancel                 error // set when the caller cancelled a running task
+	sampler                *sample.Sampler
+	deadline               time.Time // zero: none
+	id                     string
+	segTokens              int // delivered on the current stream
+	firstTok               time.Time
 
+	req      Request
 	arrival  time.Time // this segment's Submit or Resume
-	deadline time.Time // zero: none
 	relDL    time.Duration
 	static   float64 // RTLM priority, computed at arrival
+	qtok     float64 // its share of qtokens[qi]
+	parkedAt time.Time
 
-	maxTokens int // effective cap on generated tokens (shedding lowers it)
-	shed      bool
-
-	generated []int32 // every token generated, segments included
-	carry     []int32 // generated past a segment's end, delivered on resume
-	segTokens int     // delivered on the current stream
-	segText   string  // text of the current segment so far
-	held      string  // text withheld: it may begin a stop string
-	restText  string  // text after a segment's cut, opening the next one
-	stream    *Stream
-	stopCtx   func() bool
-	cancel    error // set when the caller cancelled a running task
-	sampler   *sample.Sampler
-
-	hasSeq      bool // its sequence is allocated in lanes[lane]'s engine
-	seq         SeqID
-	starting    bool // a Start is in flight
-	prefilling  bool // started, no token yet
-	firstTok    time.Time
-	parkedAt    time.Time
-	qi          int     // its queue while waiting
-	qtok        float64 // its share of qtokens[qi]
-	pri         float64 // cached priority
-	atStake     bool    // cached: a deadline it can still meet (tandem)
-	rankedUntil int64   // UnixNano until which pri stands
-	rankedBy    int     // 1 + the lane whose ranker computed pri; 0: stale
-	// listed in Scheduler.withDeadline, withOptional
-	inDeadline, inOptional bool
+	carry    []int32 // generated past a segment's end, delivered on resume
+	segText  string  // text of the current segment so far
+	held     string  // text withheld: it may begin a stop string
+	restText string  // text after a segment's cut, opening the next one
+	stopCtx  func() bool
 }
 
 type lane struct {
