@@ -31,6 +31,42 @@ type SchedRow struct {
 	Utility    float64 // achieved ÷ attainable time-utility (%)
 	ShedTokens int
 	Overhead   float64 // scheduler wall time ÷ engine time (%)
+	// Runs is how many runs the row is the median of (MedianRow; 0: one).
+	Runs int `json:",omitempty"`
+}
+
+// MedianRow combines repeated runs of one setting: each measure is its
+// median over the runs, so one run a busy machine stalled does not set
+// the figure (on a shared two-core machine a single real-engine run's p99
+// and overhead vary by a third). The setting's fields come from rows[0].
+func MedianRow(rows []SchedRow) SchedRow {
+	if len(rows) == 0 {
+		return SchedRow{}
+	}
+	r := rows[0]
+	r.Runs = len(rows)
+	med := func(get func(SchedRow) float64) float64 {
+		xs := make([]float64, len(rows))
+		for i, x := range rows {
+			xs[i] = get(x)
+		}
+		slices.Sort(xs)
+		return schedPercentile(xs, 0.5)
+	}
+	dur := func(get func(SchedRow) time.Duration) time.Duration {
+		return time.Duration(med(func(x SchedRow) float64 { return float64(get(x)) }))
+	}
+	r.Mean = dur(func(x SchedRow) time.Duration { return x.Mean })
+	r.P50 = dur(func(x SchedRow) time.Duration { return x.P50 })
+	r.P99 = dur(func(x SchedRow) time.Duration { return x.P99 })
+	r.P99Floor = dur(func(x SchedRow) time.Duration { return x.P99Floor })
+	r.Throughput = med(func(x SchedRow) float64 { return x.Throughput })
+	r.TokPerS = med(func(x SchedRow) float64 { return x.TokPerS })
+	r.Attainment = med(func(x SchedRow) float64 { return x.Attainment })
+	r.Utility = med(func(x SchedRow) float64 { return x.Utility })
+	r.ShedTokens = int(math.Round(med(func(x SchedRow) float64 { return float64(x.ShedTokens) })))
+	r.Overhead = med(func(x SchedRow) float64 { return x.Overhead })
+	return r
 }
 
 // Summarize computes a run's row.

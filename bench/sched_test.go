@@ -282,3 +282,25 @@ func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 		t.Errorf("throughput %.0f tokens/s, want about the full-batch capacity %.0f (the whole burst: %.0f)", got, capacity, whole)
 	}
 }
+
+func TestMedianRowTakesEachMeasuresMedian(t *testing.T) {
+	row := func(p99 time.Duration, attain, overhead float64, shed int) SchedRow {
+		return SchedRow{Engine: "e", Policy: "tandem", Load: 1.6, Adversarial: 0.2, Deadlines: 50,
+			P99: p99, Mean: p99 / 2, Attainment: attain, Overhead: overhead, ShedTokens: shed}
+	}
+	// A stalled run (the third) sets neither the p99 nor the overhead.
+	m := MedianRow([]SchedRow{row(3*time.Second, 90, 0.9, 100), row(2*time.Second, 80, 1.0, 300), row(9*time.Second, 85, 2.9, 200)})
+	if m.P99 != 3*time.Second || m.Mean != 1500*time.Millisecond || m.Attainment != 85 || m.Overhead != 1.0 || m.ShedTokens != 200 {
+		t.Errorf("median row %+v", m)
+	}
+	if m.Runs != 3 || m.Engine != "e" || m.Policy != "tandem" || m.Load != 1.6 || m.Deadlines != 50 {
+		t.Errorf("setting not kept: %+v", m)
+	}
+	// An even count takes the middle two's mean.
+	if m := MedianRow([]SchedRow{row(2*time.Second, 80, 1, 0), row(4*time.Second, 90, 3, 0)}); m.P99 != 3*time.Second || m.Overhead != 2 {
+		t.Errorf("median of two: p99 %v overhead %v", m.P99, m.Overhead)
+	}
+	if m := MedianRow(nil); m.Runs != 0 {
+		t.Errorf("median of none: %+v", m)
+	}
+}

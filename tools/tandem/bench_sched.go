@@ -33,7 +33,8 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"simulator charges the scheduler's own run time. Load 1.0 is the lanes'\n"+
 			"token capacity at full batch (the simulator's step costs; for the real\n"+
 			"engine, measured on a burst drawn from the workload) divided by the mean\n"+
-			"request length.\n"+
+			"request length. Each real-engine row is the median of --repeat runs, the\n"+
+			"policies taking turns, since one run on a busy machine can be far off.\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.", stdout, stderr,
 		"tandem bench sched --model stories260K.gguf --out /tmp/sched",
 		"tandem bench sched --real=false --sim-costs 300,30,5 --variance small,normal,large",
@@ -50,6 +51,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	adversarial := fs.String("adversarial", "0,0.2,0.4", "shares of adversarial long-output prompts")
 	variance := fs.String("variance", "normal", "output-length variance within a class: small, normal, large (the real engine uses the first)")
 	requests := fs.Int("requests", 150, "requests per real-engine run")
+	repeat := fs.Int("repeat", 3, "real-engine runs per setting and policy; the rows are their medians")
 	simRequests := fs.Int("sim-requests", 600, "requests per simulated run")
 	lanesFlag := fs.String("lanes", "1,1", "threads per lane (the simulator uses as many lanes)")
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
@@ -84,8 +86,8 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *requests < 10 || *simRequests < 10 || *maxBatch < 1 {
-		return fmt.Errorf("%w: --requests and --sim-requests must be at least 10, --max-batch at least 1", errUsage)
+	if *requests < 10 || *simRequests < 10 || *maxBatch < 1 || *repeat < 1 {
+		return fmt.Errorf("%w: --requests and --sim-requests must be at least 10, --max-batch and --repeat at least 1", errUsage)
 	}
 	if *outDir != "" {
 		if err := os.MkdirAll(*outDir, 0o755); err != nil {
@@ -95,7 +97,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
-		seed: *seed, stderr: stderr}
+		repeat: *repeat, seed: *seed, stderr: stderr}
 
 	var rows []bench.SchedRow
 	var notes []string
@@ -147,6 +149,7 @@ type schedBench struct {
 	adversarial []float64
 	variances   []bench.Variance
 	maxBatch    int
+	repeat      int // real-engine runs per setting and policy
 	seed        uint64
 	stderr      io.Writer
 }
@@ -253,7 +256,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	}
 	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
 	v := b.variances[0]
-	total := len(b.adversarial) * len(b.loads) * len(b.policies)
+	total := len(b.adversarial) * len(b.loads) * len(b.policies) * b.repeat
 	bar := progress.New(b.stderr, "real-engine runs", uint64(total))
 	defer bar.Done()
 	var rows []bench.SchedRow
@@ -287,31 +290,46 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			rate := b.rate(load, costs, adv, v, tokTime)
 			reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
 				TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed})
-			for _, p := range b.policies {
-				s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
-				if err != nil {
-					return nil, "", err
+			// Policies take turns, so a slow spell of the machine
+			// falls on all of them rather than on one policy's runs.
+			runs := make([][]bench.SchedRow, len(b.policies))
+			for range b.repeat {
+				for i, p := range b.policies {
+					s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
+					if err != nil {
+						return nil, "", err
+					}
+					for i := range lanes {
+						s.SeedCost(i, cost.A, cost.B, cost.C)
+					}
+					run, err := bench.RunLive(ctx, s, reqs, encode, stopTokens(tok))
+					s.Shutdown(context.Background())
+					if err != nil {
+						return nil, "", err
+					}
+					row := bench.Summarize(run)
+					row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
+					runs[i] = append(runs[i], row)
+					done++
+					bar.Set(done)
 				}
-				for i := range lanes {
-					s.SeedCost(i, cost.A, cost.B, cost.C)
-				}
-				run, err := bench.RunLive(ctx, s, reqs, encode, stopTokens(tok))
-				s.Shutdown(context.Background())
-				if err != nil {
-					return nil, "", err
-				}
-				row := bench.Summarize(run)
-				row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
-				rows = append(rows, row)
-				done++
-				bar.Set(done)
+			}
+			for _, r := range runs {
+				rows = append(rows, bench.MedianRow(r))
 			}
 		}
 	}
-	note := fmt.Sprintf("%s: %d lane(s) of %v threads; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
-		name, len(lanes), threads, strings.Join(capacities, ", "), 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
+	note := fmt.Sprintf("%s: %d lane(s) of %v threads; %s; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
+		name, len(lanes), threads, runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
 		cost.C.Round(100*time.Nanosecond), calPath)
 	return rows, note, nil
+}
+
+func runsNote(n int) string {
+	if n == 1 {
+		return "one run per setting and policy"
+	}
+	return fmt.Sprintf("each row the median of %d runs (policies taking turns)", n)
 }
 
 // simStepCosts parses --sim-costs or measures the step costs of a

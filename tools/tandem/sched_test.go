@@ -61,12 +61,12 @@ func TestBenchSchedSmall(t *testing.T) {
 	calib := calibrateSmall(t)
 	out := t.TempDir()
 	code, stdout, stderr := tandem(t, "bench", "sched", "--model", testutil.Model(t, "stories260K.gguf"), "--calibration", calib,
-		"--requests", "20", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo",
+		"--requests", "20", "--repeat", "2", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo",
 		"--sim-costs", "50,10,1", "--sim-requests", "40", "--out", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"| real stories260K |", "| sim |", "| tandem |", "| fifo |", "tandem -shed", "p99 FIFO → tandem"} {
+	for _, want := range []string{"| real stories260K |", "| sim |", "| tandem |", "| fifo |", "tandem -shed", "p99 FIFO → tandem", "median of 2 runs"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
@@ -79,6 +79,11 @@ func TestBenchSchedSmall(t *testing.T) {
 	if err := json.Unmarshal(data, &rows); err != nil || len(rows) != 2+5 {
 		t.Errorf("sched.json: %d rows, %v", len(rows), err)
 	}
+	for _, r := range rows {
+		if real := strings.HasPrefix(r["Engine"].(string), "real"); real != (r["Runs"] == 2.0) {
+			t.Errorf("row %v %v: runs %v, want the real engine's rows to be medians of 2", r["Engine"], r["Policy"], r["Runs"])
+		}
+	}
 	for _, f := range []string{"sched.md", "sched.svg"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v", f, err)
@@ -86,5 +91,8 @@ func TestBenchSchedSmall(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--loads", "x"); code != 2 {
 		t.Errorf("bad --loads: exit %d", code)
+	}
+	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
+		t.Errorf("--repeat 0: exit %d", code)
 	}
 }
