@@ -398,13 +398,13 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	// u: the earliest deadline among the waiting requests that can still
 	// meet theirs, at least alone.
 	var u *task
-	for _, t := range s.deadlined(now) {
+	for _, t := range s.deadlined(now) { // earliest deadline first
 		// Cheap tests first: this runs every step.
-		if t.state != waiting || t.qi != qi || (u != nil && !t.deadline.Before(u.deadline)) ||
-			(t.hasSeq && t.lane != l.idx) || finish(t, 1).After(t.deadline) {
+		if t.state != waiting || t.qi != qi || (t.hasSeq && t.lane != l.idx) || finish(t, 1).After(t.deadline) {
 			continue
 		}
 		u = t
+		break
 	}
 	if u == nil {
 		return false
@@ -582,9 +582,10 @@ func (s *Scheduler) missing(l *lane, now time.Time) bool {
 		qi = l.idx
 	}
 	var urgent *task
-	for _, t := range s.deadlined(now) {
-		if t.state == waiting && t.qi == qi && t.deadline.After(now) && (urgent == nil || t.deadline.Before(urgent.deadline)) {
+	for _, t := range s.deadlined(now) { // earliest deadline first
+		if t.state == waiting && t.qi == qi && t.deadline.After(now) {
 			urgent = t
+			break
 		}
 	}
 	if urgent == nil {
@@ -626,15 +627,47 @@ func (s *Scheduler) evict(l *lane) bool {
 	return true
 }
 
-// deadlined is withDeadline less the tasks that are over (ended,
-// parked, or past their deadline, which only moves away).
+// deadlined is withDeadline less the tasks whose deadline has passed (a
+// prefix: the list is in deadline order).
 func (s *Scheduler) deadlined(now time.Time) []*task {
-	s.withDeadline = slices.DeleteFunc(s.withDeadline, func(t *task) bool {
-		over := (t.state != waiting && t.state != running) || t.deadline.IsZero() || now.After(t.deadline)
-		t.inDeadline = !over
-		return over
-	})
+	n := 0
+	for n < len(s.withDeadline) && s.withDeadline[n].deadline.Before(now) {
+		s.withDeadline[n].inDeadline = false
+		n++
+	}
+	s.withDeadline = slices.Delete(s.withDeadline, 0, n)
 	return s.withDeadline
+}
+
+// listDeadline puts t into withDeadline after the tasks due no later.
+func (s *Scheduler) listDeadline(t *task) {
+	if t.inDeadline {
+		s.unlistDeadline(t)
+	}
+	i := s.deadlineIndex(t.deadline)
+	for i < len(s.withDeadline) && !s.withDeadline[i].deadline.After(t.deadline) {
+		i++
+	}
+	s.withDeadline = slices.Insert(s.withDeadline, i, t)
+	t.inDeadline = true
+}
+
+// unlistDeadline takes t out of withDeadline.
+func (s *Scheduler) unlistDeadline(t *task) {
+	for i := s.deadlineIndex(t.deadline); i < len(s.withDeadline); i++ {
+		if s.withDeadline[i] == t {
+			s.withDeadline = slices.Delete(s.withDeadline, i, i+1)
+			break
+		}
+	}
+	t.inDeadline = false
+}
+
+// deadlineIndex is where the tasks due at d or later begin in
+// withDeadline.
+func (s *Scheduler) deadlineIndex(d time.Time) int {
+	i, _ := slices.BinarySearchFunc(s.withDeadline, d, func(t *task, d time.Time) int { return t.deadline.Compare(d) })
+	return i
 }
 
 // optionals is withOptional less the tasks that have no optional tokens

@@ -33,21 +33,26 @@ type Scheduler struct {
 	offered offeredLoad // the predicted tokens of new work, for overload
 	// deadlines: the time per token recent deadline requests afford
 	deadlines recentDeadlines
-	// withDeadline and withOptional are the tasks with a deadline and
-	// those with optional tokens, waiting or running: the few that
-	// preempt, missing and shed look at every step instead of the whole
-	// queue. Tasks leave them lazily, when a scan finds them over.
-	withDeadline, withOptional []*task
-	byU                        []*task // consolidate's buffer
-	tasks                      map[string]*task
-	parked                     int
-	quant                      *quantiles
-	closing                    bool // no new work; lanes drain
-	stopped                    bool // lanes exit once their frees are done
-	seqNo                      uint64
-	nextID                     uint64
-	stats                      counters
-	started                    time.Time
+	// withDeadline are the waiting and running tasks whose deadline has
+	// not passed, earliest first: preempt and missing want the earliest
+	// one that fits, so they stop at the first few instead of reading
+	// every task with a deadline on every step (cold reads, a task each).
+	// Tasks leave when they end or park, and at their deadline.
+	withDeadline []*task
+	// withOptional are the tasks with optional tokens, waiting or running,
+	// that shed looks at instead of the whole queue. They leave lazily,
+	// when a scan finds them over.
+	withOptional []*task
+	byU          []*task // consolidate's buffer
+	tasks        map[string]*task
+	parked       int
+	quant        *quantiles
+	closing      bool // no new work; lanes drain
+	stopped      bool // lanes exit once their frees are done
+	seqNo        uint64
+	nextID       uint64
+	stats        counters
+	started      time.Time
 	// wallClock: cfg.Now is time.Now, so one reading serves as both the
 	// scheduler's clock and the start of its overhead accounting.
 	wallClock bool
@@ -395,10 +400,7 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	s.offered.add(t.qtok, now, s.loadWindow())
 	if dl > 0 {
 		s.deadlines.add(dl/time.Duration(max(math.Round(t.qtok), 1)), now)
-		if !t.inDeadline {
-			t.inDeadline = true
-			s.withDeadline = append(s.withDeadline, t)
-		}
+		s.listDeadline(t)
 	}
 	if optional(t) > 0 && !t.inOptional {
 		t.inOptional = true

@@ -766,3 +766,86 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 		t.Errorf("preempted %d, evicted %d: the scenario did not need a preempted sequence's slot", st.Preempted, st.Evicted)
 	}
 }
+
+// The tasks with deadlines are kept earliest first, so preempt and
+// missing stop at the first that fits; a task leaves when it ends, when
+// it parks, and when its deadline passes, and a resumed one comes back
+// in its new place.
+func TestDeadlineListStaysInDeadlineOrder(t *testing.T) {
+	s, clock := newManual(t, Config{Policy: Tandem}, nil, newFakeEngine(nil))
+	order := func() []string {
+		t.Helper()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		var ids []string
+		for i, x := range s.withDeadline {
+			if i > 0 && x.deadline.Before(s.withDeadline[i-1].deadline) {
+				t.Fatalf("withDeadline out of order at %d", i)
+			}
+			if !x.inDeadline {
+				t.Fatalf("%s listed but not marked", x.id)
+			}
+			ids = append(ids, x.id)
+		}
+		return ids
+	}
+	for _, r := range []struct {
+		id string
+		dl time.Duration
+	}{{"c", 30 * time.Second}, {"a", 10 * time.Second}, {"none", 0}, {"b", 20 * time.Second}, {"a2", 10 * time.Second}} {
+		submit(t, s, Request{ID: r.id, Prompt: prompt(4), MaxTokens: 8, Deadline: r.dl})
+	}
+	if got := order(); !slices.Equal(got, []string{"a", "a2", "b", "c"}) { // ties keep arrival order
+		t.Fatalf("order %v", got)
+	}
+
+	// A cancelled request leaves at once, not when a scan meets it.
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := s.Submit(ctx, Request{ID: "gone", Prompt: prompt(4), MaxTokens: 8, Deadline: 15 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := order(); !slices.Equal(got, []string{"a", "a2", "gone", "b", "c"}) {
+		t.Fatalf("order %v", got)
+	}
+	cancel()
+	if _, err := st.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := order(); !slices.Equal(got, []string{"a", "a2", "b", "c"}) {
+		t.Fatalf("after cancel: %v", got)
+	}
+
+	// Past 15 s, a and a2 are due: the next look drops them.
+	clock.Add(15 * time.Second)
+	s.mu.Lock()
+	s.deadlined(clock.Now())
+	s.mu.Unlock()
+	if got := order(); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("after 15 s: %v", got)
+	}
+	drive(t, s, 1000)
+	if got := order(); len(got) != 0 {
+		t.Fatalf("finished requests still listed: %v", got)
+	}
+
+	// A parked segment leaves; resumed with a nearer deadline it comes
+	// back ahead of one due later.
+	seg, err := NewSegmenter("line")
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit(t, s, Request{ID: "robot", Prompt: prompt(3), MaxTokens: 5, Deadline: time.Minute, Segment: seg,
+		Decoder: &textDecoder{words: []string{"go ", "left\n", "stop\n"}}})
+	drive(t, s, 100)
+	if got := order(); len(got) != 0 {
+		t.Fatalf("parked request still listed: %v", got)
+	}
+	submit(t, s, Request{ID: "later", Prompt: prompt(4), MaxTokens: 8, Deadline: 50 * time.Second})
+	if _, err := s.Resume(context.Background(), "robot", ResumeOptions{Deadline: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if got := order(); !slices.Equal(got, []string{"robot", "later"}) {
+		t.Fatalf("after resume: %v", got)
+	}
+}

@@ -439,6 +439,9 @@ func (s *Scheduler) detach(t *task, reason Reason, err error, ev *Event, now tim
 		res.Resumable = true
 	}
 	s.record(res)
+	if t.inDeadline {
+		s.unlistDeadline(t)
+	}
 	if t.stopCtx != nil {
 		t.stopCtx()
 		t.stopCtx = nil
