@@ -639,11 +639,10 @@ func (s *Scheduler) deadlined(now time.Time) []*task {
 	return s.withDeadline
 }
 
-// listDeadline puts t into withDeadline after the tasks due no later.
+// listDeadline puts t into withDeadline after the tasks due no later. t
+// is not listed: a request is listed when queued (Submit, Resume) and
+// leaves when it parks or ends.
 func (s *Scheduler) listDeadline(t *task) {
-	if t.inDeadline {
-		s.unlistDeadline(t)
-	}
 	i := s.deadlineIndex(t.deadline)
 	for i < len(s.withDeadline) && !s.withDeadline[i].deadline.After(t.deadline) {
 		i++

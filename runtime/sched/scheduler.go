@@ -574,7 +574,8 @@ wait:
 	return err
 }
 
-// laneLoop runs a lane: Begin (waiting for work), Run, End.
+// laneLoop runs a lane: under the lock, deliver the last step and plan
+// the next (waiting for work), then Run it unlocked.
 func (s *Scheduler) laneLoop(l *lane) {
 	defer s.wg.Done()
 	var st *Step
