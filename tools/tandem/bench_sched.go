@@ -254,6 +254,19 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	if err != nil {
 		return nil, "", err
 	}
+	stops := stopTokens(tok)
+	// runPolicy runs reqs under p on a fresh scheduler over the lanes.
+	runPolicy := func(p policyVariant, reqs []bench.WorkRequest) (bench.Run, error) {
+		s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
+		if err != nil {
+			return bench.Run{}, err
+		}
+		defer s.Shutdown(context.Background())
+		for i := range lanes {
+			s.SeedCost(i, cost.A, cost.B, cost.C)
+		}
+		return bench.RunLive(ctx, s, reqs, encode, stops)
+	}
 	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
 	v := b.variances[0]
 	total := len(b.adversarial) * len(b.loads) * len(b.policies) * b.repeat
@@ -273,7 +286,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			if err != nil {
 				return nil, "", err
 			}
-			burst[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stopTokens(tok)}
+			burst[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stops}
 		}
 		capacity, err := bench.LiveThroughput(ctx, probe, burst)
 		if err != nil {
@@ -295,15 +308,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			runs := make([][]bench.SchedRow, len(b.policies))
 			for range b.repeat {
 				for i, p := range b.policies {
-					s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
-					if err != nil {
-						return nil, "", err
-					}
-					for i := range lanes {
-						s.SeedCost(i, cost.A, cost.B, cost.C)
-					}
-					run, err := bench.RunLive(ctx, s, reqs, encode, stopTokens(tok))
-					s.Shutdown(context.Background())
+					run, err := runPolicy(p, reqs)
 					if err != nil {
 						return nil, "", err
 					}
