@@ -19,6 +19,7 @@ type costModel struct {
 	// tokens per decoding member per step (1 for the plain engine, more
 	// for a speculative one), averaged the same way.
 	tokPerStep float64
+	unsolved   int // observations since the last solve
 }
 
 const (
@@ -29,6 +30,11 @@ const (
 	costPriorC = 1e-4  // seconds per prefill token
 	costMinB   = 1e-7  // a step never gets free members
 	costMaxFit = 3600. // a coefficient beyond an hour is a measuring accident
+	// costSolveEvery is how many observations are folded in between two
+	// solves once the fit has that many behind it. The memory spans about
+	// 50 steps, so the fit lags by a few steps at most, and solving on
+	// every step was a tenth of the scheduler's time on a tiny model.
+	costSolveEvery = 8
 )
 
 func newCostModel() *costModel {
@@ -59,7 +65,10 @@ func (m *costModel) observe(sc stepCost, tokens int) {
 	if sc.decode > 0 {
 		m.tokPerStep = 0.9*m.tokPerStep + 0.1*float64(tokens)/float64(sc.decode)
 	}
-	m.solve()
+	if m.unsolved++; m.unsolved >= costSolveEvery || m.w < costSolveEvery {
+		m.unsolved = 0
+		m.solve()
+	}
 }
 
 // solve fits (XᵀX + ρI)β = Xᵀy + ρ·prior, with ρ a small fraction of

@@ -280,6 +280,12 @@ func TestCostModelLearnsStepTimes(t *testing.T) {
 	m := newCostModel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	a, b, c := 2e-3, 0.5e-3, 20e-6
+	// The first steps are solved at once: the prior (1 ms per member)
+	// must not stand while the first batches are planned.
+	m.observe(stepCost{decode: 4, dur: time.Duration((a + 4*b) * 1e9)}, 4)
+	if got, want := m.step(4, 0).Seconds(), a+4*b; math.Abs(got-want)/want > 0.2 {
+		t.Errorf("after one step, step(4, 0) = %.3gs, want about %.3gs", got, want)
+	}
 	for range 400 {
 		n := 1 + rng.IntN(8)
 		p := 0
@@ -298,6 +304,14 @@ func TestCostModelLearnsStepTimes(t *testing.T) {
 	}
 	if m.tokPerStep < 0.99 || m.tokPerStep > 1.01 {
 		t.Errorf("tokens per step %v, want 1", m.tokPerStep)
+	}
+	// A slowdown (thermal throttling) is followed within the memory.
+	for range 100 {
+		n := 1 + rng.IntN(8)
+		m.observe(stepCost{decode: n, dur: time.Duration(2 * (a + b*float64(n)) * 1e9)}, n)
+	}
+	if got, want := m.step(8, 0).Seconds(), 2*(a+8*b); math.Abs(got-want)/want > 0.1 {
+		t.Errorf("after a slowdown, step(8, 0) = %.3gs, want %.3gs", got, want)
 	}
 }
 
