@@ -448,7 +448,9 @@ func (s *Scheduler) laneFor(t *task) *lane {
 }
 
 func (s *Scheduler) wake(t *task) {
-	if t.lane >= 0 && len(s.queues) > 1 || t.hasSeq {
+	// A routed request wakes its lane, unless it has a deadline: any lane
+	// may take one that is at stake (sources).
+	if t.hasSeq || t.lane >= 0 && len(s.queues) > 1 && t.deadline.IsZero() {
 		s.lanes[t.lane].cond.Signal()
 		return
 	}

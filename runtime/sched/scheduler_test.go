@@ -325,6 +325,60 @@ func TestPrimaryLaneTakesRoutedRequestOnceItOutranksItsOwn(t *testing.T) {
 	_ = busy
 }
 
+// TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary: a secondary lane
+// whose own queue holds a long request takes a request with a deadline at
+// stake from the primary's queue first, while the primary is busy; a
+// request without a deadline it leaves there.
+func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
+	for _, withDeadline := range []bool{true, false} {
+		e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+		s, _ := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
+		for range 10 {
+			submit(t, s, Request{Prompt: prompt(2), MaxTokens: 2})
+		}
+		for range 100 {
+			if len(s.queues[0]) == 0 && len(s.lanes[0].running) == 0 {
+				break
+			}
+			if st := s.Begin(0); st != nil {
+				st.Run(context.Background())
+				s.End(st)
+			}
+		}
+		// Uncalibrated, a score is the prompt length: both long requests
+		// are routed to the secondary's queue; the idle primary takes the
+		// first, the second waits for the secondary.
+		submit(t, s, Request{ID: "long0", Prompt: prompt(30), MaxTokens: 400})
+		if st := s.Begin(0); st == nil || st.tasks[0].id != "long0" {
+			t.Fatal("setup: the primary did not take the first long request")
+		}
+		submit(t, s, Request{ID: "long1", Prompt: prompt(30), MaxTokens: 400})
+		planner := Request{ID: "planner", Prompt: prompt(2), MaxTokens: 2}
+		if withDeadline {
+			planner.Deadline = 10 * time.Second
+		}
+		submit(t, s, planner)
+		if s.tasks["long1"].qi != 1 || s.tasks["planner"].qi != 0 {
+			t.Fatalf("setup: queues %d and %d, want the long request in the secondary's and the planner in the primary's",
+				s.tasks["long1"].qi, s.tasks["planner"].qi)
+		}
+		st := s.Begin(1)
+		want := "long1"
+		if withDeadline {
+			want = "planner"
+		}
+		var got []string
+		if st != nil {
+			for _, tk := range st.tasks {
+				got = append(got, tk.id)
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("deadline %v: the secondary lane runs %v, want %s", withDeadline, got, want)
+		}
+	}
+}
+
 func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
 	e := newFakeEngine(nil)
 	e.stepA, e.stepB = 0, 10*time.Millisecond // a step costs 10ms per member
@@ -648,17 +702,17 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	if reuse <= 0 {
 		t.Fatalf("reuse window %v", reuse)
 	}
-	s.topK([][]*task{q}, l, s.ranker(l, now), 1)
+	s.topK([][]*task{q}, 1, l, s.ranker(l, now), 1)
 	p0 := tk.pri
 	// Within the window the cached priority stands; after it, aging
 	// raises it (the request is a minute past its implicit deadline).
 	clock.Add(reuse / 2)
-	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri != p0 {
 		t.Errorf("priority recomputed within the reuse window: %v then %v", p0, tk.pri)
 	}
 	clock.Add(reuse)
-	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
 	if !(tk.pri > p0) {
 		t.Errorf("priority after the window %v, want above %v", tk.pri, p0)
 	}
@@ -667,7 +721,7 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	p1 := tk.pri
 	tk.rankedBy = 0
 	tk.score = 10
-	s.topK([][]*task{q}, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri == p1 {
 		t.Error("a stale priority was reused")
 	}
