@@ -50,7 +50,7 @@ bench-spec:
 # stories260K (two 1-thread lanes) and the simulator with step costs
 # measured on tinyllama-1.1b q4_0, FIFO/LUF/EDF/RT-LM/tandem at loads from
 # light to overload with 0-40% adversarial prompts; it writes sched.md,
-# sched.json and sched.svg to bench/results.
+# sched.json and sched.svg to bench/results (about half an hour).
 bench-sched:
 	$(GO) run ./tools/tandem bench sched --model $(SHARED)/models/stories260K.gguf --out bench/results
 
