@@ -160,9 +160,8 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 	if free <= 0 {
 		return false
 	}
-	qs, urgentFrom := s.sources(l)
 	k := int(math.Ceil(s.cfg.Lookahead * float64(s.cfg.MaxBatch)))
-	cands := s.topK(qs, urgentFrom, l, s.ranker(l, now), k)
+	cands := s.topK(s.sources(l, now), l, s.ranker(l, now), k)
 	if len(cands) == 0 {
 		return false
 	}
@@ -207,28 +206,30 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 // long requests routed to it, a planner otherwise had only the primary,
 // which met 80% of deadlines where FIFO on both lanes met 95%
 // (stories260K, 40% adversarial, load 0.6; README).
-// It returns where in qs the queues begin that l takes only such
-// requests from.
-func (s *Scheduler) sources(l *lane) (qs [][]*task, urgentFrom int) {
-	qs = l.sources[:0]
+func (s *Scheduler) sources(l *lane, now time.Time) pool {
+	qs := l.sources[:0]
+	p := pool{own: -1}
 	switch {
 	case len(s.queues) == 1:
 		qs = append(qs, s.queues[0])
 	case l.idx == 0:
 		qs = append(qs, s.queues...)
 	default:
-		own := s.source(l)
-		qs = append(qs, s.queues[own])
-		for j, q := range s.queues {
-			if j != own {
-				qs = append(qs, q)
-			}
-		}
-		l.sources = qs
-		return qs, 1
+		p.own = s.source(l)
+		qs = append(qs, s.queues[p.own])
+		p.urgent = s.deadlined(now)
 	}
 	l.sources = qs
-	return qs, len(qs)
+	p.queues = qs
+	return p
+}
+
+// pool is what a lane admits from: whole queues, and (a secondary lane)
+// the requests with a deadline at stake that wait in the other queues.
+type pool struct {
+	queues [][]*task
+	urgent []*task // tasks with deadlines, earliest first (deadlined), any state or queue
+	own    int     // the queue in queues of a secondary lane, or -1
 }
 
 // source picks the queue a secondary lane admits from: its own, unless
@@ -262,27 +263,30 @@ func (s *Scheduler) drain(i int) time.Duration {
 	return time.Duration(s.qtokens[i] / r * float64(time.Second))
 }
 
-// topK returns the k most urgent waiting requests in qs that this lane
+// topK returns the k most urgent waiting requests in p that this lane
 // can run, in service order. It computes each priority once per plan.
-func (s *Scheduler) topK(qs [][]*task, urgentFrom int, l *lane, r ranker, k int) []*task {
+func (s *Scheduler) topK(p pool, l *lane, r ranker, k int) []*task {
 	top := l.top[:0]
 	defer func() { l.top = top[:0] }()
 	now := r.now.UnixNano() // compared per task: cheaper than time.Time
-	for qi, q := range qs {
-		urgentOnly := qi >= urgentFrom
+	// The urgent list is walked after the queues, as one more source of
+	// which only waiting requests at stake outside own count.
+	for qi := 0; qi <= len(p.queues); qi++ {
+		urgentOnly := qi == len(p.queues)
+		q := p.urgent
+		if !urgentOnly {
+			q = p.queues[qi]
+		}
 		for _, t := range q {
-			if t.hasSeq && t.lane != l.idx || urgentOnly && t.deadline.IsZero() {
-				continue // its sequence lives on another lane; or not urgent
+			if t.hasSeq && t.lane != l.idx || urgentOnly && (t.state != waiting || t.qi == p.own) {
+				continue // its sequence lives on another lane; or not waiting elsewhere
 			}
 			if t.rankedBy != l.idx+1 || now >= t.rankedUntil {
 				t.pri = r.rank(t)
 				t.atStake = r.atStake(t)
 				t.rankedUntil, t.rankedBy = now+int64(r.reuse), l.idx+1
 			}
-			if urgentOnly && !t.atStake {
-				continue
-			}
-			if len(top) == k && !before(t, top[k-1]) {
+			if urgentOnly && !t.atStake || len(top) == k && !before(t, top[k-1]) {
 				continue
 			}
 			i := len(top)

@@ -702,17 +702,17 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	if reuse <= 0 {
 		t.Fatalf("reuse window %v", reuse)
 	}
-	s.topK([][]*task{q}, 1, l, s.ranker(l, now), 1)
+	s.topK(pool{queues: [][]*task{q}, own: -1}, l, s.ranker(l, now), 1)
 	p0 := tk.pri
 	// Within the window the cached priority stands; after it, aging
 	// raises it (the request is a minute past its implicit deadline).
 	clock.Add(reuse / 2)
-	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK(pool{queues: [][]*task{q}, own: -1}, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri != p0 {
 		t.Errorf("priority recomputed within the reuse window: %v then %v", p0, tk.pri)
 	}
 	clock.Add(reuse)
-	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK(pool{queues: [][]*task{q}, own: -1}, l, s.ranker(l, s.cfg.Now()), 1)
 	if !(tk.pri > p0) {
 		t.Errorf("priority after the window %v, want above %v", tk.pri, p0)
 	}
@@ -721,7 +721,7 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	p1 := tk.pri
 	tk.rankedBy = 0
 	tk.score = 10
-	s.topK([][]*task{q}, 1, l, s.ranker(l, s.cfg.Now()), 1)
+	s.topK(pool{queues: [][]*task{q}, own: -1}, l, s.ranker(l, s.cfg.Now()), 1)
 	if tk.pri == p1 {
 		t.Error("a stale priority was reused")
 	}
