@@ -58,9 +58,13 @@ type Member struct {
 
 // StepOut is what a step did for one member.
 type StepOut struct {
-	Tokens    []int32 // new tokens, at most Limit (the slice is reused by the next Step)
-	Prefilled int     // context tokens evaluated this step (prefill progress)
-	Err       error   // this member failed (its sequence stays allocated until Free)
+	Tokens []int32 // new tokens, at most Limit (the slice is reused by the next Step)
+	// Prefilled counts the prompt (or rebuilt context) tokens evaluated
+	// this step; 0 when the member decoded. The cost model charges a step
+	// per decoding member and per prefilled token, so a decode reported
+	// as one prefilled token hides every member's cost from it.
+	Prefilled int
+	Err       error // this member failed (its sequence stays allocated until Free)
 }
 
 // stepCost describes a step for the cost model.

@@ -43,13 +43,18 @@ type ModelEngine struct {
 	batch  model.Batch
 	logits model.Logits
 	slot   []int // per member: the slot whose logits it samples, or -1
+	eval   []int // per member: the pending tokens the step evaluates
 }
 
 type modelSeq struct {
 	pending []int32 // context not yet evaluated: the prompt's rest, or the last sampled token
 	history []int32 // every token of the sequence, for the repeat penalty
-	sampler *sample.Sampler
-	out     [1]int32
+	// decoding: the context is evaluated and pending is the last sampled
+	// token. Its evaluation is a decode step, not prefill progress: the
+	// scheduler's cost model tells the two apart by StepOut.Prefilled.
+	decoding bool
+	sampler  *sample.Sampler
+	out      [1]int32
 }
 
 // NewModelEngine makes an engine on m with its own KV cache. m must not be
@@ -139,11 +144,11 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 		return err
 	}
 	e.batch.Reset()
-	e.slot = e.slot[:0]
+	e.slot, e.eval = e.slot[:0], e.eval[:0]
 	budget := e.opt.PrefillChunk
 	for i, mb := range members {
 		out[i] = StepOut{}
-		e.slot = append(e.slot, -1)
+		e.slot, e.eval = append(e.slot, -1), append(e.eval, 0)
 		s, ok := e.seqs[mb.Seq]
 		if !ok {
 			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, kv.ErrUnknownSeq)
@@ -164,7 +169,10 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 			continue
 		}
 		last := e.batch.Chain(s.pending[:n], int32(pos), seq, -1, n == len(s.pending))
-		out[i].Prefilled = n
+		e.eval[i] = n
+		if !s.decoding {
+			out[i].Prefilled = n
+		}
 		if n == len(s.pending) {
 			e.slot[i] = last
 		}
@@ -177,7 +185,7 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 	}
 	var errs []error
 	for i, mb := range members {
-		if out[i].Err != nil || out[i].Prefilled == 0 {
+		if out[i].Err != nil || e.eval[i] == 0 {
 			continue
 		}
 		s := e.seqs[mb.Seq]
@@ -185,10 +193,11 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 			errs = append(errs, err)
 			continue
 		}
-		s.pending = s.pending[out[i].Prefilled:]
+		s.pending = s.pending[e.eval[i]:]
 		if e.slot[i] < 0 {
 			continue
 		}
+		s.decoding = true
 		id := s.sampler.Sample(e.logits.Row(e.slot[i]), s.history)
 		s.history = append(s.history, id)
 		// pending views the history's tail: the sampled token is the

@@ -88,6 +88,7 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([][]int32, len(prompts))
+	prefilled := make([]int, len(prompts)) // the scheduler's cost model counts these as prefill
 	seqs := make([]SeqID, len(prompts))
 	active := map[int]bool{}
 	start := func(i int) {
@@ -124,6 +125,10 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 			if out[j].Err != nil {
 				t.Fatal(out[j].Err)
 			}
+			if len(got[i]) > 0 && out[j].Prefilled != 0 {
+				t.Errorf("prompt %q: decode step %d reports %d prefilled tokens", testPrompts[i], len(got[i]), out[j].Prefilled)
+			}
+			prefilled[i] += out[j].Prefilled
 			got[i] = append(got[i], out[j].Tokens...)
 			if len(got[i]) == n {
 				delete(active, i)
@@ -139,6 +144,9 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 	for i := range prompts {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("prompt %q: batched %v\nalone %v", testPrompts[i], got[i], want[i])
+		}
+		if prefilled[i] != len(prompts[i]) {
+			t.Errorf("prompt %q: %d tokens reported prefilled, the prompt has %d", testPrompts[i], prefilled[i], len(prompts[i]))
 		}
 	}
 	if e.Live() != 0 {
