@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,7 +49,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	simType := fs.String("sim-type", "q4_0", "weight type of the synthetic model")
 	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C = per step, per decoding member, per prefill token (skips measuring)")
 	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs")
-	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare")
+	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare; tandem-shed, tandem-admit and tandem-route are tandem without that part")
 	loads := fs.String("loads", "0.3,0.6,0.9,1.2,1.6", "offered loads (1.0: the measured capacity)")
 	adversarial := fs.String("adversarial", "0,0.2,0.4", "shares of adversarial long-output prompts")
 	variance := fs.String("variance", "normal", "output-length variance within a class: small, normal, large (the real engine uses the first)")
@@ -166,12 +167,29 @@ type policyVariant struct {
 	ablate sched.Ablation
 }
 
+// ablations are tandem with one part switched off: the simulator adds
+// them with --ablate, and --policies takes them by name (tandem-shed,
+// tandem-admit, tandem-route) to run them on the real engine.
+var ablations = []policyVariant{
+	{"tandem -shed", sched.Tandem, sched.Ablation{NoShedding: true}},
+	{"tandem -admit", sched.Tandem, sched.Ablation{NoAdmission: true}},
+	{"tandem -route", sched.Tandem, sched.Ablation{NoRouting: true}},
+}
+
 func parsePolicies(s string) ([]policyVariant, error) {
 	var out []policyVariant
+next:
 	for _, p := range strings.Split(s, ",") {
-		pol, err := sched.ParsePolicy(strings.TrimSpace(p))
+		p = strings.TrimSpace(p)
+		for _, a := range ablations {
+			if strings.EqualFold(p, strings.ReplaceAll(a.name, " -", "-")) {
+				out = append(out, a)
+				continue next
+			}
+		}
+		pol, err := sched.ParsePolicy(p)
 		if err != nil {
-			return nil, fmt.Errorf("%w: --policies: %v", errUsage, err)
+			return nil, fmt.Errorf("%w: --policies: %v, or tandem-shed, tandem-admit, tandem-route (tandem without that part)", errUsage, err)
 		}
 		out = append(out, policyVariant{name: pol.String(), policy: pol})
 	}
@@ -403,10 +421,11 @@ func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]ben
 	}
 	pols := b.policies
 	if ablate {
-		pols = append(pols,
-			policyVariant{"tandem -shed", sched.Tandem, sched.Ablation{NoShedding: true}},
-			policyVariant{"tandem -admit", sched.Tandem, sched.Ablation{NoAdmission: true}},
-			policyVariant{"tandem -route", sched.Tandem, sched.Ablation{NoRouting: true}})
+		for _, a := range ablations {
+			if !slices.ContainsFunc(pols, func(p policyVariant) bool { return p.name == a.name }) {
+				pols = append(pols, a)
+			}
+		}
 	}
 	total := len(b.variances) * len(b.adversarial) * len(b.loads) * len(pols)
 	bar := progress.New(b.stderr, "simulated runs", uint64(total))

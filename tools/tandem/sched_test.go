@@ -61,12 +61,12 @@ func TestBenchSchedSmall(t *testing.T) {
 	calib := calibrateSmall(t)
 	out := t.TempDir()
 	code, stdout, stderr := tandem(t, "bench", "sched", "--model", testutil.Model(t, "stories260K.gguf"), "--calibration", calib,
-		"--requests", "20", "--repeat", "2", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo",
+		"--requests", "20", "--repeat", "2", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo,tandem-route",
 		"--sim-costs", "50,10,1", "--sim-requests", "40", "--out", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"| real stories260K |", "| sim |", "| tandem |", "| fifo |", "tandem -shed", "p99 FIFO → tandem", "median of 2 runs"} {
+	for _, want := range []string{"| real stories260K |", "| sim |", "| tandem |", "| fifo |", "tandem -shed", "p99 FIFO → tandem", "median of 2 runs", "| tandem -route |"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
@@ -76,7 +76,7 @@ func TestBenchSchedSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(data, &rows); err != nil || len(rows) != 2+5 {
+	if err := json.Unmarshal(data, &rows); err != nil || len(rows) != 3+5 { // real: three policies; sim: those, -shed and -admit
 		t.Errorf("sched.json: %d rows, %v", len(rows), err)
 	}
 	for _, r := range rows {
@@ -91,6 +91,9 @@ func TestBenchSchedSmall(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--loads", "x"); code != 2 {
 		t.Errorf("bad --loads: exit %d", code)
+	}
+	if code, _, stderr := tandem(t, "bench", "sched", "--policies", "tandem-fast"); code != 2 || !strings.Contains(stderr, "tandem-route") {
+		t.Errorf("unknown policy: exit %d: %s", code, stderr)
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
 		t.Errorf("--repeat 0: exit %d", code)
