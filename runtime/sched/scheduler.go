@@ -133,6 +133,7 @@ type lane struct {
 	step    Step      // the step in flight; its buffers are reused
 	top     []*task   // topK's buffer
 	sources [][]*task // sources' buffer
+	others  [][]*task // fill's buffer
 
 	steps      uint64
 	engineWall time.Duration
@@ -448,9 +449,10 @@ func (s *Scheduler) laneFor(t *task) *lane {
 }
 
 func (s *Scheduler) wake(t *task) {
-	// A routed request wakes its lane, unless it has a deadline: any lane
-	// may take one that is at stake (sources).
-	if t.hasSeq || t.lane >= 0 && len(s.queues) > 1 && t.deadline.IsZero() {
+	// A request whose sequence lives on a lane wakes that lane; any lane
+	// may take another (the primary ranks every queue, a secondary fills
+	// its free slots from them: admit).
+	if t.hasSeq {
 		s.lanes[t.lane].cond.Signal()
 		return
 	}

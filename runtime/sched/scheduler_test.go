@@ -333,18 +333,7 @@ func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
 	for _, withDeadline := range []bool{true, false} {
 		e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
 		s, _ := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
-		for range 10 {
-			submit(t, s, Request{Prompt: prompt(2), MaxTokens: 2})
-		}
-		for range 100 {
-			if len(s.queues[0]) == 0 && len(s.lanes[0].running) == 0 {
-				break
-			}
-			if st := s.Begin(0); st != nil {
-				st.Run(context.Background())
-				s.End(st)
-			}
-		}
+		serveShortOnPrimary(t, s)
 		// Uncalibrated, a score is the prompt length: both long requests
 		// are routed to the secondary's queue; the idle primary takes the
 		// first, the second waits for the secondary.
@@ -376,6 +365,53 @@ func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
 		if len(got) != 1 || got[0] != want {
 			t.Errorf("deadline %v: the secondary lane runs %v, want %s", withDeadline, got, want)
 		}
+	}
+}
+
+// serveShortOnPrimary runs ten short requests to their end on lane 0, so
+// the routing quantile has scores: a longer prompt is routed to lane 1.
+func serveShortOnPrimary(t *testing.T, s *Scheduler) {
+	t.Helper()
+	for range 10 {
+		submit(t, s, Request{Prompt: prompt(2), MaxTokens: 2})
+	}
+	for range 100 {
+		if len(s.queues[0]) == 0 && len(s.lanes[0].running) == 0 {
+			return
+		}
+		if st := s.Begin(0); st != nil {
+			st.Run(context.Background())
+			s.End(st)
+		}
+	}
+	t.Fatal("setup: the primary lane did not serve ten short requests")
+}
+
+// TestSecondaryLaneFillsFreeSlotsFromThePrimary: routing keeps long
+// requests off the primary, but a secondary lane with room left after its
+// own queue takes short requests waiting for the primary rather than idle
+// beside them.
+func TestSecondaryLaneFillsFreeSlotsFromThePrimary(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, _ := newManual(t, Config{MaxBatch: 3}, nil, e0, e1)
+	serveShortOnPrimary(t, s)
+	submit(t, s, Request{ID: "long", Prompt: prompt(30), MaxTokens: 400})
+	submit(t, s, Request{ID: "short0", Prompt: prompt(2), MaxTokens: 2})
+	submit(t, s, Request{ID: "short1", Prompt: prompt(2), MaxTokens: 2})
+	submit(t, s, Request{ID: "short2", Prompt: prompt(2), MaxTokens: 2})
+	if s.tasks["long"].qi != 1 || s.tasks["short0"].qi != 0 {
+		t.Fatalf("setup: queues %d and %d, want the long request in the secondary's and the short ones in the primary's",
+			s.tasks["long"].qi, s.tasks["short0"].qi)
+	}
+	st := s.Begin(1)
+	var got []string
+	if st != nil {
+		for _, tk := range st.tasks {
+			got = append(got, tk.id)
+		}
+	}
+	if want := []string{"long", "short0", "short1"}; !slices.Equal(got, want) {
+		t.Errorf("the secondary lane runs %v, want its own long request first and two short ones in its free slots: %v", got, want)
 	}
 }
 
