@@ -235,7 +235,9 @@ func Stream(path string, cfg StreamConfig) (StreamResult, error) {
 	n := time.Duration(cfg.Runs * cfg.Tokens)
 	res.Token = time.Duration(Median(secs) * float64(time.Second))
 	if after, ok := m.StreamStats(); ok {
-		res.Read = (after.BytesRead - before.BytesRead) / uint64(cfg.Runs*cfg.Tokens)
+		// Bytes the measured tokens consumed: what the reader had read
+		// ahead when a counter was taken belongs to the token after it.
+		res.Read = ((after.BytesRead - after.Ahead) - (before.BytesRead - before.Ahead)) / uint64(cfg.Runs*cfg.Tokens)
 		res.Stall = (after.Stall - before.Stall) / n
 		res.ReadTime = (after.ReadTime - before.ReadTime) / n
 		var c time.Duration

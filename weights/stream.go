@@ -248,10 +248,15 @@ type StreamStats struct {
 	// streamed bytes (and embedding rows) read afterwards.
 	WarmupRead uint64
 	BytesRead  uint64
-	ReadTime   time.Duration // time spent reading (reader side)
-	Stall      time.Duration // time compute waited on IO
-	Passes     int           // completed passes over the groups
-	Groups     []GroupStats
+	// Ahead is the part of BytesRead read ahead of compute: groups loaded
+	// into the window that no Acquire has taken yet. BytesRead − Ahead is
+	// what the passes so far consumed, whatever the reader was doing when
+	// the counters were read.
+	Ahead    uint64
+	ReadTime time.Duration // time spent reading (reader side)
+	Stall    time.Duration // time compute waited on IO
+	Passes   int           // completed passes over the groups
+	Groups   []GroupStats
 }
 
 // Streamer keeps a model's pinned groups resident and streams the others
@@ -808,6 +813,11 @@ func (s *Streamer) Stats() StreamStats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.Groups = append([]GroupStats(nil), s.stats.Groups...)
+	for _, sl := range s.fifo {
+		if sl.ready && sl.err == nil && sl != s.held {
+			st.Ahead += sl.size
+		}
+	}
 	return st
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // streamFixture synthesizes a small model and lists its layers and output
@@ -239,5 +240,48 @@ func TestStreamReadsRuns(t *testing.T) {
 	err = pass(t, s, f, groups)
 	if !errors.Is(err, eio) || !strings.Contains(err.Error(), inner.Name) {
 		t.Fatalf("read failing inside %s: %v", inner.Name, err)
+	}
+}
+
+// TestStreamAheadIsNotConsumed: whenever the counters are read, a
+// pipelined streamer's BytesRead less what it has read ahead is exactly
+// the streamed bytes of the passes compute finished, though the reader
+// keeps loading the next pass's groups meanwhile.
+func TestStreamAheadIsNotConsumed(t *testing.T) {
+	f, groups := streamFixture(t)
+	plan, err := PlanStream(f, groups, StreamOptions{Mode: StreamPipelined})
+	if err == nil {
+		t.Fatal("plan at budget 0 succeeded")
+	}
+	s, err := NewStreamer(f, groups, StreamOptions{Budget: plan.Total / 2, Mode: StreamPipelined, ChunkBytes: 8 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	perPass := s.Plan().Streamed(groups, f)
+	if perPass == 0 {
+		t.Fatal("setup: nothing streams at half the model")
+	}
+	sawAhead := false
+	for passes := uint64(0); passes < 3; passes++ {
+		// Sample while the reader fills the window for the next pass,
+		// until it has read something ahead (the reader goroutine may not
+		// have run yet on a busy machine).
+		for i := 0; i < 200 || !sawAhead; i++ {
+			st := s.Stats()
+			if got := st.BytesRead - st.Ahead; got != passes*perPass {
+				t.Fatalf("after %d passes: read %d, %d of it ahead: consumed %d, want %d", passes, st.BytesRead, st.Ahead, got, passes*perPass)
+			}
+			sawAhead = sawAhead || st.Ahead > 0
+			if i >= 200 {
+				if i > 20000 {
+					t.Fatal("the reader never read ahead of compute")
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if err := pass(t, s, f, groups); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
