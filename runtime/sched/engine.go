@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sample"
@@ -16,7 +17,9 @@ type SeqID int
 // step; a GPU backend plugs in the same way.
 //
 // Used by the scheduler's lane goroutine only: no two methods of one
-// Engine are ever called at the same time.
+// Engine are ever called at the same time. Another scheduler may use the
+// same engine once the first one's Shutdown has returned (this package's
+// engines are claimed by New to enforce that).
 type Engine interface {
 	// Info describes the engine; the scheduler reads it once.
 	Info() EngineInfo
@@ -39,6 +42,22 @@ type Engine interface {
 
 	// Free releases a sequence and its KV memory at once.
 	Free(id SeqID) error
+}
+
+// owner is embedded by this package's engines. A scheduler claims each
+// of its lanes' engines in New and gives them back when Shutdown
+// returns: a second scheduler over an engine still in use (whose lane
+// goroutine would call it at the same time as the first's) is refused
+// by New, where it would otherwise corrupt the engine's KV cache.
+type owner struct{ by atomic.Pointer[Scheduler] }
+
+func (o *owner) claim(s *Scheduler) bool { return o.by.CompareAndSwap(nil, s) }
+func (o *owner) release(s *Scheduler)    { o.by.CompareAndSwap(s, nil) }
+
+// claimable is an engine that a scheduler claims (owner).
+type claimable interface {
+	claim(*Scheduler) bool
+	release(*Scheduler)
 }
 
 // EngineInfo is what the scheduler needs to know about an engine.

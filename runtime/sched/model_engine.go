@@ -34,6 +34,7 @@ type ModelEngineOptions struct {
 // decodes its whole batch reading the weights once. It yields exactly one
 // token per decoding member per step.
 type ModelEngine struct {
+	owner // claimed by the scheduler that runs it
 	m     *model.Model
 	cache *kv.Cache
 	opt   ModelEngineOptions

@@ -2,7 +2,9 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -299,4 +301,38 @@ func TestEvictedSegmentRebuildsExactly(t *testing.T) {
 		t.Errorf("segmented with evictions %v\nuninterrupted %v", got, want)
 	}
 	waitFor(t, func() bool { return engines[0].Live() == 0 })
+}
+
+// TestEngineHeldUntilShutdown: a scheduler holds its lanes' engines from
+// New until its Shutdown returns, so a second scheduler over them (whose
+// lane goroutines would drive them at the same time) is refused rather
+// than racing on their KV caches; so is one engine on two lanes.
+func TestEngineHeldUntilShutdown(t *testing.T) {
+	f, _ := realModel(t)
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: CPULaneSpecs(1, 1), MaxSeqs: 2, Context: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLanes()
+	first, err := New(Config{}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{}, nil, lanes[1]); !errors.Is(err, ErrEngineInUse) {
+		t.Fatalf("second scheduler while the first runs: %v, want ErrEngineInUse", err)
+	}
+	if err := first.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{}, nil, lanes[0], lanes[0]); !errors.Is(err, ErrEngineInUse) || !strings.Contains(err.Error(), "lane 1") {
+		t.Fatalf("one engine on two lanes: %v, want ErrEngineInUse for lane 1", err)
+	}
+	// The refused New gave back what it had claimed: both engines are free.
+	second, err := New(Config{}, nil, lanes...)
+	if err != nil {
+		t.Fatalf("after Shutdown: %v", err)
+	}
+	if err := second.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -43,6 +43,9 @@ var (
 	ErrBusy = errors.New("sched: request is still generating")
 	// ErrContextFull: the prompt does not fit the engine's context.
 	ErrContextFull = errors.New("sched: prompt does not fit the context")
+	// ErrEngineInUse: New was given an engine that another scheduler (or
+	// another of its lanes) holds; Shutdown that scheduler first.
+	ErrEngineInUse = errors.New("sched: engine is in use by another scheduler until its Shutdown returns")
 )
 
 // Policy orders waiting requests.

@@ -166,6 +166,12 @@ func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
 		if name == "" {
 			name = info.Name
 		}
+		if c, ok := l.Engine.(claimable); ok {
+			if !c.claim(s) {
+				s.release()
+				return nil, fmt.Errorf("%w: lane %d (%s)", ErrEngineInUse, i, name)
+			}
+		}
 		ln := &lane{idx: i, name: name, eng: l.Engine, info: info, cost: newCostModel()}
 		ln.cond = sync.NewCond(&s.mu)
 		s.lanes = append(s.lanes, ln)
@@ -575,7 +581,19 @@ wait:
 			close(s.stopJan)
 		})
 	}
+	// Every sequence is freed and the lanes have stopped: another
+	// scheduler may use the engines.
+	s.release()
 	return err
+}
+
+// release gives back the engines New claimed.
+func (s *Scheduler) release() {
+	for _, l := range s.lanes {
+		if c, ok := l.eng.(claimable); ok {
+			c.release(s)
+		}
+	}
 }
 
 // laneLoop runs a lane: under the lock, deliver the last step and plan

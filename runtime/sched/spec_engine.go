@@ -48,6 +48,7 @@ type SpecEngineOptions struct {
 // temperature they follow the target's distribution (spec.Decoder is
 // lossless for the tree and SD methods).
 type SpecEngine struct {
+	owner          // claimed by the scheduler that runs it
 	draft, target  *model.Model
 	dcache, tcache *kv.Cache
 	cfg            spec.Config

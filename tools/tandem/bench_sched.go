@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -267,14 +268,22 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	}
 	defer closeLanes()
 	encode := func(s string) ([]int32, error) { return tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true}) }
-	probe, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: 1024}, est, lanes...)
-	if err != nil {
-		return nil, "", err
+	// probe measures on a FIFO scheduler over the lanes, shut down before
+	// anything else runs on them (a scheduler holds its engines until its
+	// Shutdown has freed their last sequences).
+	probe := func(measure func(*sched.Scheduler) error) error {
+		s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: 1024}, est, lanes...)
+		if err != nil {
+			return err
+		}
+		return errors.Join(measure(s), s.Shutdown(context.Background()))
 	}
-	defer probe.Shutdown(context.Background())
 	ids, _ := encode("Once upon a time")
-	tokTime, err := bench.LiveTokenTime(ctx, probe, ids)
-	if err != nil {
+	var tokTime time.Duration
+	if err := probe(func(s *sched.Scheduler) (err error) {
+		tokTime, err = bench.LiveTokenTime(ctx, s, ids)
+		return err
+	}); err != nil {
 		return nil, "", err
 	}
 	stops := stopTokens(tok)
@@ -311,8 +320,11 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			}
 			burst[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stops}
 		}
-		capacity, err := bench.LiveThroughput(ctx, probe, burst)
-		if err != nil {
+		var capacity float64
+		if err := probe(func(s *sched.Scheduler) (err error) {
+			capacity, err = bench.LiveThroughput(ctx, s, burst)
+			return err
+		}); err != nil {
 			return nil, "", err
 		}
 		capacities = append(capacities, fmt.Sprintf("%.0f tok/s at %.0f%% adversarial", capacity, 100*adv))
