@@ -23,7 +23,12 @@ type SchedRow struct {
 	Mean, P50, P99 time.Duration // response time, arrival to last token
 	// P99Floor is ResponseFloor's bound on the p99 for the run's workload
 	// (simulated runs; 0 where unknown).
-	P99Floor   time.Duration
+	P99Floor time.Duration
+	// Drain is the time from the last arrival to the last finish. Under
+	// sustained overload it is what the backlog left when arrivals stop
+	// takes to serve, and a p99 near it says the tail is that backlog,
+	// not the order: the last request to finish waits at least Drain.
+	Drain      time.Duration
 	Throughput float64 // finished requests per second
 	TokPerS    float64
 	Deadlines  int     // requests with a deadline
@@ -60,6 +65,7 @@ func MedianRow(rows []SchedRow) SchedRow {
 	r.P50 = dur(func(x SchedRow) time.Duration { return x.P50 })
 	r.P99 = dur(func(x SchedRow) time.Duration { return x.P99 })
 	r.P99Floor = dur(func(x SchedRow) time.Duration { return x.P99Floor })
+	r.Drain = dur(func(x SchedRow) time.Duration { return x.Drain })
 	r.Throughput = med(func(x SchedRow) float64 { return x.Throughput })
 	r.TokPerS = med(func(x SchedRow) float64 { return x.TokPerS })
 	r.Attainment = med(func(x SchedRow) float64 { return x.Attainment })
@@ -75,8 +81,15 @@ func Summarize(run Run) SchedRow {
 	var resp []float64
 	var tokens, met int
 	var util, maxUtil float64
+	var lastArrival, lastFinish time.Time
 	for _, o := range run.Outcomes {
 		res := o.Result
+		if res.Arrival.After(lastArrival) {
+			lastArrival = res.Arrival
+		}
+		if res.Finish.After(lastFinish) {
+			lastFinish = res.Finish
+		}
 		resp = append(resp, o.Response.Seconds())
 		tokens += res.TotalGenerated
 		r.ShedTokens += res.ShedTokens
@@ -100,6 +113,7 @@ func Summarize(run Run) SchedRow {
 		r.P50 = sec(schedPercentile(resp, 0.50))
 		r.P99 = sec(schedPercentile(resp, 0.99))
 	}
+	r.Drain = max(0, lastFinish.Sub(lastArrival))
 	if s := run.Makespan.Seconds(); s > 0 {
 		r.Throughput = float64(len(run.Outcomes)) / s
 		r.TokPerS = float64(tokens) / s
@@ -144,6 +158,7 @@ type SchedGoal struct {
 	Adversarial, Load         float64
 	FIFOP99, TandemP99        time.Duration
 	P99Floor                  time.Duration // no policy's p99 can be lower (0: unknown)
+	TandemDrain               time.Duration // tandem's SchedRow.Drain
 	P99Reduction              float64
 	FIFOAttain, TandemAttain  float64
 	AttainmentGain            float64
@@ -192,7 +207,7 @@ func Goals(rows []SchedRow) []SchedGoal {
 			continue
 		}
 		g.Engine, g.Variance, g.Adversarial, g.Load = k.engine, k.variance, k.adv, top[k]
-		g.FIFOP99, g.TandemP99, g.P99Floor = fifo.P99, tandem.P99, tandem.P99Floor
+		g.FIFOP99, g.TandemP99, g.P99Floor, g.TandemDrain = fifo.P99, tandem.P99, tandem.P99Floor, tandem.Drain
 		if fifo.P99 > 0 {
 			g.P99Reduction = 100 * (1 - tandem.P99.Seconds()/fifo.P99.Seconds())
 		}
@@ -208,8 +223,8 @@ func Goals(rows []SchedRow) []SchedGoal {
 // GoalTable renders Goals as markdown.
 func GoalTable(gs []SchedGoal) string {
 	var b strings.Builder
-	b.WriteString("| engine | adv. | var. | load | p99 FIFO → tandem | p99 reduction (goal ≥ 30%) | p99 floor, any policy (reduction) | deadlines met FIFO → tandem | gain (goal ≥ 20 pts) | max sched overhead (goal < 1%) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| engine | adv. | var. | load | p99 FIFO → tandem | p99 reduction (goal ≥ 30%) | p99 floor, any policy (reduction) | tandem's p99 ÷ its drain | deadlines met FIFO → tandem | gain (goal ≥ 20 pts) | max sched overhead (goal < 1%) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	mark := func(ok bool) string {
 		if ok {
 			return "met"
@@ -221,9 +236,13 @@ func GoalTable(gs []SchedGoal) string {
 		if g.P99Floor > 0 && g.FIFOP99 > 0 {
 			floor = fmt.Sprintf("%.3f s (%.1f%%)", g.P99Floor.Seconds(), 100*(1-g.P99Floor.Seconds()/g.FIFOP99.Seconds()))
 		}
-		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.3f s → %.3f s | %.1f%% %s | %s | %.1f%% → %.1f%% | %+.1f pts %s | %.3f%% %s |\n",
+		drain := "-"
+		if g.TandemDrain > 0 {
+			drain = fmt.Sprintf("%.2f", g.TandemP99.Seconds()/g.TandemDrain.Seconds())
+		}
+		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.3f s → %.3f s | %.1f%% %s | %s | %s | %.1f%% → %.1f%% | %+.1f pts %s | %.3f%% %s |\n",
 			g.Engine, 100*g.Adversarial, g.Variance, g.Load, g.FIFOP99.Seconds(), g.TandemP99.Seconds(), g.P99Reduction, mark(g.MetP99Goal),
-			floor, g.FIFOAttain, g.TandemAttain, g.AttainmentGain, mark(g.MetAttainGoal), g.MaxOverhead, mark(g.MaxOverhead < 1))
+			floor, drain, g.FIFOAttain, g.TandemAttain, g.AttainmentGain, mark(g.MetAttainGoal), g.MaxOverhead, mark(g.MaxOverhead < 1))
 	}
 	return b.String()
 }

@@ -105,13 +105,22 @@ func TestSimulatorTandemBeatsFIFOUnderOverload(t *testing.T) {
 }
 
 func TestSummarizeAndGoals(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
 	mk := func(resp time.Duration, dl, met bool, util float64) Outcome {
 		return Outcome{Req: WorkRequest{Utility: 1}, Response: resp,
 			Result: sched.Result{HasDeadline: dl, DeadlineMet: met, Utility: util, TotalGenerated: 10}}
 	}
 	var outs []Outcome
 	for i := 1; i <= 100; i++ {
-		outs = append(outs, mk(time.Duration(i)*time.Second, i%2 == 0, i%4 == 0, 0.5))
+		o := mk(time.Duration(i)*time.Second, i%2 == 0, i%4 == 0, 0.5)
+		// Arrivals a second apart, the last at 100 s; the first request
+		// finishes last, at 250 s (the last one at 200 s).
+		o.Result.Arrival = t0.Add(time.Duration(i) * time.Second)
+		o.Result.Finish = o.Result.Arrival.Add(time.Duration(i) * time.Second)
+		if i == 1 {
+			o.Result.Finish = t0.Add(250 * time.Second)
+		}
+		outs = append(outs, o)
 	}
 	row := Summarize(Run{Policy: "fifo", Outcomes: outs, Makespan: 100 * time.Second, SchedWall: time.Second, Engine: 100 * time.Second})
 	if row.Mean != 50500*time.Millisecond || row.P50 != 50500*time.Millisecond || math.Abs(row.P99.Seconds()-99.01) > 1e-6 {
@@ -120,9 +129,12 @@ func TestSummarizeAndGoals(t *testing.T) {
 	if row.Deadlines != 50 || row.Attainment != 50 || row.Utility != 50 || row.Overhead != 1 || row.Throughput != 1 || row.TokPerS != 10 {
 		t.Errorf("row %+v", row)
 	}
+	if row.Drain != 150*time.Second { // the last arrival at 100 s, the last finish at 250 s
+		t.Errorf("drain %v, want 150s", row.Drain)
+	}
 	rows := []SchedRow{
 		{Engine: "e", Policy: "fifo", Load: 1, P99: 10 * time.Second, Attainment: 10},
-		{Engine: "e", Policy: "tandem", Load: 1, P99: 6 * time.Second, P99Floor: 4 * time.Second, Attainment: 40, Overhead: 0.5},
+		{Engine: "e", Policy: "tandem", Load: 1, P99: 6 * time.Second, P99Floor: 4 * time.Second, Drain: 5 * time.Second, Attainment: 40, Overhead: 0.5},
 		{Engine: "e", Policy: "tandem", Load: 0.5, P99: time.Second, Attainment: 100, Overhead: 2},
 	}
 	g := Goals(rows)
@@ -133,11 +145,11 @@ func TestSummarizeAndGoals(t *testing.T) {
 		t.Error("tables lack the figures")
 	}
 	// The floor goes with its reduction from FIFO's p99; unknown, a dash.
-	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) |") {
-		t.Errorf("goal table lacks the p99 floor:\n%s", GoalTable(g))
+	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) | 1.20 |") {
+		t.Errorf("goal table lacks the p99 floor and tandem's p99 over its drain:\n%s", GoalTable(g))
 	}
-	rows[1].P99Floor = 0
-	if !strings.Contains(GoalTable(Goals(rows)), "met | - |") {
+	rows[1].P99Floor, rows[1].Drain = 0, 0
+	if !strings.Contains(GoalTable(Goals(rows)), "met | - | - |") {
 		t.Errorf("goal table without a floor:\n%s", GoalTable(Goals(rows)))
 	}
 }
