@@ -327,7 +327,12 @@ func TestEngineHeldUntilShutdown(t *testing.T) {
 	if _, err := New(Config{}, nil, lanes[0], lanes[0]); !errors.Is(err, ErrEngineInUse) || !strings.Contains(err.Error(), "lane 1") {
 		t.Fatalf("one engine on two lanes: %v, want ErrEngineInUse for lane 1", err)
 	}
-	// The refused New gave back what it had claimed: both engines are free.
+	// A lane that fails its checks after others were claimed gives
+	// them back too.
+	if _, err := New(Config{}, nil, lanes[0], Lane{Name: "none"}); err == nil || errors.Is(err, ErrEngineInUse) {
+		t.Fatalf("a lane without an engine: %v, want that error", err)
+	}
+	// The refused News gave back what they had claimed: both engines are free.
 	second, err := New(Config{}, nil, lanes...)
 	if err != nil {
 		t.Fatalf("after Shutdown: %v", err)

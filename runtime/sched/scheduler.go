@@ -155,26 +155,10 @@ func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
 	s := &Scheduler{cfg: cfg, feat: cfg.features(), est: est, tasks: map[string]*task{},
 		quant: newQuantiles(est.scores), started: cfg.Now(), wallClock: wallClock}
 	for i, l := range lanes {
-		if l.Engine == nil {
-			return nil, fmt.Errorf("sched: lane %d has no engine", i)
+		if err := s.addLane(i, l); err != nil {
+			s.release() // the lanes added so far
+			return nil, err
 		}
-		info := l.Engine.Info()
-		if info.MaxSeqs <= 0 || info.Context <= 1 {
-			return nil, fmt.Errorf("sched: lane %d (%s): engine reports %d sequences of context %d", i, l.Name, info.MaxSeqs, info.Context)
-		}
-		name := l.Name
-		if name == "" {
-			name = info.Name
-		}
-		if c, ok := l.Engine.(claimable); ok {
-			if !c.claim(s) {
-				s.release()
-				return nil, fmt.Errorf("%w: lane %d (%s)", ErrEngineInUse, i, name)
-			}
-		}
-		ln := &lane{idx: i, name: name, eng: l.Engine, info: info, cost: newCostModel()}
-		ln.cond = sync.NewCond(&s.mu)
-		s.lanes = append(s.lanes, ln)
 	}
 	if s.feat.routing && len(s.lanes) > 1 {
 		s.queues = make([][]*task, len(s.lanes))
@@ -204,6 +188,28 @@ func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
 		}()
 	}
 	return s, nil
+}
+
+// addLane checks lane i's engine, claims it and appends the lane.
+func (s *Scheduler) addLane(i int, l Lane) error {
+	if l.Engine == nil {
+		return fmt.Errorf("sched: lane %d has no engine", i)
+	}
+	info := l.Engine.Info()
+	if info.MaxSeqs <= 0 || info.Context <= 1 {
+		return fmt.Errorf("sched: lane %d (%s): engine reports %d sequences of context %d", i, l.Name, info.MaxSeqs, info.Context)
+	}
+	name := l.Name
+	if name == "" {
+		name = info.Name
+	}
+	if c, ok := l.Engine.(claimable); ok && !c.claim(s) {
+		return fmt.Errorf("%w: lane %d (%s)", ErrEngineInUse, i, name)
+	}
+	ln := &lane{idx: i, name: name, eng: l.Engine, info: info, cost: newCostModel()}
+	ln.cond = sync.NewCond(&s.mu)
+	s.lanes = append(s.lanes, ln)
+	return nil
 }
 
 // SeedCost sets lane i's step-cost model to a + b·members + c·prefill
