@@ -38,6 +38,8 @@ type fakeEngine struct {
 	starts   []string      // tags started, in order
 	perStep  int           // tokens per decoding member per step (default 1)
 	delay    time.Duration // real sleep per step (live-mode tests)
+	hold     string        // a step with this tag waits for gate to close (live-mode tests)
+	gate     chan struct{}
 	failNext bool
 }
 
@@ -91,6 +93,11 @@ func (e *fakeEngine) Step(_ context.Context, members []Member, out []StepOut) er
 	if e.failNext {
 		e.failNext = false
 		return fmt.Errorf("fake: step failed")
+	}
+	for _, m := range members {
+		if s := e.seqs[m.Seq]; s != nil && e.gate != nil && s.tag == e.hold {
+			<-e.gate
+		}
 	}
 	budget := e.chunk
 	var tags []string

@@ -415,6 +415,46 @@ func TestSecondaryLaneFillsFreeSlotsFromThePrimary(t *testing.T) {
 	}
 }
 
+// TestNewRequestWakesAnIdleLane: a request routed to a busy lane's queue
+// wakes the other lanes too, so an idle one serves it instead of
+// sleeping until the busy lane next plans.
+func TestNewRequestWakesAnIdleLane(t *testing.T) {
+	gate := make(chan struct{})
+	var lanes []Lane
+	for range 2 {
+		e := newFakeEngine(nil)
+		e.hold, e.gate = "held", gate // whichever lane takes "held" stays in its step
+		lanes = append(lanes, Lane{Engine: e})
+	}
+	s, err := New(Config{MaxBatch: 4}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	defer close(gate)
+	held := submit(t, s, Request{ID: "held", Prompt: prompt(2), MaxTokens: 2})
+	waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.tasks["held"].state == running && (s.lanes[0].busy || s.lanes[1].busy)
+	})
+	// Uncalibrated and without scores, every request is routed to the
+	// primary's queue, whichever lane is busy.
+	short := submit(t, s, Request{ID: "short", Prompt: prompt(2), MaxTokens: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := short.Wait(ctx)
+	if err != nil {
+		t.Fatalf("the short request waited for the busy lane: %v", err)
+	}
+	if r := held.Result(); r != nil {
+		t.Fatalf("the held request ended before its step was let go: %+v", r)
+	}
+	if res.Reason != ReasonLength || res.CompletionTokens != 2 {
+		t.Errorf("short request: %+v", res)
+	}
+}
+
 func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
 	e := newFakeEngine(nil)
 	e.stepA, e.stepB = 0, 10*time.Millisecond // a step costs 10ms per member
