@@ -148,7 +148,16 @@ func TestSummarizeAndGoals(t *testing.T) {
 	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) | 1.20 |") {
 		t.Errorf("goal table lacks the p99 floor and tandem's p99 over its drain:\n%s", GoalTable(g))
 	}
-	rows[1].P99Floor, rows[1].Drain = 0, 0
+	// A floor less than 30% below FIFO's p99 puts the goal out of reach.
+	rows[1].P99, rows[1].P99Floor = 8*time.Second, 7500*time.Millisecond
+	if g := Goals(rows); g[0].MetP99Goal || !g[0].P99OutOfReach || !strings.Contains(GoalTable(g), "20.0% missed (out of any policy's reach) | 7.500 s (25.0%)") {
+		t.Errorf("goal out of reach not marked: %+v\n%s", g, GoalTable(g))
+	}
+	rows[1].P99Floor = 6500 * time.Millisecond
+	if g := Goals(rows); g[0].P99OutOfReach || !strings.Contains(GoalTable(g), "20.0% missed | 6.500 s (35.0%)") {
+		t.Errorf("goal within reach marked out of reach: %+v\n%s", g, GoalTable(g))
+	}
+	rows[1].P99, rows[1].P99Floor, rows[1].Drain = 6*time.Second, 0, 0
 	if !strings.Contains(GoalTable(Goals(rows)), "met | - | - |") {
 		t.Errorf("goal table without a floor:\n%s", GoalTable(Goals(rows)))
 	}
