@@ -118,3 +118,52 @@ func BenchmarkPoolRun(b *testing.B) {
 		pool.Close()
 	}
 }
+
+// BenchmarkAttention times one decode token's attention in one layer of
+// TinyLlama's shape (32 query heads of 64 sharing 4 KV heads) over a
+// cached context, F32 and F16, with the heads that share a KV head
+// attended together (grouped) and one at a time (alone); the bytes are
+// the layer's K and V rows, the least a token reads.
+func BenchmarkAttention(b *testing.B) {
+	const heads, kvHeads, hd = 32, 4, 64
+	const group = heads / kvHeads
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, ctx := range []int{64, 512, 2048} {
+		stride := kvHeads * hd
+		k, v := randVec(rng, ctx*stride, 1), randVec(rng, ctx*stride, 1)
+		k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
+		for i := range k {
+			k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+		}
+		q := randVec(rng, heads*hd, 1)
+		out := make([]float32, heads*hd)
+		scores := make([]float32, group*ctx)
+		scale := float32(0.125)
+		for _, f16 := range []bool{false, true} {
+			kind, es := "f32", 4
+			if f16 {
+				kind, es = "f16", 2
+			}
+			for _, per := range []int{group, 1} {
+				mode := "grouped"
+				if per == 1 {
+					mode = "alone"
+				}
+				b.Run(fmt.Sprintf("%s/ctx=%d/%s/%s", kind, ctx, mode, Backend()), func(b *testing.B) {
+					b.SetBytes(int64(2 * ctx * stride * es))
+					for b.Loop() {
+						for h := 0; h < heads; h += per {
+							off := h / group * hd
+							o, qh := out[h*hd:(h+per)*hd], q[h*hd:(h+per)*hd]
+							if f16 {
+								AttentionF16(o, qh, k16, v16, per, stride, off, ctx, nil, scale, scores)
+							} else {
+								Attention(o, qh, k, v, per, stride, off, ctx, nil, scale, scores)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}

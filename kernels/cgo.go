@@ -97,20 +97,20 @@ func cMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, 
 }
 
 // cAttention: Attention checked the rows (mustAttention).
-func cAttention(out, q, k, v []float32, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
-	cAttend(0, out, q, unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0]), stride, off, prefix, extra, scale, scores)
+func cAttention(out, q, k, v []float32, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
+	cAttend(0, out, q, unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0]), heads, stride, off, prefix, extra, scale, scores)
 }
 
-func cAttentionF16(out, q []float32, k, v []uint16, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
-	cAttend(1, out, q, unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0]), stride, off, prefix, extra, scale, scores)
+func cAttentionF16(out, q []float32, k, v []uint16, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
+	cAttend(1, out, q, unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0]), heads, stride, off, prefix, extra, scale, scores)
 }
 
-func cAttend(f16 C.int, out, q []float32, k, v unsafe.Pointer, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
+func cAttend(f16 C.int, out, q []float32, k, v unsafe.Pointer, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
 	var ex *C.int32_t
 	if len(extra) > 0 {
 		ex = (*C.int32_t)(unsafe.Pointer(&extra[0]))
 	}
 	C.tk_attention(cLevel, f16, (*C.float)(unsafe.Pointer(&out[0])), (*C.float)(unsafe.Pointer(&q[0])), k, v,
-		C.int64_t(len(q)), C.int64_t(stride), C.int64_t(off), C.int64_t(prefix), ex, C.int64_t(len(extra)),
+		C.int64_t(len(q)/heads), C.int64_t(heads), C.int64_t(stride), C.int64_t(off), C.int64_t(prefix), ex, C.int64_t(len(extra)),
 		C.float(scale), (*C.float)(unsafe.Pointer(&scores[0])))
 }

@@ -236,26 +236,54 @@ static void axpy_row(int level, int f16, float *out, float p, const void *v, int
 }
 
 void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
-	int64_t hd, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
+	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores) {
 	const int64_t es = f16 ? 2 : 4;
 	const int64_t n = prefix + nextra;
-	float mx = -INFINITY;
+	// Rows outer, heads inner: a K or V row is loaded once and stays in
+	// L1 for every head that shares it. Each head's sums run in the
+	// order of a lone head's, so grouping changes no bit.
 	for (int64_t i = 0; i < n; i++) {
 		int64_t row = i < prefix ? i : extra[i - prefix];
-		float s = dot_row(level, f16, q, (const char *)k + (row * stride + off) * es, hd) * scale;
-		scores[i] = s;
-		mx = s > mx ? s : mx;
+		const char *kr = (const char *)k + (row * stride + off) * es;
+#if defined(__x86_64__)
+		if (level == TK_AVX2 || level == TK_AVX512) {
+			tk_dots_avx2(f16, q, heads, kr, hd, scale, scores + i, n);
+			continue;
+		}
+#endif
+		for (int64_t h = 0; h < heads; h++) {
+			scores[h * n + i] = dot_row(level, f16, q + h * hd, kr, hd) * scale;
+		}
 	}
-	float sum = 0;
-	for (int64_t i = 0; i < n; i++) {
-		scores[i] = expf(scores[i] - mx);
-		sum += scores[i];
+	for (int64_t h = 0; h < heads; h++) {
+		float *sc = scores + h * n;
+		float mx = -INFINITY;
+		for (int64_t i = 0; i < n; i++) {
+			mx = sc[i] > mx ? sc[i] : mx;
+		}
+		float sum = 0;
+		for (int64_t i = 0; i < n; i++) {
+			sc[i] = expf(sc[i] - mx);
+			sum += sc[i];
+		}
+		float inv = 1.0f / sum;
+		for (int64_t i = 0; i < n; i++) {
+			sc[i] *= inv;
+		}
 	}
-	float inv = 1.0f / sum;
-	memset(out, 0, (size_t)hd * sizeof(float));
+#if defined(__x86_64__)
+	if (level == TK_AVX2 || level == TK_AVX512) {
+		tk_values_avx2(f16, out, heads, hd, scores, n, v, stride, off, prefix, extra);
+		return;
+	}
+#endif
+	memset(out, 0, (size_t)(heads * hd) * sizeof(float));
 	for (int64_t i = 0; i < n; i++) {
 		int64_t row = i < prefix ? i : extra[i - prefix];
-		axpy_row(level, f16, out, scores[i] * inv, (const char *)v + (row * stride + off) * es, hd);
+		const char *vr = (const char *)v + (row * stride + off) * es;
+		for (int64_t h = 0; h < heads; h++) {
+			axpy_row(level, f16, out + h * hd, scores[h * n + i], vr, hd);
+		}
 	}
 }

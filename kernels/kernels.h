@@ -48,11 +48,13 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 
-// tk_attention is one query head's attention over KV rows 0..prefix-1
-// and extra[0..nextra-1]; k and v are float (f16 == 0) or IEEE half
-// (f16 == 1) with row i at i*stride + off. scores holds prefix+nextra.
+// tk_attention is the attention of heads query heads (q and out hold
+// them one after another, hd values each) that share one KV head, over
+// KV rows 0..prefix-1 and extra[0..nextra-1]; k and v are float (f16 ==
+// 0) or IEEE half (f16 == 1) with row i at i*stride + off. scores holds
+// heads*(prefix+nextra).
 void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
-	int64_t hd, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
+	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores);
 
 // Per-level kernels (defined only on their architecture).
@@ -74,6 +76,9 @@ void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_b
 // and out += p·(V row), for float and half rows.
 float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n);
 void tk_axpy_avx2(int f16, float *y, float p, const void *x, int64_t n);
+void tk_dots_avx2(int f16, const float *q, int64_t heads, const void *k, int64_t hd, float scale, float *scores, int64_t n);
+void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
+	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra);
 float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);
 void tk_axpy_neon(int f16, float *y, float p, const void *x, int64_t n);
 

@@ -331,6 +331,127 @@ AVX2 float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n) {
 	return s;
 }
 
+// tk_dots_avx2 sets scores[h*n] = scale · (q_h · k) for the heads of one
+// K row, each sum in tk_dot_avx2's order (the same bits); four heads go
+// at a time, so their eight accumulator chains overlap instead of one
+// head's two waiting on each other.
+AVX2 void tk_dots_avx2(int f16, const float *q, int64_t heads, const void *k, int64_t hd, float scale, float *scores, int64_t n) {
+	const int wt = f16 ? TK_F16 : TK_F32;
+	const int64_t es = f16 ? 2 : 4;
+	const uint8_t *p = k;
+	int64_t h = 0;
+	for (; h + 4 <= heads; h += 4) {
+		const float *qh[4] = {q + h * hd, q + (h + 1) * hd, q + (h + 2) * hd, q + (h + 3) * hd};
+		__m256 acc0[4], acc1[4];
+		for (int j = 0; j < 4; j++) {
+			acc0[j] = _mm256_setzero_ps();
+			acc1[j] = _mm256_setzero_ps();
+		}
+		int64_t i = 0;
+		for (; i + 16 <= hd; i += 16) {
+			__m256 k0 = load8(wt, p + i * es), k1 = load8(wt, p + (i + 8) * es);
+			for (int j = 0; j < 4; j++) {
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+				acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh[j] + i + 8), acc1[j]);
+			}
+		}
+		if (i + 8 <= hd) {
+			__m256 k0 = load8(wt, p + i * es);
+			for (int j = 0; j < 4; j++) {
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+			}
+			i += 8;
+		}
+		for (int j = 0; j < 4; j++) {
+			float s = hsum_ps(_mm256_add_ps(acc0[j], acc1[j]));
+			for (int64_t t = i; t < hd; t++) {
+				s += qh[j][t] * load1(wt, p + t * es);
+			}
+			scores[(h + j) * n] = s * scale;
+		}
+	}
+	for (; h < heads; h++) {
+		scores[h * n] = tk_dot_avx2(f16, q + h * hd, k, hd) * scale;
+	}
+}
+
+// values_block sets out_h = Σ_i p_h[i] · V_i for hn heads (p_h = p + h*n)
+// over output values d0..d0+8·dc-1: hn·dc accumulators of eight values
+// stay in registers over all the rows, which are added in order with one
+// FMA each from zero, as tk_axpy_avx2 does into a zeroed output (the same
+// bits). hn and dc are constants at each call, so the accumulators are
+// registers and there are enough of them to keep the FMAs independent.
+AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, float *out, int64_t hd, int64_t d0,
+	const float *p, int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
+	__m256 acc[8];
+	for (int a = 0; a < hn * dc; a++) {
+		acc[a] = _mm256_setzero_ps();
+	}
+	for (int64_t i = 0; i < n; i++) {
+		int64_t row = i < prefix ? i : extra[i - prefix];
+		const uint8_t *x = v + (row * stride + off + d0) * es;
+		for (int c = 0; c < dc; c++) {
+			__m256 xv = load8(wt, x + 8 * c * es);
+			for (int j = 0; j < hn; j++) {
+				acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * n + i]), xv, acc[j * dc + c]);
+			}
+		}
+	}
+	for (int j = 0; j < hn; j++) {
+		for (int c = 0; c < dc; c++) {
+			_mm256_storeu_ps(out + j * hd + d0 + 8 * c, acc[j * dc + c]);
+		}
+	}
+}
+
+// values_heads runs values_block over all of hd for hn heads: eight
+// accumulators wide where hd allows, then one at a time, then the values
+// past the last multiple of eight in scalar (tk_axpy_avx2's tail).
+AVX2 INLINE void values_heads(const int hn, int wt, int64_t es, float *out, int64_t hd, const float *p, int64_t n,
+	const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
+	const int dc = 8 / hn;
+	int64_t d = 0;
+	for (; d + 8 * dc <= hd; d += 8 * dc) {
+		values_block(hn, dc, wt, es, out, hd, d, p, n, v, stride, off, prefix, extra);
+	}
+	for (; d + 8 <= hd; d += 8) {
+		values_block(hn, 1, wt, es, out, hd, d, p, n, v, stride, off, prefix, extra);
+	}
+	for (; d < hd; d++) {
+		for (int j = 0; j < hn; j++) {
+			float y = 0;
+			for (int64_t i = 0; i < n; i++) {
+				int64_t row = i < prefix ? i : extra[i - prefix];
+				y += p[j * n + i] * load1(wt, v + (row * stride + off + d) * es);
+			}
+			out[j * hd + d] = y;
+		}
+	}
+}
+
+// tk_values_avx2 is the value half of tk_attention: out_h = Σ_i p_h[i] ·
+// V_i for the heads, in blocks of 8, 4, 2 and 1 heads.
+AVX2 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
+	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
+	const int wt = f16 ? TK_F16 : TK_F32;
+	const int64_t es = f16 ? 2 : 4;
+	int64_t h = 0;
+	for (; h + 8 <= heads; h += 8) {
+		values_heads(8, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+	}
+	if (h + 4 <= heads) {
+		values_heads(4, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		h += 4;
+	}
+	if (h + 2 <= heads) {
+		values_heads(2, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		h += 2;
+	}
+	if (h < heads) {
+		values_heads(1, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+	}
+}
+
 AVX2 void tk_axpy_avx2(int f16, float *y, float a, const void *x, int64_t n) {
 	const int wt = f16 ? TK_F16 : TK_F32;
 	const int64_t es = f16 ? 2 : 4;

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -135,9 +136,9 @@ func TestAttentionTreeRows(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/hd=%d/prefix=%d/extra=%d", be, c.hd, c.prefix, len(c.extra)), func(t *testing.T) {
 				defer useBackend(t, be)()
 				out := make([]float32, c.hd)
-				Attention(out, q, k, v, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
+				Attention(out, q, k, v, 1, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
 				out16 := make([]float32, c.hd)
-				AttentionF16(out16, q, k16, v16, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
+				AttentionF16(out16, q, k16, v16, 1, stride, off, c.prefix, c.extra, scale, make([]float32, len(use)))
 				for d := 0; d < c.hd; d++ {
 					if math.Abs(float64(out[d])-want[d]) > 2e-6 {
 						t.Fatalf("f32 attention[%d] = %v, want %v", d, out[d], want[d])
@@ -151,19 +152,104 @@ func TestAttentionTreeRows(t *testing.T) {
 	}
 }
 
+// Heads that share a KV head, attended together, give each head the bits
+// it gets attended alone (decode and tree verification batch heads
+// differently, and a verified tree promises decode's tokens), on every
+// backend, F32 and F16, and match the float64 reference.
+func TestAttentionGroupedHeadsMatchLoneHeads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	cases := []struct {
+		heads, hd, prefix int
+		extra             []int32
+	}{
+		{8, 64, 200, []int32{203, 207}},
+		{3, 12, 5, nil},
+		{4, 67, 0, []int32{2, 0}},
+		{2, 128, 33, []int32{40}},
+	}
+	for _, c := range cases {
+		const kvHeads = 2
+		stride, off := kvHeads*c.hd, c.hd // the second KV head
+		rows := c.prefix
+		use := make([]int, 0, c.prefix+len(c.extra))
+		for i := range c.prefix {
+			use = append(use, i)
+		}
+		for _, e := range c.extra {
+			rows = max(rows, int(e)+1)
+			use = append(use, int(e))
+		}
+		k, v := randVec(rng, rows*stride, 1), randVec(rng, rows*stride, 1)
+		k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
+		for i := range k {
+			k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+		}
+		q := randVec(rng, c.heads*c.hd, 2)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		n := len(use)
+		for _, be := range testBackends() {
+			t.Run(fmt.Sprintf("%s/heads=%d/hd=%d/rows=%d", be, c.heads, c.hd, n), func(t *testing.T) {
+				defer useBackend(t, be)()
+				for _, f16 := range []bool{false, true} {
+					group := make([]float32, c.heads*c.hd)
+					// Scratch starts dirty: the kernel must not read it.
+					scores := randVec(rng, c.heads*n, 1)
+					if f16 {
+						AttentionF16(group, q, k16, v16, c.heads, stride, off, c.prefix, c.extra, scale, scores)
+					} else {
+						Attention(group, q, k, v, c.heads, stride, off, c.prefix, c.extra, scale, scores)
+					}
+					for h := range c.heads {
+						alone := make([]float32, c.hd)
+						qh := q[h*c.hd : (h+1)*c.hd]
+						if f16 {
+							AttentionF16(alone, qh, k16, v16, 1, stride, off, c.prefix, c.extra, scale, make([]float32, n))
+						} else {
+							Attention(alone, qh, k, v, 1, stride, off, c.prefix, c.extra, scale, make([]float32, n))
+						}
+						want := refAttention(qh, k, v, stride, off, use, scale)
+						for d := range c.hd {
+							got := group[h*c.hd+d]
+							if math.Float32bits(got) != math.Float32bits(alone[d]) {
+								t.Fatalf("f16 %v head %d [%d]: %v grouped, %v alone", f16, h, d, got, alone[d])
+							}
+							if tol := 2e-6 + 2e-3*b2f(f16); math.Abs(float64(got)-want[d]) > tol {
+								t.Fatalf("f16 %v head %d [%d] = %v, want %v", f16, h, d, got, want[d])
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// b2f is 1 for true: the F16 cache's rounding widens the tolerance.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func TestAttentionPanicsOnBadRows(t *testing.T) {
 	k, v := make([]float32, 40), make([]float32, 40)
 	cases := []struct {
-		name   string
-		prefix int
-		extra  []int32
-		scores int
+		name       string
+		heads, out int // default 1 head, an output of 8
+		prefix     int
+		extra      []int32
+		scores     int
 	}{
-		{"row past K", 6, nil, 6},
-		{"extra past K", 1, []int32{5}, 2},
-		{"negative extra", 1, []int32{-1}, 2},
-		{"short scores", 3, nil, 2},
-		{"no rows", 0, nil, 1},
+		{"row past K", 0, 0, 6, nil, 6},
+		{"extra past K", 0, 0, 1, []int32{5}, 2},
+		{"negative extra", 0, 0, 1, []int32{-1}, 2},
+		{"short scores", 0, 0, 3, nil, 2},
+		{"no rows", 0, 0, 0, nil, 1},
+		{"heads do not divide q", 3, 0, 2, nil, 6},
+		{"no heads", -1, 0, 2, nil, 6},
+		{"short scores for the heads", 2, 0, 2, nil, 3},
+		{"short output", 0, 7, 2, nil, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -172,7 +258,8 @@ func TestAttentionPanicsOnBadRows(t *testing.T) {
 					t.Fatal("no panic")
 				}
 			}()
-			Attention(make([]float32, 8), make([]float32, 8), k, v, 8, 0, c.prefix, c.extra, 1, make([]float32, c.scores))
+			heads, out := cmp.Or(c.heads, 1), cmp.Or(c.out, 8)
+			Attention(make([]float32, out), make([]float32, 8), k, v, heads, 8, 0, c.prefix, c.extra, 1, make([]float32, c.scores))
 		})
 	}
 }

@@ -212,8 +212,11 @@ func (h *hostOps) storeKV(b *Batch, cache *kv.Cache, layer int) {
 	}
 }
 
-// attention runs every (slot, head) pair of one layer on the pool. Query
-// head h reads KV head h/(Heads/KVHeads) (grouped-query attention).
+// attention runs one layer's attention on the pool, a task per slot and
+// group of query heads that share a KV head (grouped-query attention:
+// head h reads KV head h/(Heads/KVHeads)), so a group reads its K and V
+// rows once. Groups are split while there are fewer tasks than the pool
+// has threads to keep busy.
 func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	m := h.m
 	cfg := m.cfg
@@ -227,27 +230,34 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	for i := 0; i < n; i++ {
 		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
 	}
-	tasks := n * cfg.Heads
+	threads := max(1, m.pool.Threads())
+	heads := group // query heads per task
+	for heads%2 == 0 && n*cfg.Heads/heads < 2*threads {
+		heads /= 2
+	}
+	perSlot := cfg.Heads / heads
+	tasks := n * perSlot
 	// Each chunk owns one scores buffer; a few chunks per thread balance
 	// slots whose attention spans differ.
-	chunks := min(tasks, 4*max(1, m.pool.Threads()))
-	bf.scores = grow(bf.scores, chunks*maxLen)
+	chunks := min(tasks, 4*threads)
+	span := heads * maxLen
+	bf.scores = grow(bf.scores, chunks*span)
 	f16 := cache.Config().Type == weights.F16
 
 	m.pool.Run(chunks, func(lo, hi int) {
 		for c := lo; c < hi; c++ {
-			sc := bf.scores[c*maxLen : (c+1)*maxLen]
+			sc := bf.scores[c*span : (c+1)*span]
 			for t := c * tasks / chunks; t < (c+1)*tasks/chunks; t++ {
-				i, h := t/cfg.Heads, t%cfg.Heads
+				i, h0 := t/perSlot, t%perSlot*heads
 				seq := b.Seq[i]
-				off := (h / group) * hd
-				q := bf.q[i*dim+h*hd : i*dim+(h+1)*hd]
-				o := bf.att[i*dim+h*hd : i*dim+(h+1)*hd]
+				off := (h0 / group) * hd
+				q := bf.q[i*dim+h0*hd : i*dim+(h0+heads)*hd]
+				o := bf.att[i*dim+h0*hd : i*dim+(h0+heads)*hd]
 				extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
 				if f16 {
-					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), heads, kvd, off, bf.prefix[i], extra, scale, sc)
 				} else {
-					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), kvd, off, bf.prefix[i], extra, scale, sc)
+					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), heads, kvd, off, bf.prefix[i], extra, scale, sc)
 				}
 			}
 		}
