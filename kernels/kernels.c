@@ -194,11 +194,6 @@ void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 
 static float dot_row(int level, int f16, const float *q, const void *k, int64_t hd) {
 	switch (level) {
-#if defined(__x86_64__)
-	case TK_AVX2:
-	case TK_AVX512:
-		return tk_dot_avx2(f16, q, k, hd);
-#endif
 #if defined(__aarch64__)
 	case TK_NEON:
 	case TK_NEON_DOT:
@@ -216,12 +211,6 @@ static float dot_row(int level, int f16, const float *q, const void *k, int64_t 
 
 static void axpy_row(int level, int f16, float *out, float p, const void *v, int64_t hd) {
 	switch (level) {
-#if defined(__x86_64__)
-	case TK_AVX2:
-	case TK_AVX512:
-		tk_axpy_avx2(f16, out, p, v, hd);
-		return;
-#endif
 #if defined(__aarch64__)
 	case TK_NEON:
 	case TK_NEON_DOT:
@@ -240,20 +229,25 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 	float scale, float *scores) {
 	const int64_t es = f16 ? 2 : 4;
 	const int64_t n = prefix + nextra;
+#if defined(__x86_64__)
+	const int avx2 = level == TK_AVX2 || level == TK_AVX512;
+#else
+	const int avx2 = 0;
+#endif
 	// Rows outer, heads inner: a K or V row is loaded once and stays in
 	// L1 for every head that shares it. Each head's sums run in the
 	// order of a lone head's, so grouping changes no bit.
-	for (int64_t i = 0; i < n; i++) {
-		int64_t row = i < prefix ? i : extra[i - prefix];
-		const char *kr = (const char *)k + (row * stride + off) * es;
+	if (avx2) {
 #if defined(__x86_64__)
-		if (level == TK_AVX2 || level == TK_AVX512) {
-			tk_dots_avx2(f16, q, heads, kr, hd, scale, scores + i, n);
-			continue;
-		}
+		tk_scores_avx2(f16, q, heads, hd, k, stride, off, prefix, extra, n, scale, scores);
 #endif
-		for (int64_t h = 0; h < heads; h++) {
-			scores[h * n + i] = dot_row(level, f16, q + h * hd, kr, hd) * scale;
+	} else {
+		for (int64_t i = 0; i < n; i++) {
+			int64_t row = i < prefix ? i : extra[i - prefix];
+			const char *kr = (const char *)k + (row * stride + off) * es;
+			for (int64_t h = 0; h < heads; h++) {
+				scores[h * n + i] = dot_row(level, f16, q + h * hd, kr, hd) * scale;
+			}
 		}
 	}
 	for (int64_t h = 0; h < heads; h++) {
@@ -272,12 +266,12 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 			sc[i] *= inv;
 		}
 	}
+	if (avx2) {
 #if defined(__x86_64__)
-	if (level == TK_AVX2 || level == TK_AVX512) {
 		tk_values_avx2(f16, out, heads, hd, scores, n, v, stride, off, prefix, extra);
+#endif
 		return;
 	}
-#endif
 	memset(out, 0, (size_t)(heads * hd) * sizeof(float));
 	for (int64_t i = 0; i < n; i++) {
 		int64_t row = i < prefix ? i : extra[i - prefix];

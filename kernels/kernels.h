@@ -72,11 +72,11 @@ void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_b
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 
-// Per-level vector helpers for attention: dot products of q with a K row
-// and out += p·(V row), for float and half rows.
-float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n);
-void tk_axpy_avx2(int f16, float *y, float p, const void *x, int64_t n);
-void tk_dots_avx2(int f16, const float *q, int64_t heads, const void *k, int64_t hd, float scale, float *scores, int64_t n);
+// Per-level attention helpers, for float and half rows: AVX2 computes
+// the scores and the value sums of a group of heads in one call each;
+// NEON gives one head's dot product with a K row and out += p·(V row).
+void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const void *k, int64_t stride, int64_t off,
+	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores);
 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
 	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra);
 float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);

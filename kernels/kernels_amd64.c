@@ -311,10 +311,9 @@ AVX2 void tk_quantize_avx2(const float *x, int8_t *q, float *d, int64_t n, int64
 	}
 }
 
-AVX2 float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n) {
-	const int wt = f16 ? TK_F16 : TK_F32;
-	const int64_t es = f16 ? 2 : 4;
-	const uint8_t *p = b;
+// dot_avx2 is one head's q · k: two accumulator chains, then the
+// values past the last multiple of eight in scalar.
+AVX2 INLINE float dot_avx2(int wt, int64_t es, const float *a, const uint8_t *p, int64_t n) {
 	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
 	int64_t i = 0;
 	for (; i + 16 <= n; i += 16) {
@@ -331,56 +330,62 @@ AVX2 float tk_dot_avx2(int f16, const float *a, const void *b, int64_t n) {
 	return s;
 }
 
-// tk_dots_avx2 sets scores[h*n] = scale · (q_h · k) for the heads of one
-// K row, each sum in tk_dot_avx2's order (the same bits); four heads go
-// at a time, so their eight accumulator chains overlap instead of one
-// head's two waiting on each other.
-AVX2 void tk_dots_avx2(int f16, const float *q, int64_t heads, const void *k, int64_t hd, float scale, float *scores, int64_t n) {
+// tk_scores_avx2 sets scores[h*n + i] = scale · (q_h · K_i) for the heads
+// and rows: each K row is loaded once for all heads, and four heads go at
+// a time, so their eight accumulator chains overlap instead of one head's
+// two waiting on each other. Each head's sum is dot_avx2's, in its order:
+// a head's bits do not depend on the heads beside it.
+AVX2 void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const void *k, int64_t stride, int64_t off,
+	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores) {
 	const int wt = f16 ? TK_F16 : TK_F32;
 	const int64_t es = f16 ? 2 : 4;
-	const uint8_t *p = k;
-	int64_t h = 0;
-	for (; h + 4 <= heads; h += 4) {
-		const float *qh[4] = {q + h * hd, q + (h + 1) * hd, q + (h + 2) * hd, q + (h + 3) * hd};
-		__m256 acc0[4], acc1[4];
-		for (int j = 0; j < 4; j++) {
-			acc0[j] = _mm256_setzero_ps();
-			acc1[j] = _mm256_setzero_ps();
-		}
-		int64_t i = 0;
-		for (; i + 16 <= hd; i += 16) {
-			__m256 k0 = load8(wt, p + i * es), k1 = load8(wt, p + (i + 8) * es);
+	for (int64_t r = 0; r < n; r++) {
+		int64_t row = r < prefix ? r : extra[r - prefix];
+		const uint8_t *p = (const uint8_t *)k + (row * stride + off) * es;
+		int64_t h = 0;
+		for (; h + 4 <= heads; h += 4) {
+			const float *qh[4] = {q + h * hd, q + (h + 1) * hd, q + (h + 2) * hd, q + (h + 3) * hd};
+			__m256 acc0[4], acc1[4];
 			for (int j = 0; j < 4; j++) {
-				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
-				acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh[j] + i + 8), acc1[j]);
+				acc0[j] = _mm256_setzero_ps();
+				acc1[j] = _mm256_setzero_ps();
 			}
-		}
-		if (i + 8 <= hd) {
-			__m256 k0 = load8(wt, p + i * es);
+			int64_t i = 0;
+			for (; i + 16 <= hd; i += 16) {
+				__m256 k0 = load8(wt, p + i * es), k1 = load8(wt, p + (i + 8) * es);
+				for (int j = 0; j < 4; j++) {
+					acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+					acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh[j] + i + 8), acc1[j]);
+				}
+			}
+			if (i + 8 <= hd) {
+				__m256 k0 = load8(wt, p + i * es);
+				for (int j = 0; j < 4; j++) {
+					acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+				}
+				i += 8;
+			}
 			for (int j = 0; j < 4; j++) {
-				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+				float s = hsum_ps(_mm256_add_ps(acc0[j], acc1[j]));
+				for (int64_t t = i; t < hd; t++) {
+					s += qh[j][t] * load1(wt, p + t * es);
+				}
+				scores[(h + j) * n + r] = s * scale;
 			}
-			i += 8;
 		}
-		for (int j = 0; j < 4; j++) {
-			float s = hsum_ps(_mm256_add_ps(acc0[j], acc1[j]));
-			for (int64_t t = i; t < hd; t++) {
-				s += qh[j][t] * load1(wt, p + t * es);
-			}
-			scores[(h + j) * n] = s * scale;
+		for (; h < heads; h++) {
+			scores[h * n + r] = dot_avx2(wt, es, q + h * hd, p, hd) * scale;
 		}
-	}
-	for (; h < heads; h++) {
-		scores[h * n] = tk_dot_avx2(f16, q + h * hd, k, hd) * scale;
 	}
 }
 
 // values_block sets out_h = Σ_i p_h[i] · V_i for hn heads (p_h = p + h*n)
 // over output values d0..d0+8·dc-1: hn·dc accumulators of eight values
 // stay in registers over all the rows, which are added in order with one
-// FMA each from zero, as tk_axpy_avx2 does into a zeroed output (the same
-// bits). hn and dc are constants at each call, so the accumulators are
-// registers and there are enough of them to keep the FMAs independent.
+// FMA each from zero, whatever hn: a head's bits do not depend on the
+// heads beside it. hn and dc are constants at each call, so the
+// accumulators are registers and there are enough of them to keep the
+// FMAs independent.
 AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, float *out, int64_t hd, int64_t d0,
 	const float *p, int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
 	__m256 acc[8];
@@ -406,7 +411,7 @@ AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, fl
 
 // values_heads runs values_block over all of hd for hn heads: eight
 // accumulators wide where hd allows, then one at a time, then the values
-// past the last multiple of eight in scalar (tk_axpy_avx2's tail).
+// past the last multiple of eight in scalar.
 AVX2 INLINE void values_heads(const int hn, int wt, int64_t es, float *out, int64_t hd, const float *p, int64_t n,
 	const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
 	const int dc = 8 / hn;
@@ -449,20 +454,6 @@ AVX2 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const f
 	}
 	if (h < heads) {
 		values_heads(1, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
-	}
-}
-
-AVX2 void tk_axpy_avx2(int f16, float *y, float a, const void *x, int64_t n) {
-	const int wt = f16 ? TK_F16 : TK_F32;
-	const int64_t es = f16 ? 2 : 4;
-	const uint8_t *p = x;
-	const __m256 av = _mm256_set1_ps(a);
-	int64_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8(wt, p + i * es), _mm256_loadu_ps(y + i)));
-	}
-	for (; i < n; i++) {
-		y[i] += a * load1(wt, p + i * es);
 	}
 }
 

@@ -2,9 +2,11 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
+	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -385,4 +387,38 @@ func TestForwardTreeRows(t *testing.T) {
 	if cache.Len(seq) != 3 || cache.Tentative(seq) != 0 {
 		t.Fatalf("failed Forward changed the cache: %d+%d rows", cache.Len(seq), cache.Tentative(seq))
 	}
+}
+
+// TestThreadsKeepLogits: the thread count changes how work is split, not
+// the arithmetic. With eight threads one token's attention has fewer
+// groups of query heads sharing a KV head (stories260K: four of two) than
+// twice the threads, so the groups are split into single heads; the
+// logits must stay those of one thread, bit for bit, on every backend.
+func TestThreadsKeepLogits(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	models := map[int]*Model{}
+	for _, threads := range []int{1, 8} {
+		m, err := Load(f, Options{Threads: threads})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		models[threads] = m
+	}
+	if c := models[1].Config(); c.Heads/c.KVHeads < 2 {
+		t.Fatalf("setup: %d heads on %d KV heads share none", c.Heads, c.KVHeads)
+	}
+	prompt := []int32{1, 403, 407, 261, 378, 275, 266, 405, 29, 400, 395, 279}
+	backends(t, func(t *testing.T) {
+		steps1, next1 := stepwise(t, models[1], prompt, 300)
+		steps8, next8 := stepwise(t, models[8], prompt, 300)
+		for i := range steps1 {
+			sameLogits(t, fmt.Sprintf("position %d, 8 threads", i), steps8[i], steps1[i])
+		}
+		sameLogits(t, "next token, 8 threads", next8, next1)
+	})
 }
