@@ -167,8 +167,7 @@ func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
 	p := s.sources(l, now)
 	free, refused = s.take(l, s.topK(p, l, r, k), free, now)
 	if free > 0 && p.own >= 0 {
-		var more bool
-		_, more = s.take(l, s.topK(s.fill(l, p.own), l, r, k), free, now)
+		_, more := s.take(l, s.topK(s.fill(l, p.own), l, r, k), free, now)
 		refused = refused || more
 	}
 	return refused
