@@ -32,12 +32,27 @@ func (p *Pool) MatMul(out []float32, w []byte, wt weights.DType, rows, cols int,
 		xq = quantizeActivations(x[:n*cols], blk)
 		defer xq.release()
 	}
-	rowBytes := rowSize(wt, cols)
-	be := backend
-	p.RunAligned(rows, rowGroup, func(lo, hi int) {
-		be.matmul(out, w, wt, rowBytes, lo, hi, rows, cols, x, xq, n)
-	})
+	p.mm = matmulJob{be: backend, out: out, w: w, wt: wt, rowBytes: rowSize(wt, cols), rows: rows, cols: cols, x: x, xq: xq, n: n}
+	p.RunJob(rows, rowGroup, &p.mm)
+	p.mm = matmulJob{} // drop the references to the caller's buffers
 	return nil
+}
+
+// matmulJob is one MatMul's arguments, kept in its Pool so that a call
+// allocates nothing.
+type matmulJob struct {
+	be            *impl
+	out           []float32
+	w             []byte
+	wt            weights.DType
+	rowBytes      int
+	rows, cols, n int
+	x             []float32
+	xq            *quantized
+}
+
+func (j *matmulJob) Run(lo, hi int) {
+	j.be.matmul(j.out, j.w, j.wt, j.rowBytes, lo, hi, j.rows, j.cols, j.x, j.xq, j.n)
 }
 
 // rowGroup keeps thread chunks on multiples of 4 rows, so SIMD kernels

@@ -28,11 +28,26 @@ type Pool struct {
 	threads int
 	workers []*worker
 	once    sync.Once
+	mm      matmulJob // MatMul's arguments (one caller at a time)
 }
+
+// A Job is work a Pool splits over row ranges. A pointer to a Job kept
+// in a long-lived struct costs no allocation per call, where a closure
+// handed to Run is allocated on the heap each time (the workers keep it):
+// hot paths (a decode step runs hundreds of kernels) use Jobs so that
+// decoding does not feed the garbage collector.
+type Job interface {
+	Run(lo, hi int)
+}
+
+// funcJob lets Run take a plain function.
+type funcJob func(lo, hi int)
+
+func (f funcJob) Run(lo, hi int) { f(lo, hi) }
 
 type task struct {
 	lo, hi int
-	fn     func(lo, hi int)
+	job    Job
 }
 
 // worker is one goroutine's mailbox. Run writes t, then bumps seq; the
@@ -73,7 +88,7 @@ func (w *worker) loop() {
 			return
 		}
 		last = w.seq.Load()
-		w.t.fn(w.t.lo, w.t.hi)
+		w.t.job.Run(w.t.lo, w.t.hi)
 		w.t = task{}
 		w.done.Store(last)
 	}
@@ -142,19 +157,24 @@ func (p *Pool) Close() {
 // per worker, and waits for all of them. The split depends only on n and
 // the thread count, so results are deterministic.
 func (p *Pool) Run(n int, fn func(lo, hi int)) {
-	p.RunAligned(n, 1, fn)
+	p.RunJob(n, 1, funcJob(fn))
 }
 
 // RunAligned is Run with chunk boundaries on multiples of align (the last
 // chunk takes the remainder), for kernels that work on groups of rows.
 func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
+	p.RunJob(n, align, funcJob(fn))
+}
+
+// RunJob is RunAligned for a Job.
+func (p *Pool) RunJob(n, align int, job Job) {
 	if n <= 0 {
 		return
 	}
 	units := (n + align - 1) / align
 	workers := min(p.threads, units)
 	if workers <= 1 {
-		fn(0, n)
+		job.Run(0, n)
 		return
 	}
 	per, extra := units/workers, units%workers
@@ -166,7 +186,7 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 			u++
 		}
 		hi := min(n, lo+u*align)
-		t := task{lo: lo, hi: hi, fn: fn}
+		t := task{lo: lo, hi: hi, job: job}
 		if w == workers-1 {
 			mine = t
 		} else {
@@ -174,7 +194,7 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 		}
 		lo = hi
 	}
-	mine.fn(mine.lo, mine.hi)
+	mine.job.Run(mine.lo, mine.hi)
 	for w := 0; w < workers-1; w++ {
 		p.workers[w].wait()
 	}

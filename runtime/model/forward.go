@@ -20,6 +20,9 @@ type buffers struct {
 	ancLo  []int   // slot i's ancestors are anc[ancLo[i]:ancHi[i]]
 	ancHi  []int
 	want   []bool
+
+	count, had map[int]int   // Forward's slots and prior tentative rows per sequence
+	next       map[int]int32 // Forward's next row per sequence
 }
 
 func (bf *buffers) grow(n int, c Config) {
@@ -63,12 +66,19 @@ func (m *Model) Forward(b *Batch, cache *kv.Cache, out *Logits) error {
 	bf := &m.buf
 
 	// Rows: validation checked the room, so Reserve cannot fail here.
-	count := map[int]int{}
+	// The maps are the model's, cleared per call: a decode step then
+	// allocates nothing.
+	count, next, had := bf.count, bf.next, bf.had // had: tentative rows before this call
+	if count == nil {
+		count, next, had = map[int]int{}, map[int]int32{}, map[int]int{}
+		bf.count, bf.next, bf.had = count, next, had
+	}
+	clear(count)
+	clear(next)
+	clear(had)
 	for _, s := range b.Seq {
 		count[s]++
 	}
-	next := make(map[int]int32, len(count))
-	had := make(map[int]int, len(count)) // tentative rows before this call
 	undo := func() {
 		for s, n := range had {
 			cache.DropAfter(s, n)

@@ -114,8 +114,9 @@ func newOps(m *Model, device string) (ops, error) {
 // hostOps computes on the CPU with package kernels (C or pure Go) and the
 // Model's pool, on the activations in m.buf.
 type hostOps struct {
-	m *Model
-	n int
+	m   *Model
+	n   int
+	att attendJob // the layer's attention while the pool runs it
 }
 
 func (h *hostOps) buf(a act) []float32 {
@@ -222,7 +223,7 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	cfg := m.cfg
 	bf := &m.buf
 	n := h.n
-	dim, kvd, hd := cfg.Dim, cfg.KVDim(), cfg.HeadDim
+	hd := cfg.HeadDim
 	group := cfg.Heads / cfg.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
 
@@ -241,27 +242,51 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	// slots whose attention spans differ.
 	chunks := min(tasks, 4*threads)
 	span := heads * maxLen
-	bf.scores = grow(bf.scores, chunks*span)
-	f16 := cache.Config().Type == weights.F16
+	if need := chunks * span; cap(bf.scores) < need {
+		// Spans grow by a row a step as sequences lengthen: room to
+		// spare saves a reallocation every step.
+		bf.scores = make([]float32, need, 2*need)
+	}
+	bf.scores = bf.scores[:chunks*span]
+	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, heads: heads, perSlot: perSlot, tasks: tasks, chunks: chunks, span: span,
+		scale: scale, f16: cache.Config().Type == weights.F16}
+	m.pool.RunJob(chunks, 1, &h.att)
+	h.att = attendJob{}
+}
 
-	m.pool.Run(chunks, func(lo, hi int) {
-		for c := lo; c < hi; c++ {
-			sc := bf.scores[c*span : (c+1)*span]
-			for t := c * tasks / chunks; t < (c+1)*tasks/chunks; t++ {
-				i, h0 := t/perSlot, t%perSlot*heads
-				seq := b.Seq[i]
-				off := (h0 / group) * hd
-				q := bf.q[i*dim+h0*hd : i*dim+(h0+heads)*hd]
-				o := bf.att[i*dim+h0*hd : i*dim+(h0+heads)*hd]
-				extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
-				if f16 {
-					kernels.AttentionF16(o, q, cache.K16(seq, layer), cache.V16(seq, layer), heads, kvd, off, bf.prefix[i], extra, scale, sc)
-				} else {
-					kernels.Attention(o, q, cache.K(seq, layer), cache.V(seq, layer), heads, kvd, off, bf.prefix[i], extra, scale, sc)
-				}
+// attendJob is one layer's attention split over chunks of tasks (a slot
+// and a group of heads each), kept in hostOps so a layer allocates
+// nothing.
+type attendJob struct {
+	m                                    *Model
+	b                                    *Batch
+	cache                                *kv.Cache
+	layer, heads, perSlot, tasks, chunks int
+	span                                 int
+	scale                                float32
+	f16                                  bool
+}
+
+func (j *attendJob) Run(lo, hi int) {
+	cfg, bf := j.m.cfg, &j.m.buf
+	dim, kvd, hd := cfg.Dim, cfg.KVDim(), cfg.HeadDim
+	group, heads := cfg.Heads/cfg.KVHeads, j.heads
+	for c := lo; c < hi; c++ {
+		sc := bf.scores[c*j.span : (c+1)*j.span]
+		for t := c * j.tasks / j.chunks; t < (c+1)*j.tasks/j.chunks; t++ {
+			i, h0 := t/j.perSlot, t%j.perSlot*heads
+			seq := j.b.Seq[i]
+			off := (h0 / group) * hd
+			q := bf.q[i*dim+h0*hd : i*dim+(h0+heads)*hd]
+			o := bf.att[i*dim+h0*hd : i*dim+(h0+heads)*hd]
+			extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
+			if j.f16 {
+				kernels.AttentionF16(o, q, j.cache.K16(seq, j.layer), j.cache.V16(seq, j.layer), heads, kvd, off, bf.prefix[i], extra, j.scale, sc)
+			} else {
+				kernels.Attention(o, q, j.cache.K(seq, j.layer), j.cache.V(seq, j.layer), heads, kvd, off, bf.prefix[i], extra, j.scale, sc)
 			}
 		}
-	})
+	}
 }
 
 func (h *hostOps) add(dst, src act) {
