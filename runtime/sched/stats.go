@@ -60,8 +60,11 @@ type Stats struct {
 	// sheds optional tokens early.
 	OfferedLoad float64
 
-	// SchedulerWall is the wall time spent in the scheduler's own code
-	// (scoring, planning, delivering); EngineWall in Engine.Step.
+	// SchedulerWall is the time spent in the scheduler's own code: the
+	// wall time of planning and delivering (a lane waits meanwhile) and
+	// the CPU time of scoring, which runs beside the lanes on the
+	// submitting goroutine (wall time where there is no thread CPU
+	// clock). EngineWall is the wall time in Engine.Step.
 	SchedulerWall, EngineWall time.Duration
 
 	Lanes []LaneStats
