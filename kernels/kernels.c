@@ -252,6 +252,17 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 	}
 	for (int64_t h = 0; h < heads; h++) {
 		float *sc = scores + h * n;
+#if defined(__x86_64__)
+		if (avx2) {
+			tk_softmax_avx2(sc, n);
+			continue;
+		}
+#elif defined(__aarch64__)
+		if (level == TK_NEON || level == TK_NEON_DOT) {
+			tk_softmax_neon(sc, n);
+			continue;
+		}
+#endif
 		float mx = -INFINITY;
 		for (int64_t i = 0; i < n; i++) {
 			mx = sc[i] > mx ? sc[i] : mx;

@@ -79,6 +79,8 @@ void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const vo
 	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores);
 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
 	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra);
+void tk_softmax_avx2(float *sc, int64_t n);
+void tk_softmax_neon(float *sc, int64_t n);
 float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);
 void tk_axpy_neon(int f16, float *y, float p, const void *x, int64_t n);
 

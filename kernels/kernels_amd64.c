@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -454,6 +455,74 @@ AVX2 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const f
 	}
 	if (h < heads) {
 		values_heads(1, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+	}
+}
+
+// exp8 is e^x for eight x ≤ 0 (softmax's shifted scores) within 2 ULP:
+// x = n·ln2 + r with |r| ≤ ln2/2, e^r by Cephes' degree-7 polynomial,
+// then 2^n added to the exponent bits. Below the smallest normal result
+// it returns 0. glibc's expf cost a call per score, which was most of
+// attention's softmax and, at long context, a third of attention.
+AVX2 INLINE __m256 exp8(__m256 x) {
+	const __m256 lo = _mm256_set1_ps(-87.33654f);
+	__m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+	x = _mm256_max_ps(lo, x); // a NaN stays NaN
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+		_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+	p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+	return _mm256_andnot_ps(under, p);
+}
+
+// tk_softmax_avx2 is softmax in place over n scores, eight at a time:
+// the tail is loaded and stored under a mask (its lanes add 0), so every
+// score takes the same steps and a row's result depends only on the row.
+AVX2 void tk_softmax_avx2(float *sc, int64_t n) {
+	if (n <= 0) {
+		return;
+	}
+	int64_t full = n & ~(int64_t)7;
+	int tail = (int)(n - full);
+	__m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	__m256 mx = _mm256_set1_ps(-INFINITY);
+	for (int64_t i = 0; i < full; i += 8) {
+		mx = _mm256_max_ps(mx, _mm256_loadu_ps(sc + i));
+	}
+	if (tail) {
+		__m256 t = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(sc + full, mask), _mm256_castsi256_ps(mask));
+		mx = _mm256_max_ps(mx, t);
+	}
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	__m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
+	__m256 sum = _mm256_setzero_ps();
+	for (int64_t i = 0; i < full; i += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), m));
+		_mm256_storeu_ps(sc + i, e);
+		sum = _mm256_add_ps(sum, e);
+	}
+	if (tail) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sc + full, mask), m));
+		e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+		_mm256_maskstore_ps(sc + full, mask, e);
+		sum = _mm256_add_ps(sum, e);
+	}
+	__m256 inv = _mm256_set1_ps(1.0f / hsum_ps(sum));
+	for (int64_t i = 0; i < full; i += 8) {
+		_mm256_storeu_ps(sc + i, _mm256_mul_ps(_mm256_loadu_ps(sc + i), inv));
+	}
+	if (tail) {
+		_mm256_maskstore_ps(sc + full, mask, _mm256_mul_ps(_mm256_maskload_ps(sc + full, mask), inv));
 	}
 }
 

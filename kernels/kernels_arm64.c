@@ -6,6 +6,7 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -64,6 +65,66 @@ void tk_axpy_neon(int f16, float *y, float a, const void *x, int64_t n) {
 	}
 	for (; i < n; i++) {
 		y[i] += a * (f16 ? tk_f16(((const uint16_t *)x)[i]) : ((const float *)x)[i]);
+	}
+}
+
+// exp4 is e^x for four x <= 0, as exp8 in kernels_amd64.c: the same range
+// reduction and polynomial, 0 below the smallest normal result.
+static inline float32x4_t exp4(float32x4_t x) {
+	const float32x4_t lo = vdupq_n_f32(-87.33654f);
+	uint32x4_t under = vcltq_f32(x, lo);
+	x = vmaxq_f32(x, lo);
+	float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+	float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+	r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+	float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+	p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+	p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+	p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+	p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+	p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+	p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+	int32x4_t e = vshlq_n_s32(vcvtq_s32_f32(n), 23);
+	p = vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(p), e));
+	return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(p), under));
+}
+
+// tk_softmax_neon is softmax in place over n scores, four at a time; the
+// tail goes through a padded vector (its padding adds 0), so every score
+// takes the same steps and a row's result depends only on the row.
+void tk_softmax_neon(float *sc, int64_t n) {
+	if (n <= 0) {
+		return;
+	}
+	int64_t full = n & ~(int64_t)3;
+	int tail = (int)(n - full);
+	float pad[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+	for (int i = 0; i < tail; i++) {
+		pad[i] = sc[full + i];
+	}
+	float32x4_t mx = vld1q_f32(pad);
+	for (int64_t i = 0; i < full; i += 4) {
+		mx = vmaxq_f32(mx, vld1q_f32(sc + i));
+	}
+	float32x4_t m = vdupq_n_f32(vmaxvq_f32(mx));
+	float32x4_t sum = vdupq_n_f32(0);
+	for (int64_t i = 0; i < full; i += 4) {
+		float32x4_t e = exp4(vsubq_f32(vld1q_f32(sc + i), m));
+		vst1q_f32(sc + i, e);
+		sum = vaddq_f32(sum, e);
+	}
+	if (tail) {
+		// exp(-inf - m) is 0: the padding adds nothing.
+		float32x4_t e = exp4(vsubq_f32(vld1q_f32(pad), m));
+		vst1q_f32(pad, e);
+		sum = vaddq_f32(sum, e);
+	}
+	float inv = 1.0f / vaddvq_f32(sum);
+	for (int64_t i = 0; i < full; i += 4) {
+		vst1q_f32(sc + i, vmulq_n_f32(vld1q_f32(sc + i), inv));
+	}
+	for (int i = 0; i < tail; i++) {
+		sc[full + i] = pad[i] * inv;
 	}
 }
 #endif

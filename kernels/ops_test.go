@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tandem-llm/tandem/weights"
@@ -148,6 +149,56 @@ func TestAttentionTreeRows(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestAttentionSoftmaxIsAccurate reads attention's probabilities back
+// directly (V is the identity, so out = softmax of the scores) and holds
+// each to the float64 softmax within a few float32 ULPs relative, down to
+// the smallest ones: the C backends' vectorised exp must not trade
+// accuracy for speed where an absolute check would not see it. Spreads
+// reach past where e^x leaves float32's normal range, rows end at every
+// offset within a vector, and scores sit far from 0 (the max is taken
+// out first).
+func TestAttentionSoftmaxIsAccurate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, n := range []int{1, 7, 8, 9, 13, 37, 100} {
+		for _, spread := range []float64{1, 20, 86, 120} {
+			scores := make([]float64, n)
+			k, v := make([]float32, n*n), make([]float32, n*n)
+			for i := range scores {
+				scores[i] = 50 - spread*rng.Float64()
+				k[i*n] = float32(scores[i])
+				scores[i] = float64(k[i*n])
+				v[i*n+i] = 1
+			}
+			q := make([]float32, n)
+			q[0] = 1
+			mx := slices.Max(scores)
+			var sum float64
+			for _, x := range scores {
+				sum += math.Exp(x - mx)
+			}
+			for _, be := range testBackends() {
+				t.Run(fmt.Sprintf("%s/n=%d/spread=%v", be, n, spread), func(t *testing.T) {
+					defer useBackend(t, be)()
+					out := make([]float32, n)
+					Attention(out, q, k, v, 1, n, 0, n, nil, 1, make([]float32, n))
+					for i, got := range out {
+						want := math.Exp(scores[i]-mx) / sum
+						if want < 0x1p-126 { // below float32's normal range: 0 or a subnormal will do
+							if float64(got) > 0x1p-126 {
+								t.Fatalf("p[%d] = %v, want %v", i, got, want)
+							}
+							continue
+						}
+						if rel := math.Abs(float64(got)-want) / want; rel > 4e-6 {
+							t.Fatalf("p[%d] = %v, want %v (relative error %.2g)", i, got, want, rel)
+						}
+					}
+				})
+			}
 		}
 	}
 }
