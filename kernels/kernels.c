@@ -292,3 +292,20 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 		}
 	}
 }
+
+void tk_silu_mul(int level, float *gate, const float *up, int64_t n) {
+#if defined(__x86_64__)
+	if (level == TK_AVX2 || level == TK_AVX512) {
+		tk_silu_mul_avx2(gate, up, n);
+		return;
+	}
+#elif defined(__aarch64__)
+	if (level == TK_NEON || level == TK_NEON_DOT) {
+		tk_silu_mul_neon(gate, up, n);
+		return;
+	}
+#endif
+	for (int64_t i = 0; i < n; i++) {
+		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+	}
+}

@@ -57,6 +57,9 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores);
 
+// tk_silu_mul sets gate[i] = silu(gate[i]) · up[i] for i < n (SwiGLU).
+void tk_silu_mul(int level, float *gate, const float *up, int64_t n);
+
 // Per-level kernels (defined only on their architecture).
 void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
@@ -81,6 +84,8 @@ void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float 
 	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra);
 void tk_softmax_avx2(float *sc, int64_t n);
 void tk_softmax_neon(float *sc, int64_t n);
+void tk_silu_mul_avx2(float *gate, const float *up, int64_t n);
+void tk_silu_mul_neon(float *gate, const float *up, int64_t n);
 float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);
 void tk_axpy_neon(int f16, float *y, float p, const void *x, int64_t n);
 

@@ -458,15 +458,16 @@ AVX2 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const f
 	}
 }
 
-// exp8 is e^x for eight x ≤ 0 (softmax's shifted scores) within 2 ULP:
-// x = n·ln2 + r with |r| ≤ ln2/2, e^r by Cephes' degree-7 polynomial,
-// then 2^n added to the exponent bits. Below the smallest normal result
-// it returns 0. glibc's expf cost a call per score, which was most of
-// attention's softmax and, at long context, a third of attention.
+// exp8 is e^x for eight x within 2 ULP: x = n·ln2 + r with |r| ≤ ln2/2,
+// e^r by Cephes' polynomial, then 2^n added to the exponent bits. Below
+// the smallest normal result it returns 0, above the largest +Inf.
+// glibc's expf cost a call per element, which was most of attention's
+// softmax and of SwiGLU.
 AVX2 INLINE __m256 exp8(__m256 x) {
-	const __m256 lo = _mm256_set1_ps(-87.33654f);
+	const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37626f);
 	__m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-	x = _mm256_max_ps(lo, x); // a NaN stays NaN
+	__m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+	x = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); // a NaN stays NaN
 	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
 		_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -480,7 +481,7 @@ AVX2 INLINE __m256 exp8(__m256 x) {
 	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
 	__m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
 	p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-	return _mm256_andnot_ps(under, p);
+	return _mm256_blendv_ps(_mm256_andnot_ps(under, p), _mm256_set1_ps(INFINITY), over);
 }
 
 // tk_softmax_avx2 is softmax in place over n scores, eight at a time:
@@ -523,6 +524,26 @@ AVX2 void tk_softmax_avx2(float *sc, int64_t n) {
 	}
 	if (tail) {
 		_mm256_maskstore_ps(sc + full, mask, _mm256_mul_ps(_mm256_maskload_ps(sc + full, mask), inv));
+	}
+}
+
+// tk_silu_mul_avx2 is SwiGLU, gate = gate / (1 + e^-gate) · up, eight
+// elements at a time, the tail under a mask: each element takes the same
+// steps wherever it sits, so a token's activations do not depend on its
+// batch.
+AVX2 void tk_silu_mul_avx2(float *gate, const float *up, int64_t n) {
+	const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 g = _mm256_loadu_ps(gate + i);
+		__m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, neg))));
+		_mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+	}
+	if (i < n) {
+		__m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+		__m256 g = _mm256_maskload_ps(gate + i, mask);
+		__m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, neg))));
+		_mm256_maskstore_ps(gate + i, mask, _mm256_mul_ps(s, _mm256_maskload_ps(up + i, mask)));
 	}
 }
 

@@ -68,12 +68,13 @@ void tk_axpy_neon(int f16, float *y, float a, const void *x, int64_t n) {
 	}
 }
 
-// exp4 is e^x for four x <= 0, as exp8 in kernels_amd64.c: the same range
-// reduction and polynomial, 0 below the smallest normal result.
+// exp4 is e^x for four x, as exp8 in kernels_amd64.c: the same range
+// reduction and polynomial, 0 below the smallest normal result, +Inf
+// above the largest.
 static inline float32x4_t exp4(float32x4_t x) {
-	const float32x4_t lo = vdupq_n_f32(-87.33654f);
-	uint32x4_t under = vcltq_f32(x, lo);
-	x = vmaxq_f32(x, lo);
+	const float32x4_t lo = vdupq_n_f32(-87.33654f), hi = vdupq_n_f32(88.37626f);
+	uint32x4_t under = vcltq_f32(x, lo), over = vcgtq_f32(x, hi);
+	x = vminq_f32(vmaxq_f32(x, lo), hi);
 	float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
 	float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
 	r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
@@ -86,7 +87,8 @@ static inline float32x4_t exp4(float32x4_t x) {
 	p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
 	int32x4_t e = vshlq_n_s32(vcvtq_s32_f32(n), 23);
 	p = vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(p), e));
-	return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(p), under));
+	p = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(p), under));
+	return vbslq_f32(over, vdupq_n_f32(INFINITY), p);
 }
 
 // tk_softmax_neon is softmax in place over n scores, four at a time; the
@@ -125,6 +127,32 @@ void tk_softmax_neon(float *sc, int64_t n) {
 	}
 	for (int i = 0; i < tail; i++) {
 		sc[full + i] = pad[i] * inv;
+	}
+}
+
+// tk_silu_mul_neon is SwiGLU four elements at a time, the tail through a
+// padded vector, as tk_silu_mul_avx2.
+void tk_silu_mul_neon(float *gate, const float *up, int64_t n) {
+	const float32x4_t one = vdupq_n_f32(1.0f);
+	int64_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		float32x4_t g = vld1q_f32(gate + i);
+		float32x4_t s = vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g))));
+		vst1q_f32(gate + i, vmulq_f32(s, vld1q_f32(up + i)));
+	}
+	if (i < n) {
+		float g4[4] = {0}, u4[4] = {0};
+		int tail = (int)(n - i);
+		for (int j = 0; j < tail; j++) {
+			g4[j] = gate[i + j];
+			u4[j] = up[i + j];
+		}
+		float32x4_t g = vld1q_f32(g4);
+		float32x4_t s = vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g))));
+		vst1q_f32(g4, vmulq_f32(s, vld1q_f32(u4)));
+		for (int j = 0; j < tail; j++) {
+			gate[i + j] = g4[j];
+		}
 	}
 }
 #endif

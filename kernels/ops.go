@@ -1,6 +1,9 @@
 package kernels
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // RMSNorm sets out = x / sqrt(mean(x²) + eps) · weight. out may alias x.
 func RMSNorm(out, x, weight []float32, eps float32) {
@@ -56,7 +59,20 @@ func Softmax(x []float32) {
 }
 
 // SiLUMul sets gate[i] = silu(gate[i]) · up[i], the SwiGLU activation.
+// Each element's result depends only on it, whatever the length, so a
+// token's activations do not depend on its batch.
 func SiLUMul(gate, up []float32) {
+	if len(up) < len(gate) {
+		panic(fmt.Sprintf("kernels: SiLUMul: %d up values for %d gates", len(up), len(gate)))
+	}
+	if len(gate) == 0 {
+		return
+	}
+	backend.siluMul(gate, up[:len(gate)])
+}
+
+// goSiLUMul is SiLUMul's pure-Go twin.
+func goSiLUMul(gate, up []float32) {
 	for i, g := range gate {
 		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
 	}
