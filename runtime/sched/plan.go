@@ -527,7 +527,9 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 // to its MinTokens. One request per step, so shedding stays gradual. It
 // reports whether it shed anything.
 func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
-	if !refused && !s.backlogged(l, now) && !s.missing(l, now) {
+	// Nothing to cut spares the checks (they read every running request
+	// and the deadline list on every step).
+	if len(s.withOptional) == 0 || !refused && !s.backlogged(l, now) && !s.missing(l, now) {
 		return false
 	}
 	var victim *task
@@ -564,6 +566,7 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 	}
 	victim.maxTokens = max(victim.req.MinTokens, len(victim.generated))
 	victim.shed = true
+	s.unlistOptional(victim)
 	victim.score = math.Min(victim.score, float64(victim.maxTokens))
 	victim.rankedBy = 0
 	if victim.state == waiting {
@@ -722,6 +725,19 @@ func (s *Scheduler) unlistDeadline(t *task) {
 func (s *Scheduler) deadlineIndex(d time.Time) int {
 	i, _ := slices.BinarySearchFunc(s.withDeadline, d, func(t *task, d time.Time) int { return t.deadline.Compare(d) })
 	return i
+}
+
+// unlistOptional takes t off withOptional: it ended, parked or was shed,
+// so the list holds only tasks with optional tokens and an empty list
+// means there is nothing to shed.
+func (s *Scheduler) unlistOptional(t *task) {
+	if !t.inOptional {
+		return
+	}
+	t.inOptional = false
+	if i := slices.Index(s.withOptional, t); i >= 0 {
+		s.withOptional = slices.Delete(s.withOptional, i, i+1)
+	}
 }
 
 // optionals is withOptional less the tasks that have no optional tokens

@@ -41,8 +41,9 @@ type Scheduler struct {
 	// Tasks leave when they end or park, and at their deadline.
 	withDeadline []*task
 	// withOptional are the tasks with optional tokens, waiting or running,
-	// that shed looks at instead of the whole queue. They leave lazily,
-	// when a scan finds them over.
+	// that shed looks at instead of the whole queue. They leave when they
+	// end, park or are shed (and a scan drops any left over), so an empty
+	// list means nothing can be shed.
 	withOptional []*task
 	byU          []*task // consolidate's buffer
 	tasks        map[string]*task
@@ -307,6 +308,9 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 		// the best the scheduler knows.
 		t.score = min(float64(t.promptLen), float64(t.maxTokens))
 	}
+	// Room for the predicted answer up front: growing it token by token
+	// was a tenth of delivery's time on a tiny model.
+	t.generated = make([]int32, 0, min(t.maxTokens, int(t.score)+8))
 	s.quant.add(t.score)
 	t.lane = -1
 	if len(s.queues) > 1 {

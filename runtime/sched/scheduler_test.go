@@ -979,3 +979,55 @@ func TestDeadlineListStaysInDeadlineOrder(t *testing.T) {
 		t.Fatalf("after resume: %v", got)
 	}
 }
+
+// TestOptionalListHoldsOnlyWhatCanBeShed checks the list shedding reads:
+// a request leaves it when it ends, and a shed request at once even when
+// it runs on to its mandatory tokens, since shedding skips its per-step
+// checks only when the list is empty.
+func TestOptionalListHoldsOnlyWhatCanBeShed(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.stepA, e.stepB = 0, 10*time.Millisecond
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+
+	// No overload: a summary runs to its end and leaves the list.
+	done := submit(t, s, Request{ID: "quiet", Prompt: prompt(2), MinTokens: 2, MaxTokens: 6})
+	if n := len(s.withOptional); n != 1 {
+		t.Fatalf("%d requests listed with optional tokens, want 1", n)
+	}
+	drive(t, s, 100)
+	collect(t, done)
+	if n := len(s.withOptional); n != 0 {
+		t.Errorf("%d requests still listed after the summary ended", n)
+	}
+
+	// A summary shed before its mandatory tokens keeps running, with
+	// nothing left to shed: it must leave the list then.
+	bg := submit(t, s, Request{ID: "bg", Prompt: prompt(2), MinTokens: 30, MaxTokens: 100, Utility: Utility{Value: 0.1}})
+	st := s.Begin(0)
+	st.Run(context.Background())
+	s.End(st)
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 250 * time.Millisecond})
+	for i := 0; s.Stats().ShedRequests == 0; i++ {
+		if i == 100 {
+			t.Fatal("nothing was shed")
+		}
+		st := s.Begin(0)
+		st.Run(context.Background())
+		s.End(st)
+	}
+	s.mu.Lock()
+	task := s.tasks["bg"]
+	running := task != nil && task.state == running
+	listed := slices.Contains(s.withOptional, task)
+	s.mu.Unlock()
+	if !running || listed {
+		t.Errorf("shed summary: running %v, still listed %v; want running and not listed", running, listed)
+	}
+	drive(t, s, 1000)
+	collect(t, bg)
+	collect(t, urgent)
+	if n := len(s.withOptional); n != 0 {
+		t.Errorf("%d requests listed after every request ended", n)
+	}
+}

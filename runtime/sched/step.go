@@ -442,6 +442,7 @@ func (s *Scheduler) detach(t *task, reason Reason, err error, ev *Event, now tim
 	if t.inDeadline {
 		s.unlistDeadline(t)
 	}
+	s.unlistOptional(t)
 	if t.stopCtx != nil {
 		t.stopCtx()
 		t.stopCtx = nil
