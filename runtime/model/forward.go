@@ -248,7 +248,7 @@ func (m *Model) embedRow(tok int32, rowBytes uint64) ([]byte, error) {
 	if views, ok := m.stream.Pinned(m.embGroup); ok {
 		return views[m.embIndex][off : off+rowBytes], nil
 	}
-	m.buf.row = growBytes(m.buf.row, int(rowBytes))
+	m.buf.row = grow(m.buf.row, int(rowBytes))
 	if err := m.stream.ReadTensorAt(m.embd.name, m.buf.row, off); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}

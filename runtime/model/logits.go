@@ -1,5 +1,7 @@
 package model
 
+import "slices"
+
 // Logits holds the output rows of the slots of a batch that asked for
 // them. The zero value is ready to use; Forward grows it as needed and
 // rows are overwritten by the next Forward with the same Logits.
@@ -44,17 +46,10 @@ func (l *Logits) reset(vocab int, want []bool) int {
 	return len(l.slots)
 }
 
-// grow returns buf with length n, reallocating only when it is too small.
-func grow(buf []float32, n int) []float32 {
-	if cap(buf) < n {
-		return make([]float32, n)
-	}
-	return buf[:n]
-}
-
-func growBytes(buf []byte, n int) []byte {
-	if cap(buf) < n {
-		return make([]byte, n)
-	}
-	return buf[:n]
+// grow returns buf with length n, reallocating only when it is too
+// small, and then with append's room to spare: buffers that grow a row
+// at a time (attention's scores as sequences lengthen) would otherwise
+// be reallocated on every step. The contents are not kept.
+func grow[T any](buf []T, n int) []T {
+	return slices.Grow(buf[:0], n)[:n]
 }

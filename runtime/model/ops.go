@@ -242,12 +242,7 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	// slots whose attention spans differ.
 	chunks := min(tasks, 4*threads)
 	span := heads * maxLen
-	if need := chunks * span; cap(bf.scores) < need {
-		// Spans grow by a row a step as sequences lengthen: room to
-		// spare saves a reallocation every step.
-		bf.scores = make([]float32, need, 2*need)
-	}
-	bf.scores = bf.scores[:chunks*span]
+	bf.scores = grow(bf.scores, chunks*span)
 	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, heads: heads, perSlot: perSlot, tasks: tasks, chunks: chunks, span: span,
 		scale: scale, f16: cache.Config().Type == weights.F16}
 	m.pool.RunJob(chunks, 1, &h.att)
