@@ -224,6 +224,38 @@ static void axpy_row(int level, int f16, float *out, float p, const void *v, int
 	}
 }
 
+static void softmax_row(int level, float *sc, int64_t n) {
+	switch (level) {
+#if defined(__x86_64__)
+	case TK_AVX2:
+	case TK_AVX512:
+		tk_softmax_avx2(sc, n);
+		return;
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
+		tk_softmax_neon(sc, n);
+		return;
+#endif
+	default: {
+		float mx = -INFINITY;
+		for (int64_t i = 0; i < n; i++) {
+			mx = sc[i] > mx ? sc[i] : mx;
+		}
+		float sum = 0;
+		for (int64_t i = 0; i < n; i++) {
+			sc[i] = expf(sc[i] - mx);
+			sum += sc[i];
+		}
+		float inv = 1.0f / sum;
+		for (int64_t i = 0; i < n; i++) {
+			sc[i] *= inv;
+		}
+	}
+	}
+}
+
 void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
 	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores) {
@@ -251,31 +283,7 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 		}
 	}
 	for (int64_t h = 0; h < heads; h++) {
-		float *sc = scores + h * n;
-#if defined(__x86_64__)
-		if (avx2) {
-			tk_softmax_avx2(sc, n);
-			continue;
-		}
-#elif defined(__aarch64__)
-		if (level == TK_NEON || level == TK_NEON_DOT) {
-			tk_softmax_neon(sc, n);
-			continue;
-		}
-#endif
-		float mx = -INFINITY;
-		for (int64_t i = 0; i < n; i++) {
-			mx = sc[i] > mx ? sc[i] : mx;
-		}
-		float sum = 0;
-		for (int64_t i = 0; i < n; i++) {
-			sc[i] = expf(sc[i] - mx);
-			sum += sc[i];
-		}
-		float inv = 1.0f / sum;
-		for (int64_t i = 0; i < n; i++) {
-			sc[i] *= inv;
-		}
+		softmax_row(level, scores + h * n, n);
 	}
 	if (avx2) {
 #if defined(__x86_64__)
@@ -294,18 +302,22 @@ void tk_attention(int level, int f16, float *out, const float *q, const void *k,
 }
 
 void tk_silu_mul(int level, float *gate, const float *up, int64_t n) {
+	switch (level) {
 #if defined(__x86_64__)
-	if (level == TK_AVX2 || level == TK_AVX512) {
+	case TK_AVX2:
+	case TK_AVX512:
 		tk_silu_mul_avx2(gate, up, n);
 		return;
-	}
-#elif defined(__aarch64__)
-	if (level == TK_NEON || level == TK_NEON_DOT) {
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
 		tk_silu_mul_neon(gate, up, n);
 		return;
-	}
 #endif
-	for (int64_t i = 0; i < n; i++) {
-		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+	default:
+		for (int64_t i = 0; i < n; i++) {
+			gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+		}
 	}
 }

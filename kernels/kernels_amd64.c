@@ -527,23 +527,23 @@ AVX2 void tk_softmax_avx2(float *sc, int64_t n) {
 	}
 }
 
-// tk_silu_mul_avx2 is SwiGLU, gate = gate / (1 + e^-gate) · up, eight
-// elements at a time, the tail under a mask: each element takes the same
-// steps wherever it sits, so a token's activations do not depend on its
-// batch.
+// silu8 is SwiGLU for eight elements: g / (1 + e^-g) · u.
+AVX2 INLINE __m256 silu8(__m256 g, __m256 u) {
+	__m256 e = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+	return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// tk_silu_mul_avx2 is SwiGLU eight elements at a time, the tail under a
+// mask: each element takes the same steps wherever it sits, so a token's
+// activations do not depend on its batch.
 AVX2 void tk_silu_mul_avx2(float *gate, const float *up, int64_t n) {
-	const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
 	int64_t i = 0;
 	for (; i + 8 <= n; i += 8) {
-		__m256 g = _mm256_loadu_ps(gate + i);
-		__m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, neg))));
-		_mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+		_mm256_storeu_ps(gate + i, silu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
 	}
 	if (i < n) {
 		__m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-		__m256 g = _mm256_maskload_ps(gate + i, mask);
-		__m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, neg))));
-		_mm256_maskstore_ps(gate + i, mask, _mm256_mul_ps(s, _mm256_maskload_ps(up + i, mask)));
+		_mm256_maskstore_ps(gate + i, mask, silu8(_mm256_maskload_ps(gate + i, mask), _mm256_maskload_ps(up + i, mask)));
 	}
 }
 

@@ -130,15 +130,17 @@ void tk_softmax_neon(float *sc, int64_t n) {
 	}
 }
 
+// silu4 is SwiGLU for four elements: g / (1 + e^-g) · u.
+static inline float32x4_t silu4(float32x4_t g, float32x4_t u) {
+	return vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(g)))), u);
+}
+
 // tk_silu_mul_neon is SwiGLU four elements at a time, the tail through a
 // padded vector, as tk_silu_mul_avx2.
 void tk_silu_mul_neon(float *gate, const float *up, int64_t n) {
-	const float32x4_t one = vdupq_n_f32(1.0f);
 	int64_t i = 0;
 	for (; i + 4 <= n; i += 4) {
-		float32x4_t g = vld1q_f32(gate + i);
-		float32x4_t s = vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g))));
-		vst1q_f32(gate + i, vmulq_f32(s, vld1q_f32(up + i)));
+		vst1q_f32(gate + i, silu4(vld1q_f32(gate + i), vld1q_f32(up + i)));
 	}
 	if (i < n) {
 		float g4[4] = {0}, u4[4] = {0};
@@ -147,9 +149,7 @@ void tk_silu_mul_neon(float *gate, const float *up, int64_t n) {
 			g4[j] = gate[i + j];
 			u4[j] = up[i + j];
 		}
-		float32x4_t g = vld1q_f32(g4);
-		float32x4_t s = vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g))));
-		vst1q_f32(g4, vmulq_f32(s, vld1q_f32(u4)));
+		vst1q_f32(g4, silu4(vld1q_f32(g4), vld1q_f32(u4)));
 		for (int j = 0; j < tail; j++) {
 			gate[i + j] = g4[j];
 		}
