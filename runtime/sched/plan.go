@@ -556,7 +556,7 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 	if len(s.queues) > 1 {
 		qi = l.idx
 	}
-	for _, t := range s.optionals() {
+	for _, t := range s.withOptional {
 		if t.state == waiting && t.qi == qi {
 			consider(t)
 		}
@@ -738,15 +738,4 @@ func (s *Scheduler) unlistOptional(t *task) {
 	if i := slices.Index(s.withOptional, t); i >= 0 {
 		s.withOptional = slices.Delete(s.withOptional, i, i+1)
 	}
-}
-
-// optionals is withOptional less the tasks that have no optional tokens
-// left (or ended, or are parked; Resume lists them again).
-func (s *Scheduler) optionals() []*task {
-	s.withOptional = slices.DeleteFunc(s.withOptional, func(t *task) bool {
-		over := (t.state != waiting && t.state != running) || optional(t) == 0
-		t.inOptional = !over
-		return over
-	})
-	return s.withOptional
 }

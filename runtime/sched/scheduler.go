@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -42,8 +41,7 @@ type Scheduler struct {
 	withDeadline []*task
 	// withOptional are the tasks with optional tokens, waiting or running,
 	// that shed looks at instead of the whole queue. They leave when they
-	// end, park or are shed (and a scan drops any left over), so an empty
-	// list means nothing can be shed.
+	// end, park or are shed, so an empty list means nothing can be shed.
 	withOptional []*task
 	byU          []*task // consolidate's buffer
 	tasks        map[string]*task
@@ -241,26 +239,6 @@ func (s *Scheduler) Context() int {
 	return c
 }
 
-// score predicts r's output length, and returns the CPU time that took.
-// Scoring runs on the caller's goroutine, outside the lock, beside the
-// lanes: when the thread is descheduled mid-way (the lanes' threads use
-// every core), its wall time counted milliseconds the engine had, not the
-// scheduler, and single stalls of 10-20 ms made the overhead of whole
-// runs swing from 0.8% to 1.5% (stories260K, 0% adversarial prompts).
-// The thread is locked so that both clock readings are of one thread.
-func (s *Scheduler) score(r Request) (float64, time.Duration) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	c0, okc := threadCPU()
-	t0 := time.Now()
-	score := s.est.Score(r.Text, len(r.Prompt))
-	wall := time.Since(t0)
-	if c1, ok := threadCPU(); okc && ok && c1 >= c0 {
-		return score, c1 - c0
-	}
-	return score, wall
-}
-
 // Submit queues a request and returns its stream. Cancelling ctx ends the
 // request and frees its sequence at the next step boundary. Errors:
 // ErrInvalid (bad fields), ErrContextFull (the prompt leaves no room),
@@ -272,7 +250,13 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	if ctxLen := s.Context(); len(r.Prompt) >= ctxLen {
 		return nil, fmt.Errorf("prompt has %d tokens, the context is %d and one more is needed to generate: %w", len(r.Prompt), ctxLen, ErrContextFull)
 	}
-	score, scoring := s.score(r)
+	// Scoring runs on the caller's goroutine beside the lanes and is
+	// charged its thread's CPU time: when the OS set the thread aside
+	// mid-way, wall time charged milliseconds the engine had, and single
+	// stalls of 10-20 ms swung a whole run's overhead from 0.8% to 1.5%
+	// (stories260K, 0% adversarial prompts).
+	var score float64
+	scoring := cpuTime(func() { score = s.est.Score(r.Text, len(r.Prompt)) })
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
