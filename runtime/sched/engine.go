@@ -30,7 +30,8 @@ type Engine interface {
 	// to rebuild an evicted sequence, a prompt and the tokens generated
 	// so far (the last of them not yet evaluated). tag names the request
 	// (the simulator uses it; engines may ignore it). It fails when every
-	// sequence slot is in use.
+	// sequence slot is in use. tokens belong to the caller: Start copies
+	// what it keeps and modifies nothing.
 	Start(tokens []int32, sampler *sample.Sampler, tag string) (SeqID, error)
 
 	// Step advances every member once. out[i] receives member i's result:

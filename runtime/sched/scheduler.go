@@ -375,7 +375,7 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 			s.consume(t, carry, &ev, now)
 		}
 		if t.state == waiting || t.state == running {
-			s.push(t, ev, now)
+			s.push(t, &ev, now)
 		}
 	}
 	return t.stream, nil

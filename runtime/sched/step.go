@@ -5,8 +5,6 @@ import (
 	"errors"
 	"slices"
 	"time"
-
-	"github.com/tandem-llm/tandem/runtime/sample"
 )
 
 // Step is one planned engine step of a lane: the sequences to free, the
@@ -18,26 +16,29 @@ type Step struct {
 	l     *lane
 	begin time.Time
 
-	frees []SeqID
-	tasks []*task // members, in batch order
-
-	// copied from the tasks under the lock, for Run
-	seqs     []SeqID
-	limits   []int
-	starting []bool
-	startTok [][]int32
-	samplers []*sample.Sampler
-	tags     []string
+	frees   []SeqID
+	tasks   []*task      // members, in batch order
+	members []stepMember // tasks[i]'s part of the step, copied under the lock for Run
 
 	// filled by Run
-	startIDs   []SeqID
-	startErr   []error
 	mem        []Member
-	memIdx     []int
+	memIdx     []int // mem[j] is members[memIdx[j]]
 	out        []StepOut
 	err        error
 	freeErr    error
 	engineWall time.Duration
+}
+
+// stepMember is one member's part of a Step: what Run needs from its task
+// and what Run's Start returns. One record per member, not a slice per
+// field: after an engine step has evicted the scheduler's data, each
+// slice read cost delivery a cache miss.
+type stepMember struct {
+	seq      SeqID
+	limit    int
+	starting bool // Run starts the sequence first, with start
+	start    []int32
+	startErr error
 }
 
 // Members is the number of sequences the step advances.
@@ -86,30 +87,28 @@ func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 	// A lane has one step in flight: its buffers are reused.
 	st := &l.step
 	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...),
-		tasks: st.tasks[:0], seqs: st.seqs[:0], limits: st.limits[:0], starting: st.starting[:0],
-		startTok: st.startTok[:0], samplers: st.samplers[:0], tags: st.tags[:0],
-		startIDs: st.startIDs[:0], startErr: st.startErr[:0], mem: st.mem[:0], memIdx: st.memIdx[:0], out: st.out[:0]}
+		tasks: st.tasks[:0], members: st.members[:0], mem: st.mem[:0], memIdx: st.memIdx[:0], out: st.out[:0]}
 	l.toFree = l.toFree[:0]
 	for _, t := range l.running {
 		st.tasks = append(st.tasks, t)
-		st.seqs = append(st.seqs, t.seq)
-		st.limits = append(st.limits, max(1, t.maxTokens-len(t.generated)))
-		st.starting = append(st.starting, t.starting)
-		var tok []int32
+		m := stepMember{seq: t.seq, limit: max(1, t.maxTokens-len(t.generated)), starting: t.starting}
 		if t.starting {
-			// A rebuilt sequence re-evaluates what it generated.
-			tok = append(append(make([]int32, 0, t.promptLen+len(t.generated)), t.req.Prompt...), t.generated...)
+			// Start copies its tokens. A rebuilt sequence re-evaluates
+			// what it generated.
+			m.start = t.req.Prompt
+			if len(t.generated) > 0 {
+				m.start = append(append(make([]int32, 0, t.promptLen+len(t.generated)), t.req.Prompt...), t.generated...)
+			}
 		}
-		st.startTok = append(st.startTok, tok)
-		st.samplers = append(st.samplers, t.sampler)
-		st.tags = append(st.tags, t.id)
+		st.members = append(st.members, m)
 	}
 	l.busy = true
 	return st
 }
 
-// Run frees, starts and steps the engine. It touches only the Step and
-// the engine, so the scheduler stays unlocked meanwhile.
+// Run frees, starts and steps the engine. It touches only the Step, the
+// engine and what its tasks fixed at Submit, so the scheduler stays
+// unlocked meanwhile.
 func (st *Step) Run(ctx context.Context) error {
 	eng := st.l.eng
 	for _, id := range st.frees {
@@ -117,22 +116,18 @@ func (st *Step) Run(ctx context.Context) error {
 			st.freeErr = errors.Join(st.freeErr, err)
 		}
 	}
-	n := len(st.tasks)
-	st.startIDs = slices.Grow(st.startIDs[:0], n)[:n]
-	st.startErr = slices.Grow(st.startErr[:0], n)[:n]
-	clear(st.startErr)
 	st.mem, st.memIdx = st.mem[:0], st.memIdx[:0]
-	for i := range st.tasks {
-		seq := st.seqs[i]
-		if st.starting[i] {
-			id, err := eng.Start(st.startTok[i], st.samplers[i], st.tags[i])
-			st.startIDs[i], st.startErr[i] = id, err
-			if err != nil {
+	for i := range st.members {
+		m := &st.members[i]
+		if m.starting {
+			// id and sampler are fixed at Submit: read unlocked.
+			t := st.tasks[i]
+			m.seq, m.startErr = eng.Start(m.start, t.sampler, t.id)
+			if m.startErr != nil {
 				continue
 			}
-			seq = id
 		}
-		st.mem = append(st.mem, Member{Seq: seq, Limit: st.limits[i]})
+		st.mem = append(st.mem, Member{Seq: m.seq, Limit: m.limit})
 		st.memIdx = append(st.memIdx, i)
 	}
 	if len(st.mem) == 0 {
@@ -165,16 +160,17 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 	if st.freeErr != nil {
 		s.stats.freeErrors++
 	}
-	for i, t := range st.tasks {
-		if !st.starting[i] {
+	for i := range st.members {
+		m := &st.members[i]
+		if !m.starting {
 			continue
 		}
-		err := st.startErr[i]
+		t, err := st.tasks[i], m.startErr
 		if t.state != running || !t.starting {
 			// Ended while its Start was in flight (end released the
 			// slot): free what the Start allocated.
 			if err == nil {
-				l.toFree = append(l.toFree, st.startIDs[i])
+				l.toFree = append(l.toFree, m.seq)
 				l.cond.Signal()
 			}
 			continue
@@ -185,7 +181,7 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 			s.end(t, ReasonError, err, nil, now)
 			continue
 		}
-		t.seq, t.hasSeq, t.prefilling = st.startIDs[i], true, true
+		t.seq, t.hasSeq, t.prefilling = m.seq, true, true
 	}
 	if len(st.mem) == 0 {
 		return
@@ -195,7 +191,7 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 	var sc stepCost
 	decodeTokens := 0
 	for j, i := range st.memIdx {
-		t, o := st.tasks[i], st.out[j]
+		t, o := st.tasks[i], &st.out[j]
 		if t.state != running || t.lane != l.idx {
 			continue
 		}
@@ -225,7 +221,7 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 		var ev Event
 		s.consume(t, o.Tokens, &ev, now)
 		if t.state == running {
-			s.push(t, ev, now)
+			s.push(t, &ev, now)
 		}
 	}
 	if st.err == nil {
@@ -384,7 +380,7 @@ func holdback(text string, stops []string) int {
 }
 
 // push sends a token event, if it carries anything.
-func (s *Scheduler) push(t *task, ev Event, now time.Time) {
+func (s *Scheduler) push(t *task, ev *Event, now time.Time) {
 	if len(ev.Tokens) == 0 && ev.Text == "" {
 		return
 	}
@@ -402,7 +398,7 @@ func (s *Scheduler) park(t *task, ev *Event, now time.Time) {
 		l := s.lanes[t.lane]
 		l.parked = append(l.parked, t)
 	}
-	t.stream.push(Event{Done: true, Result: res, Time: now})
+	t.stream.push(&Event{Done: true, Result: res, Time: now})
 	if s.parked > s.cfg.MaxParked {
 		var oldest *task
 		for _, x := range s.tasks {
@@ -424,14 +420,14 @@ func (s *Scheduler) end(t *task, reason Reason, err error, ev *Event, now time.T
 	s.releaseSeq(t)
 	t.state = done
 	delete(s.tasks, t.id)
-	t.stream.push(Event{Done: true, Result: res, Time: now})
+	t.stream.push(&Event{Done: true, Result: res, Time: now})
 }
 
 // detach ends t's current stream: it delivers the pending event, counts
 // the result and takes t out of its batch or queue.
 func (s *Scheduler) detach(t *task, reason Reason, err error, ev *Event, now time.Time) *Result {
 	if ev != nil {
-		s.push(t, *ev, now)
+		s.push(t, ev, now)
 		*ev = Event{}
 	}
 	res := s.result(t, reason, err, now)

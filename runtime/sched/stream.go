@@ -101,11 +101,11 @@ func (s *Stream) Wait(ctx context.Context) (*Result, error) {
 }
 
 // push queues an event; it reports false when the stream already ended.
-func (s *Stream) push(ev Event) bool { return s.pushFrom(ev, nil) }
+func (s *Stream) push(ev *Event) bool { return s.pushFrom(ev, nil) }
 
 // pushFrom queues an event whose Tokens, if any, are the tail of gen: the
 // request's generated tokens, which are only ever appended to.
-func (s *Stream) pushFrom(ev Event, gen []int32) bool {
+func (s *Stream) pushFrom(ev *Event, gen []int32) bool {
 	s.mu.Lock()
 	if s.done {
 		s.mu.Unlock()
@@ -128,7 +128,7 @@ func (s *Stream) pushFrom(ev Event, gen []int32) bool {
 		last.Text += ev.Text
 		last.Time = ev.Time
 	} else {
-		s.events = append(s.events, ev)
+		s.events = append(s.events, *ev)
 		s.pendFrom = -1
 		if !ev.Done && len(ev.Tokens) > 0 && isTail(ev.Tokens, gen) {
 			s.pendFrom = len(gen) - len(ev.Tokens)

@@ -15,7 +15,7 @@ func TestStreamMergesTokensAsAViewForASlowReader(t *testing.T) {
 		start := len(gen)
 		gen = append(gen, toks...) // reallocates now and then, as t.generated does
 		want = append(want, toks...)
-		st.pushFrom(Event{Tokens: gen[start:len(gen):len(gen)]}, gen)
+		st.pushFrom(&Event{Tokens: gen[start:len(gen):len(gen)]}, gen)
 	}
 	recv := func() []int32 {
 		ev, err := st.Recv(context.Background())
@@ -42,8 +42,8 @@ func TestStreamMergesTokensAsAViewForASlowReader(t *testing.T) {
 		t.Errorf("after a read: %v, want %v", got, want)
 	}
 	// Tokens that are not a view of gen are copied, as before.
-	st.pushFrom(Event{Tokens: []int32{7}}, gen)
-	st.pushFrom(Event{Tokens: []int32{8}}, gen)
+	st.pushFrom(&Event{Tokens: []int32{7}}, gen)
+	st.pushFrom(&Event{Tokens: []int32{8}}, gen)
 	if got := recv(); !slices.Equal(got, []int32{7, 8}) {
 		t.Errorf("tokens from elsewhere: %v, want [7 8]", got)
 	}
@@ -54,7 +54,7 @@ func TestStreamMergesTokensAsAViewForASlowReader(t *testing.T) {
 // that waits, or gave up waiting, is not stranded.
 func TestStreamSignalsOnlyWaitingReaders(t *testing.T) {
 	st := newStream("x")
-	st.push(Event{Tokens: []int32{1}})
+	st.push(&Event{Tokens: []int32{1}})
 	if n := len(st.ready); n != 0 {
 		t.Fatalf("a push with no reader waiting left %d signals", n)
 	}
@@ -82,11 +82,11 @@ func TestStreamSignalsOnlyWaitingReaders(t *testing.T) {
 		got <- ev
 	}()
 	waitForWaiters(t, st, 1)
-	st.push(Event{Tokens: []int32{2}})
+	st.push(&Event{Tokens: []int32{2}})
 	if ev := <-got; !slices.Equal(ev.Tokens, []int32{2}) {
 		t.Fatalf("waiting reader got %v, want [2]", ev.Tokens)
 	}
-	st.push(Event{Done: true, Result: &Result{ID: "x"}})
+	st.push(&Event{Done: true, Result: &Result{ID: "x"}})
 	if n := len(st.ready); n != 0 {
 		t.Fatalf("the final push with no reader waiting left %d signals", n)
 	}
