@@ -135,8 +135,11 @@ type lane struct {
 	sources [][]*task // sources' buffer
 	others  [][]*task // fill's buffer
 
+	// Written by the lane on every step; Stats sums them over lanes.
 	steps      uint64
+	tokens     uint64
 	engineWall time.Duration
+	schedWall  time.Duration // its locked sections (planning and delivery)
 	stepClock  time.Duration // sum of clock time between Begin and End
 }
 
@@ -629,11 +632,11 @@ func (s *Scheduler) laneLoop(l *lane) {
 			if st != nil || (s.stopped && len(l.running) == 0) {
 				break
 			}
-			s.stats.schedWall += time.Since(wall)
+			l.schedWall += time.Since(wall)
 			l.cond.Wait()
 			wall, now = s.clock()
 		}
-		s.stats.schedWall += time.Since(wall)
+		l.schedWall += time.Since(wall)
 		s.mu.Unlock()
 		if st == nil {
 			return

@@ -11,9 +11,8 @@ type counters struct {
 	deferred, evicted, expired            uint64
 	preempted                             uint64
 	freeErrors                            uint64
-	tokens                                uint64
 	utility                               float64
-	schedWall, engineWall                 time.Duration
+	schedWall                             time.Duration // outside the lanes (Submit, Resume, ...); lanes count their own
 }
 
 // record counts a finished stream.
@@ -102,11 +101,14 @@ func (s *Scheduler) Stats() Stats {
 		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
 		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
-		Evicted: c.evicted, Expired: c.expired, Tokens: c.tokens, Utility: c.utility,
-		SchedulerWall: c.schedWall, EngineWall: c.engineWall,
-		OfferedLoad: s.offeredRatio(s.cfg.Now()),
+		Evicted: c.evicted, Expired: c.expired, Utility: c.utility,
+		SchedulerWall: c.schedWall,
+		OfferedLoad:   s.offeredRatio(s.cfg.Now()),
 	}
 	for i, l := range s.lanes {
+		st.Tokens += l.tokens
+		st.SchedulerWall += l.schedWall
+		st.EngineWall += l.engineWall
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,
 			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps,
 			EngineWall: l.engineWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),

@@ -55,8 +55,9 @@ func (s *Scheduler) Begin(i int) *Step {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	wall, now := s.clock()
-	st := s.begin(s.lanes[i], now)
-	s.stats.schedWall += time.Since(wall)
+	l := s.lanes[i]
+	st := s.begin(l, now)
+	l.schedWall += time.Since(wall)
 	return st
 }
 
@@ -148,14 +149,13 @@ func (s *Scheduler) End(st *Step) {
 	defer s.mu.Unlock()
 	wall, now := s.clock()
 	s.deliver(st, now)
-	s.stats.schedWall += time.Since(wall)
+	st.l.schedWall += time.Since(wall)
 }
 
 // deliver is End with s.mu held.
 func (s *Scheduler) deliver(st *Step, now time.Time) {
 	l := st.l
 	l.busy = false
-	s.stats.engineWall += st.engineWall
 	l.engineWall += st.engineWall
 	if st.freeErr != nil {
 		s.stats.freeErrors++
@@ -209,7 +209,7 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 			sc.decode++
 			decodeTokens += len(o.Tokens)
 		}
-		s.stats.tokens += uint64(len(o.Tokens))
+		l.tokens += uint64(len(o.Tokens))
 		if t.cancel != nil {
 			s.end(t, ReasonCancelled, t.cancel, nil, now)
 			continue
