@@ -1031,3 +1031,48 @@ func TestOptionalListHoldsOnlyWhatCanBeShed(t *testing.T) {
 		t.Errorf("%d requests listed after every request ended", n)
 	}
 }
+
+// TestStatsSumTheLanes checks that Stats totals what each lane counts on
+// its own: the tokens it generated, its engine time, and the time of its
+// planning and delivery in the scheduler's.
+func TestStatsSumTheLanes(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	e0.delay, e1.delay = 200*time.Microsecond, 200*time.Microsecond
+	s, _ := newManual(t, Config{Policy: FIFO, MaxBatch: 2}, nil, e0, e1)
+	var streams []*Stream
+	for range 6 {
+		st, err := s.Submit(context.Background(), Request{Prompt: prompt(4), MaxTokens: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	// Each lane's own step adds to the scheduler's time.
+	for i := range s.lanes {
+		before := s.Stats().SchedulerWall
+		stepLane(s, i)
+		if after := s.Stats().SchedulerWall; after <= before {
+			t.Errorf("a step of lane %d left the scheduler's time at %v (was %v)", i, after, before)
+		}
+	}
+	drive(t, s, 1000)
+	var want uint64
+	for _, st := range streams {
+		_, _, res := collect(t, st)
+		want += uint64(res.CompletionTokens)
+	}
+	st := s.Stats()
+	if st.Tokens != want || want != 30 {
+		t.Errorf("Stats counts %d tokens, the streams got %d (want 30)", st.Tokens, want)
+	}
+	var engine time.Duration
+	for i, l := range st.Lanes {
+		if l.Steps == 0 || l.EngineWall < time.Duration(l.Steps)*e0.delay {
+			t.Errorf("lane %d: %d steps, engine time %v", i, l.Steps, l.EngineWall)
+		}
+		engine += l.EngineWall
+	}
+	if st.EngineWall != engine {
+		t.Errorf("Stats gives %v of engine time, its lanes %v", st.EngineWall, engine)
+	}
+}
