@@ -144,6 +144,14 @@ func TestSummarizeAndGoals(t *testing.T) {
 	if !strings.Contains(GoalTable(g), "40.0% met") || !strings.Contains(SchedTable(rows), "| tandem |") {
 		t.Error("tables lack the figures")
 	}
+	// The overhead goal is under 1% at every load.
+	if !strings.Contains(GoalTable(g), "| 2.000% missed |") {
+		t.Errorf("goal table passes an overhead of 2%%:\n%s", GoalTable(g))
+	}
+	rows[2].Overhead = 0.9
+	if !strings.Contains(GoalTable(Goals(rows)), "| 0.900% met |") {
+		t.Errorf("goal table fails an overhead of 0.9%%:\n%s", GoalTable(Goals(rows)))
+	}
 	// The floor goes with its reduction from FIFO's p99; unknown, a dash.
 	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) | 1.20 |") {
 		t.Errorf("goal table lacks the p99 floor and tandem's p99 over its drain:\n%s", GoalTable(g))
