@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -159,7 +160,8 @@ func deadlineMs(ms float64) (time.Duration, error) {
 	if limit := float64(MaxDeadline / time.Millisecond); !(ms > 0 && ms <= limit) {
 		return 0, fieldErr("deadline_ms", "deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", ms, limit)
 	}
-	return time.Duration(ms * float64(time.Millisecond)), nil
+	// Up to whole nanoseconds: a tiny deadline must not become 0, none.
+	return time.Duration(math.Ceil(ms * float64(time.Millisecond))), nil
 }
 
 // parseSegment reads "line", "statement" or {"regex": "..."}.

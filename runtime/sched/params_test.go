@@ -56,6 +56,15 @@ func TestParamsApply(t *testing.T) {
 	}
 }
 
+func TestTinyDeadlineStaysADeadline(t *testing.T) {
+	// Below a nanosecond it rounds up: zero would mean no deadline.
+	ms := 1e-7
+	var req Request
+	if err := (&Params{DeadlineMs: &ms}).Apply(&req, 16); err != nil || req.Deadline != time.Nanosecond {
+		t.Errorf("deadline_ms=%v: %v, deadline %v; want 1ns", ms, err, req.Deadline)
+	}
+}
+
 func TestResumeParams(t *testing.T) {
 	d, m := 1500.0, 3
 	opt, err := (&ResumeParams{DeadlineMs: &d, MaxTokens: &m}).Options()

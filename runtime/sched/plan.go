@@ -575,12 +575,12 @@ func (s *Scheduler) shed(l *lane, now time.Time, refused bool) bool {
 		victim.qtok = rest
 	}
 	s.stats.shedRequests++
-	if victim.state == running && len(victim.generated) >= victim.maxTokens {
+	// Cut to what it has: it ends now, running or waiting (a resumed or
+	// preempted request may be past its mandatory part).
+	if len(victim.generated) >= victim.maxTokens {
 		var ev Event
-		s.flushText(victim, &ev, now)
-		if victim.state == running {
-			s.end(victim, ReasonShed, nil, &ev, now)
-		}
+		s.flushText(victim, &ev)
+		s.endAt(victim, ReasonShed, &ev, now)
 	}
 	return true
 }

@@ -15,6 +15,8 @@ type Request struct {
 	// when empty. It must be unique among live requests.
 	ID string
 	// Prompt is the token ids to continue (BOS first for llama models).
+	// The scheduler reads it until the request ends: do not change it
+	// meanwhile.
 	Prompt []int32
 	// Text is the prompt as text, which the uncertainty features read
 	// (empty: the estimate falls back to the prompt length).

@@ -115,6 +115,7 @@ type task struct {
 	segText  string  // text of the current segment so far
 	held     string  // text withheld: it may begin a stop string
 	restText string  // text after a segment's cut, opening the next one
+	cut      bool    // the current segment is complete: park after this token
 	stopCtx  func() bool
 }
 
@@ -175,7 +176,7 @@ func New(cfg Config, est *Estimator, lanes ...Lane) (*Scheduler, error) {
 			go s.laneLoop(l)
 		}
 		// Parked requests expire on time even when nothing else happens.
-		s.janitor = time.NewTicker(min(cfg.ParkTTL/4, time.Minute))
+		s.janitor = time.NewTicker(min(max(cfg.ParkTTL/4, time.Millisecond), time.Minute))
 		s.stopJan = make(chan struct{})
 		go func() {
 			for {
@@ -275,8 +276,11 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 		return nil, fmt.Errorf("%d requests are waiting: %w", s.cfg.MaxQueue, ErrQueueFull)
 	}
 	if r.ID == "" {
-		s.nextID++
-		r.ID = strconv.FormatUint(s.nextID, 10)
+		// Numbered in order, skipping ids callers chose.
+		for r.ID == "" || s.tasks[r.ID] != nil {
+			s.nextID++
+			r.ID = strconv.FormatUint(s.nextID, 10)
+		}
 	}
 	if _, dup := s.tasks[r.ID]; dup {
 		return nil, fmt.Errorf("%w: id %q is already in use", ErrInvalid, r.ID)
@@ -349,8 +353,11 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 		return nil, fmt.Errorf("%d requests are waiting: %w", s.cfg.MaxQueue, ErrQueueFull)
 	}
 	if opt.MaxTokens > 0 {
-		t.maxTokens = min(len(t.generated)+opt.MaxTokens, s.Context()-t.promptLen)
+		// A parked request has room left (it ends at a limit instead);
+		// min before adding, so a huge MaxTokens cannot overflow.
+		t.maxTokens = len(t.generated) + min(opt.MaxTokens, s.Context()-t.promptLen-len(t.generated))
 	}
+	s.stats.admitted++
 	t.req.Deadline = opt.Deadline
 	s.parked--
 	if t.hasSeq {
@@ -368,13 +375,17 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 	s.enqueue(t, now, opt.Deadline)
 	s.watch(ctx, t)
 	// The text past the last cut and tokens generated past it open this
-	// segment; they may complete it at once.
+	// segment; they may complete it at once (then it parks again, keeping
+	// the tokens not yet delivered).
 	if t.restText != "" || len(t.carry) > 0 {
 		rest, carry := t.restText, t.carry
 		t.restText, t.carry = "", nil
 		var ev Event
 		s.emitText(t, rest, &ev, now)
-		if t.state == waiting {
+		switch {
+		case t.state == waiting && t.cut:
+			s.park(t, &ev, carry, now)
+		case t.state == waiting:
 			s.consume(t, carry, &ev, now)
 		}
 		if t.state == waiting || t.state == running {
@@ -538,6 +549,18 @@ func (s *Scheduler) expireParked(now time.Time) {
 	}
 }
 
+// dropAllParked drops every parked request (Shutdown).
+func (s *Scheduler) dropAllParked() {
+	if s.parked == 0 {
+		return
+	}
+	for _, t := range s.tasks {
+		if t.state == parked {
+			s.dropParked(t)
+		}
+	}
+}
+
 func (s *Scheduler) dropParked(t *task) {
 	if t.hasSeq {
 		l := s.lanes[t.lane]
@@ -557,11 +580,6 @@ func (s *Scheduler) dropParked(t *task) {
 func (s *Scheduler) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
-	for _, t := range s.tasks {
-		if t.state == parked {
-			s.dropParked(t)
-		}
-	}
 	s.mu.Unlock()
 	var err error
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -569,6 +587,9 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 wait:
 	for {
 		s.mu.Lock()
+		// A segment that completes during the drain parks, and nobody
+		// can resume it now.
+		s.dropAllParked()
 		n := len(s.tasks)
 		s.mu.Unlock()
 		if n == 0 {
@@ -582,6 +603,7 @@ wait:
 		}
 	}
 	s.mu.Lock()
+	s.dropAllParked()
 	for _, t := range s.tasks {
 		s.cancelTask(t, ErrClosed)
 	}

@@ -638,7 +638,9 @@ func TestSegmentsParkResumeAndEvict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := submit(t, s, Request{ID: "robot", Prompt: prompt(3), MaxTokens: 5, Segment: seg, Decoder: &textDecoder{words: words}})
+	// Room for one token past the third line: a segment that ends at
+	// the limit ends the request instead (TestSegmentAtTheLimitEndsTheRequest).
+	st := submit(t, s, Request{ID: "robot", Prompt: prompt(3), MaxTokens: 6, Segment: seg, Decoder: &textDecoder{words: words}})
 	drive(t, s, 100)
 	toks, text, r := collect(t, st)
 	if text != "go left\n" || r.Reason != ReasonSegment || !r.Resumable || len(toks) != 2 {
@@ -738,6 +740,40 @@ func TestMultiTokenSteps(t *testing.T) {
 	}
 	if toks, _, r := collect(t, b); len(toks) != 5 || r.Reason != ReasonLength {
 		t.Errorf("b: %d tokens %v, want exactly max_tokens", len(toks), r.Reason)
+	}
+}
+
+func TestAutoIDsSkipCallerIDs(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	submit(t, s, Request{ID: "1", Prompt: prompt(3), MaxTokens: 3})
+	st, err := s.Submit(context.Background(), Request{Prompt: prompt(3), MaxTokens: 3})
+	if err != nil || st.ID() != "2" {
+		t.Fatalf("submit without an id beside a caller's \"1\": %v, want id 2", err)
+	}
+}
+
+func TestResumeCountsAsAdmitted(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	seg, _ := NewSegmenter("line")
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 10, Segment: seg, Decoder: &textDecoder{words: []string{"a\n"}}})
+	drive(t, s, 100)
+	collect(t, st)
+	if _, err := s.Resume(context.Background(), "r", ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().Admitted; got != 2 {
+		t.Errorf("admitted %d after a submit and a resume, want 2", got)
+	}
+}
+
+func TestTinyParkTTL(t *testing.T) {
+	// A TTL of a few nanoseconds still makes a janitor tick, not a panic.
+	s, err := New(Config{ParkTTL: 3 * time.Nanosecond}, nil, Lane{Engine: newFakeEngine(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -232,7 +232,8 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 
 // consume delivers generated tokens to t's event (which holds no tokens
 // yet), ending or parking it when a stop, a segment end or a limit is
-// reached.
+// reached. A stop or a limit on the token that completes a segment ends
+// the request: a parked request always has tokens left to generate.
 func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 	ctxLen := s.lanes[max(t.lane, 0)].info.Context
 	// The event's tokens are a capped view of t.generated, which is only
@@ -240,10 +241,8 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 	start := len(t.generated)
 	for i, tok := range toks {
 		if isStop(t.req.StopTokens, tok) {
-			s.flushText(t, ev, now)
-			if t.state == running || t.state == waiting {
-				s.end(t, ReasonStop, nil, ev, now)
-			}
+			s.flushText(t, ev)
+			s.endAt(t, ReasonStop, ev, now)
 			return
 		}
 		t.generated = append(t.generated, tok)
@@ -256,24 +255,36 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 		if d := t.req.Decoder; d != nil {
 			s.emitText(t, d.Next(tok), ev, now)
 			if t.state != running && t.state != waiting {
-				if t.state == parked {
-					t.carry = append(t.carry, toks[i+1:]...)
-				}
 				return
 			}
 		}
 		if len(t.generated) >= t.maxTokens || t.promptLen+len(t.generated) >= ctxLen {
-			s.flushText(t, ev, now)
-			if t.state == running || t.state == waiting {
-				reason := ReasonLength
-				if t.shed {
-					reason = ReasonShed
-				}
-				s.end(t, reason, nil, ev, now)
+			s.flushText(t, ev)
+			reason := ReasonLength
+			if t.shed {
+				reason = ReasonShed
 			}
+			s.endAt(t, reason, ev, now)
+			return
+		}
+		if t.cut {
+			s.park(t, ev, toks[i+1:], now)
 			return
 		}
 	}
+}
+
+// endAt ends t at a stop or a limit. Text past a segment cut the same
+// token made is part of the answer: there is no next segment.
+func (s *Scheduler) endAt(t *task, reason Reason, ev *Event, now time.Time) {
+	if t.state != running && t.state != waiting {
+		return
+	}
+	if t.cut {
+		ev.Text += t.restText
+		t.restText, t.cut = "", false
+	}
+	s.end(t, reason, nil, ev, now)
 }
 
 func isStop(stops []int32, tok int32) bool {
@@ -295,34 +306,38 @@ func (s *Scheduler) emitText(t *task, text string, ev *Event, now time.Time) {
 	t.held = ""
 	if stops := t.req.StopText; len(stops) > 0 {
 		if at := firstStop(vis, stops); at >= 0 {
-			s.deliverText(t, vis[:at], ev, now)
-			if t.state == running || t.state == waiting {
-				s.end(t, ReasonStop, nil, ev, now)
-			}
+			s.deliverText(t, vis[:at], ev)
+			s.endAt(t, ReasonStop, ev, now)
 			return
 		}
 		hb := holdback(vis, stops)
 		t.held = vis[len(vis)-hb:]
 		vis = vis[:len(vis)-hb]
 	}
-	s.deliverText(t, vis, ev, now)
+	s.deliverText(t, vis, ev)
 }
 
 // flushText releases held-back text and the decoder's partial character:
 // the request ends here, so neither can still become a stop string.
-func (s *Scheduler) flushText(t *task, ev *Event, now time.Time) {
+func (s *Scheduler) flushText(t *task, ev *Event) {
 	if t.req.Decoder == nil {
 		return
 	}
 	rest := t.held + t.req.Decoder.Flush()
 	t.held = ""
-	s.deliverText(t, rest, ev, now)
+	s.deliverText(t, rest, ev)
 }
 
-// deliverText appends text to the event, parking t when it completes a
-// segment; text past the cut opens the next segment.
-func (s *Scheduler) deliverText(t *task, text string, ev *Event, now time.Time) {
+// deliverText appends text to the event up to the end of the current
+// segment. Once a segment is complete (t.cut), text goes to restText,
+// which opens the next one: the caller parks t after the token, unless a
+// stop or a limit ends it there.
+func (s *Scheduler) deliverText(t *task, text string, ev *Event) {
 	if text == "" {
+		return
+	}
+	if t.cut {
+		t.restText += text
 		return
 	}
 	if t.req.Segment == nil || (t.state != running && t.state != waiting) {
@@ -338,10 +353,9 @@ func (s *Scheduler) deliverText(t *task, text string, ev *Event, now time.Time) 
 	}
 	before := max(0, cut-old)
 	ev.Text += text[:before]
-	t.restText = text[before:] + t.held
-	t.held = ""
+	t.restText = text[before:]
 	t.segText = ""
-	s.park(t, ev, now)
+	t.cut = true
 }
 
 // firstStop returns the index of the earliest stop string in text, or -1.
@@ -388,8 +402,13 @@ func (s *Scheduler) push(t *task, ev *Event, now time.Time) {
 	t.stream.pushFrom(ev, t.generated)
 }
 
-// park ends the current segment and keeps the sequence for Resume.
-func (s *Scheduler) park(t *task, ev *Event, now time.Time) {
+// park ends the current segment (t.cut) and keeps the sequence for
+// Resume, with the text and the tokens generated past the cut (carry) to
+// open the next one.
+func (s *Scheduler) park(t *task, ev *Event, carry []int32, now time.Time) {
+	t.restText += t.held
+	t.held, t.cut = "", false
+	t.carry = append(t.carry, carry...)
 	res := s.detach(t, ReasonSegment, nil, ev, now)
 	t.state = parked
 	t.parkedAt = now

@@ -70,6 +70,7 @@ func (s *Stream) Recv(ctx context.Context) (Event, error) {
 		s.mu.Unlock()
 		select {
 		case <-s.ready:
+		case <-s.finished: // wakes every reader, not just one
 		case <-ctx.Done():
 			s.mu.Lock()
 			s.waiters--

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"io"
 	"slices"
 	"testing"
 	"time"
@@ -108,4 +109,31 @@ func waitForWaiters(t *testing.T, st *Stream, n int) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	t.Fatalf("waiters never reached %d", n)
+}
+
+func TestFinalEventWakesEveryReader(t *testing.T) {
+	st := newStream("x")
+	ended := make(chan error, 2)
+	for range 2 {
+		go func() {
+			for {
+				if _, err := st.Recv(context.Background()); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+	}
+	waitForWaiters(t, st, 2)
+	st.push(&Event{Done: true, Result: &Result{}})
+	for range 2 {
+		select {
+		case err := <-ended:
+			if err != io.EOF {
+				t.Errorf("reader ended with %v, want io.EOF", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a reader still waits in Recv after the final event")
+		}
+	}
 }

@@ -1,0 +1,188 @@
+package sched
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+// segments collects a segmented request's segments, resuming it after
+// each until it ends: every token and each segment's text and result.
+func segments(t *testing.T, s *Scheduler, id string, st *Stream, max int) (toks []int32, texts []string, last *Result) {
+	t.Helper()
+	for range max {
+		drive(t, s, 1000)
+		tk, text, r := collect(t, st)
+		toks, texts, last = append(toks, tk...), append(texts, text), r
+		if r.Reason != ReasonSegment {
+			return toks, texts, r
+		}
+		var err error
+		if st, err = s.Resume(context.Background(), id, ResumeOptions{}); err != nil {
+			t.Fatalf("resume after %q: %v", texts, err)
+		}
+	}
+	return toks, texts, last
+}
+
+// inOrder checks toks are 100, 101, ...: what the fake engine emits.
+func inOrder(t *testing.T, toks []int32, texts []string) {
+	t.Helper()
+	for i, tok := range toks {
+		if tok != int32(100+i) {
+			t.Fatalf("tokens %v: token %d is %d, want %d (lost or repeated); segments %q", toks, i, tok, 100+i, texts)
+		}
+	}
+}
+
+func TestSegmentTextPastTheCutCompletesTheNextByItself(t *testing.T) {
+	// One token holds two lines, and a step makes three tokens: the second
+	// line is a segment of its own, and the tokens after it wait for the
+	// resume after that.
+	e := newFakeEngine(nil)
+	e.perStep = 3
+	s, _ := newManual(t, Config{}, nil, e)
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"x\ny\n", "b ", "c ", "d\n", "e ", "f\n"}}
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 12, Segment: seg, Decoder: dec})
+	toks, texts, last := segments(t, s, "r", st, 20)
+	inOrder(t, toks, texts)
+	if len(toks) != 12 || last.Reason != ReasonLength {
+		t.Errorf("%d tokens, ended %v; want 12, length", len(toks), last.Reason)
+	}
+	if len(texts) < 3 || texts[0] != "x\n" || texts[1] != "y\n" || texts[2] != "b c d\n" {
+		t.Errorf("segments %q, want \"x\\n\", \"y\\n\", \"b c d\\n\", ...", texts)
+	}
+}
+
+func TestSegmentAtTheLimitEndsTheRequest(t *testing.T) {
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a ", "b\n"}}
+	t.Run("max_tokens", func(t *testing.T) {
+		s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+		st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 4, Segment: seg, Decoder: dec})
+		toks, texts, last := segments(t, s, "r", st, 5)
+		if len(toks) != 4 || last.Reason != ReasonLength || last.Resumable || len(texts) != 2 {
+			t.Errorf("segments %q, %d tokens, ended %v (resumable %v); want two lines, 4 tokens, length", texts, len(toks), last.Reason, last.Resumable)
+		}
+	})
+	t.Run("context", func(t *testing.T) {
+		e := newFakeEngine(nil)
+		e.ctx = 8
+		s, _ := newManual(t, Config{}, nil, e)
+		st := submit(t, s, Request{ID: "r", Prompt: prompt(6), Segment: seg, Decoder: dec})
+		toks, _, last := segments(t, s, "r", st, 5)
+		if len(toks) != 2 || last.Reason != ReasonLength || last.Resumable {
+			t.Errorf("%d tokens, ended %v (resumable %v); want the 2 the context holds, length", len(toks), last.Reason, last.Resumable)
+		}
+	})
+}
+
+func TestStopRightAfterASegmentEndsTheRequest(t *testing.T) {
+	t.Run("stop text", func(t *testing.T) {
+		s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+		seg, _ := NewSegmenter("statement")
+		dec := &textDecoder{words: []string{"Hi.", " STOP", " more", " text."}}
+		st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 20, Segment: seg, StopText: []string{"STOP"}, Decoder: dec})
+		_, texts, last := segments(t, s, "r", st, 5)
+		if got := concat(texts); last.Reason != ReasonStop || got != "Hi. " {
+			t.Errorf("segments %q ended %v; want \"Hi. \" (all before the stop string) and a stop", texts, last.Reason)
+		}
+	})
+	t.Run("stop token after held text", func(t *testing.T) {
+		// Chat's stop string holds back a trailing newline, so the line
+		// completes only when EOS flushes it.
+		e := newFakeEngine(nil)
+		e.lengths["r"] = 2
+		s, _ := newManual(t, Config{}, nil, e)
+		seg, _ := NewSegmenter("line")
+		dec := &textDecoder{words: []string{"a ", "b\n", "c ", "d\n"}}
+		st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 20, Segment: seg, StopTokens: []int32{fakeEOS},
+			StopText: []string{"\nUser:"}, Decoder: dec})
+		_, texts, last := segments(t, s, "r", st, 5)
+		if last.Reason != ReasonStop || last.Resumable || concat(texts) != "a b\n" {
+			t.Errorf("segments %q ended %v (resumable %v); want \"a b\\n\" and a stop", texts, last.Reason, last.Resumable)
+		}
+	})
+}
+
+func concat(texts []string) string {
+	var out string
+	for _, x := range texts {
+		out += x
+	}
+	return out
+}
+
+func TestResumeWithHugeMaxTokens(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a\n", "b ", "c ", "d ", "e\n"}}
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 100, Segment: seg, Decoder: dec})
+	drive(t, s, 100)
+	collect(t, st)
+	st, err := s.Resume(context.Background(), "r", ResumeOptions{MaxTokens: math.MaxInt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, 100)
+	if _, text, r := collect(t, st); r.Reason != ReasonSegment || text != "b c d e\n" {
+		t.Errorf("resumed with MaxTokens = MaxInt: %q, %v; want the next line", text, r.Reason)
+	}
+}
+
+func TestShedWaitingRequestAtItsCutEnds(t *testing.T) {
+	// A resumed request past its mandatory part waits behind a long one
+	// when an urgent request makes the lane shed: cut to the tokens it
+	// has, it ends there without generating another.
+	s, _ := newManual(t, Config{MaxBatch: 1}, nil, newFakeEngine(nil))
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a ", "b\n", "c ", "d ", "e\n"}}
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MinTokens: 1, MaxTokens: 50, Segment: seg, Decoder: dec})
+	drive(t, s, 100)
+	if _, _, r := collect(t, st); r.TotalGenerated != 2 {
+		t.Fatalf("first segment generated %d tokens, want 2", r.TotalGenerated)
+	}
+	long := submit(t, s, Request{ID: "long", Prompt: prompt(3), MaxTokens: 30})
+	stepLane(s, 0)
+	st, err := s.Resume(context.Background(), "r", ResumeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(3), MaxTokens: 5, Deadline: time.Millisecond})
+	drive(t, s, 200)
+	toks, _, r := collect(t, st)
+	if r.Reason != ReasonShed || len(toks) != 0 || r.TotalGenerated != 2 {
+		t.Errorf("resumed request ended %v with %d more tokens (%d in all); want shed with none more", r.Reason, len(toks), r.TotalGenerated)
+	}
+	collect(t, long)
+	collect(t, urgent)
+}
+
+func TestShutdownDropsARequestThatParksWhileDraining(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.delay = 2 * time.Millisecond
+	s, err := New(Config{}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a ", "b ", "c ", "d ", "e\n", "f ", "g\n"}}
+	st, err := s.Submit(context.Background(), Request{ID: "r", Prompt: prompt(3), MaxTokens: 50, Segment: seg, Decoder: dec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Shutdown starts while the first line is still being generated.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v, want a clean drain", err)
+	}
+	if r := st.Result(); r == nil || r.Reason != ReasonSegment {
+		t.Errorf("request after shutdown: %+v, want its first segment", r)
+	}
+	if len(e.seqs) != 0 {
+		t.Errorf("%d sequences left after shutdown", len(e.seqs))
+	}
+}
