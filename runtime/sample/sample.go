@@ -17,7 +17,7 @@ type Options struct {
 	// reaches TopP (off when <= 0 or >= 1).
 	TopP float32
 	// MinP drops tokens less likely than MinP × the most likely one (off
-	// when <= 0).
+	// when <= 0; 1 or more keeps only the most likely).
 	MinP float32
 	// RepeatPenalty divides positive logits and multiplies negative ones
 	// of tokens seen in the last RepeatLastN history tokens (off when 0
@@ -163,7 +163,8 @@ func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
 		}
 	}
 	if s.opt.MinP > 0 {
-		floor := s.opt.MinP * dst[argmax(dst)]
+		// At most 1: the most likely token always stays.
+		floor := min(s.opt.MinP, 1) * dst[argmax(dst)]
 		for i, p := range dst {
 			if p < floor {
 				dst[i] = 0

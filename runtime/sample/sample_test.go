@@ -101,6 +101,7 @@ func TestTransforms(t *testing.T) {
 		// min-p 0.3: keep p >= 0.3*p(3), i.e. logit >= 3+ln 0.3 = 1.796
 		{"min-p 0.3", Options{Temperature: 1, MinP: 0.3}, []int{1, 2, 4}, 1},
 		{"top-k then min-p", Options{Temperature: 1, TopK: 3, MinP: 0.5}, []int{1, 4}, 1},
+		{"min-p above 1 keeps the top token", Options{Temperature: 1, MinP: 2}, []int{1}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := New(tc.opt).Probs(logits, nil)

@@ -68,6 +68,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
+	if err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat, *threads); err != nil {
+		return err
+	}
 	if *backend != "" {
 		if err := kernels.SetBackend(*backend); err != nil {
 			return fmt.Errorf("%w: --kernels: %v", errUsage, err)
@@ -266,4 +269,28 @@ func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
 		return nil, fmt.Errorf("%w: %v: pass --tokenizer", errUsage, err)
 	}
 	return tok, err
+}
+
+// checkSampling refuses generate's numeric flags outside their ranges (the
+// same as the HTTP API's, except that 0 turns top-p off), before a model
+// is loaded: out of range they used to switch a transform off silently,
+// or fail mid-generation.
+func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64, threads int) error {
+	switch {
+	case maxTokens < 0:
+		return fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
+	case !(temp >= 0 && temp <= 2):
+		return fmt.Errorf("%w: --temperature %v: want 0 (greedy) to 2", errUsage, temp)
+	case !(topP >= 0 && topP <= 1):
+		return fmt.Errorf("%w: --top-p %v: want 0 (off) to 1", errUsage, topP)
+	case topK < 0:
+		return fmt.Errorf("%w: --top-k %d: want 0 (off) or more", errUsage, topK)
+	case !(minP >= 0 && minP < 1):
+		return fmt.Errorf("%w: --min-p %v: want at least 0 (off) and below 1", errUsage, minP)
+	case !(repeat > 0 && repeat <= 10):
+		return fmt.Errorf("%w: --repeat-penalty %v: want above 0 and at most 10 (1 is off)", errUsage, repeat)
+	case threads < 0:
+		return fmt.Errorf("%w: --threads %d: want 0 (physical cores) or more", errUsage, threads)
+	}
+	return nil
 }

@@ -45,6 +45,15 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, _, _ := tandem(t, "inspect"); code != 2 {
 		t.Errorf("missing argument: exit %d", code)
 	}
+	// Sampling values out of range are usage errors before anything
+	// loads (--min-p 2 used to panic in the draft's sampler).
+	for _, bad := range [][]string{{"--min-p", "2"}, {"--temperature", "-1"}, {"--top-p", "2"}, {"--top-k", "-3"},
+		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}} {
+		code, out, errOut := tandem(t, append([]string{"generate", "--temperature", "1"}, bad...)...)
+		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]+" "+bad[1]) {
+			t.Errorf("generate %v: exit %d, stdout %q, stderr %q", bad, code, out, errOut)
+		}
+	}
 	if code, out, _ := tandem(t, "version"); code != 0 || !strings.HasPrefix(out, "tandem ") {
 		t.Errorf("version: %d %q", code, out)
 	}
