@@ -395,13 +395,18 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 	return t.stream, nil
 }
 
-// Discard drops a parked request and frees its sequence.
+// Discard drops a parked request and frees its sequence. Errors:
+// ErrNotParked (no such request), ErrBusy (it is generating; cancel its
+// context instead).
 func (s *Scheduler) Discard(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t, ok := s.tasks[id]
-	if !ok || t.state != parked {
+	switch {
+	case !ok:
 		return fmt.Errorf("request %q: %w", id, ErrNotParked)
+	case t.state != parked:
+		return fmt.Errorf("request %q: %w", id, ErrBusy)
 	}
 	s.dropParked(t)
 	return nil

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -184,5 +185,19 @@ func TestShutdownDropsARequestThatParksWhileDraining(t *testing.T) {
 	}
 	if len(e.seqs) != 0 {
 		t.Errorf("%d sequences left after shutdown", len(e.seqs))
+	}
+}
+
+func TestDiscardOfARunningRequestIsBusy(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MaxTokens: 5})
+	stepLane(s, 0)
+	if err := s.Discard("r"); !errors.Is(err, ErrBusy) {
+		t.Errorf("discard while generating: %v, want ErrBusy", err)
+	}
+	drive(t, s, 100)
+	collect(t, st)
+	if err := s.Discard("r"); !errors.Is(err, ErrNotParked) {
+		t.Errorf("discard after the end: %v, want ErrNotParked", err)
 	}
 }

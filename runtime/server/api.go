@@ -8,7 +8,9 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
@@ -33,6 +35,55 @@ type commonRequest struct {
 	LogitBias           map[string]any  `json:"logit_bias"`
 	Logprobs            json.RawMessage `json:"logprobs"`
 	Utility             *utilityField   `json:"utility"`
+	openAIOnly
+}
+
+// openAIOnly are OpenAI parameters for features tandem does not have. They
+// are declared so that a client that sends one empty (null, false, [],
+// {}) is served, and one that asks for the feature is told it is not
+// supported rather than that the field is unknown.
+type openAIOnly struct {
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls json.RawMessage `json:"parallel_tool_calls"`
+	Functions         json.RawMessage `json:"functions"`
+	FunctionCall      json.RawMessage `json:"function_call"`
+	ResponseFormat    json.RawMessage `json:"response_format"`
+	TopLogprobs       json.RawMessage `json:"top_logprobs"`
+	Store             json.RawMessage `json:"store"`
+	Metadata          json.RawMessage `json:"metadata"`
+	ReasoningEffort   json.RawMessage `json:"reasoning_effort"`
+	Modalities        json.RawMessage `json:"modalities"`
+	Audio             json.RawMessage `json:"audio"`
+	Prediction        json.RawMessage `json:"prediction"`
+	ServiceTier       json.RawMessage `json:"service_tier"`
+	WebSearchOptions  json.RawMessage `json:"web_search_options"`
+}
+
+func (o *openAIOnly) check() *apiError {
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"tools", o.Tools}, {"tool_choice", o.ToolChoice}, {"parallel_tool_calls", o.ParallelToolCalls},
+		{"functions", o.Functions}, {"function_call", o.FunctionCall}, {"response_format", o.ResponseFormat},
+		{"top_logprobs", o.TopLogprobs}, {"store", o.Store}, {"metadata", o.Metadata},
+		{"reasoning_effort", o.ReasoningEffort}, {"modalities", o.Modalities}, {"audio", o.Audio},
+		{"prediction", o.Prediction}, {"service_tier", o.ServiceTier}, {"web_search_options", o.WebSearchOptions}} {
+		if !emptyJSON(f.raw) {
+			return badRequest(f.name, "%s is not supported by tandem; remove it", f.name)
+		}
+	}
+	return nil
+}
+
+// emptyJSON reports whether a raw value asks for nothing: absent, null,
+// false, 0, "", [] or {}.
+func emptyJSON(raw json.RawMessage) bool {
+	switch string(bytes.Join(bytes.Fields(raw), nil)) {
+	case "", "null", "false", "0", `""`, "[]", "{}":
+		return true
+	}
+	return false
 }
 
 type streamOptions struct {
@@ -65,6 +116,31 @@ type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 	Name    string          `json:"name,omitempty"`
+	// OpenAI's clients send an assistant message back as they received
+	// it, with these fields null or empty (the helpers of the Node client
+	// add refusal and parsed): accepted when empty, since tandem never
+	// produces them. A refusal's text stands for missing content.
+	Refusal      *string         `json:"refusal"`
+	Parsed       json.RawMessage `json:"parsed"`
+	Annotations  json.RawMessage `json:"annotations"`
+	Audio        json.RawMessage `json:"audio"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	FunctionCall json.RawMessage `json:"function_call"`
+	ToolCallID   json.RawMessage `json:"tool_call_id"`
+}
+
+// check refuses what a message asks for beyond text.
+func (m *chatMessage) check(i int) *apiError {
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"tool_calls", m.ToolCalls}, {"function_call", m.FunctionCall}, {"tool_call_id", m.ToolCallID},
+		{"audio", m.Audio}, {"parsed", m.Parsed}, {"annotations", m.Annotations}} {
+		if !emptyJSON(f.raw) {
+			return badRequest(fmt.Sprintf("messages[%d].%s", i, f.name), "%s in messages is not supported by tandem (text only); remove it", f.name)
+		}
+	}
+	return nil
 }
 
 type resumeRequest struct {
@@ -74,17 +150,37 @@ type resumeRequest struct {
 }
 
 // decode reads a JSON body strictly: unknown fields, wrong types, trailing
-// data and oversized bodies are 400s (413 for size) naming what is wrong.
-func decode(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
+// data and oversized bodies are 400s (413 for size) naming what is wrong,
+// and a body that stalls past Config.BodyTimeout is a 408. An empty body
+// is a 400 unless empty is allowed (then v keeps its zero value).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty bool) *apiError {
+	// The deadline covers the body only: once it is read, the connection
+	// is watched for the client leaving, however long the answer takes
+	// (a server-wide ReadTimeout would cancel long streams). After a failed
+	// read it stays, so the connection closes instead of waiting for the
+	// rest of the body.
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) == nil
+	limit := s.cfg.MaxBodyBytes
 	body := http.MaxBytesReader(w, r.Body, limit)
 	data, err := io.ReadAll(body)
+	if err == nil && deadline {
+		rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body over %d bytes", limit)}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
+				Message: fmt.Sprintf("the request body did not arrive within %v", s.cfg.BodyTimeout)}
 		}
 		return badRequest("", "reading the request body: %v", err)
+	}
+	if empty && len(bytes.TrimSpace(data)) == 0 {
+		return nil
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return badRequest("", "empty request body; send a JSON object")
@@ -165,6 +261,9 @@ func (s *Server) common(c *commonRequest, req *sched.Request) *apiError {
 	}
 	if l := bytes.TrimSpace(c.Logprobs); len(l) > 0 && !bytes.Equal(l, []byte("null")) && !bytes.Equal(l, []byte("false")) && !bytes.Equal(l, []byte("0")) {
 		return badRequest("logprobs", "logprobs are not supported")
+	}
+	if err := c.openAIOnly.check(); err != nil {
+		return err
 	}
 	if c.StreamOptions != nil && !c.Stream {
 		return badRequest("stream_options", "stream_options is only allowed with stream: true")

@@ -34,9 +34,15 @@ func renderChat(msgs []chatMessage) (string, *apiError) {
 	}
 	var b strings.Builder
 	for i, m := range msgs {
+		if err := m.check(i); err != nil {
+			return "", err
+		}
 		text, err := messageText(i, m.Content)
 		if err != nil {
 			return "", err
+		}
+		if text == "" && m.Refusal != nil {
+			text = *m.Refusal
 		}
 		if b.Len()+len(text) > maxContentSize {
 			return "", badRequest("messages", "the conversation is over %d bytes", maxContentSize)

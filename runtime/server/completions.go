@@ -55,7 +55,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, body any, c *c
 		writeError(w, aerr)
 		return
 	}
-	if aerr := decode(w, r, s.cfg.MaxBodyBytes, body); aerr != nil {
+	if aerr := s.decode(w, r, body, false); aerr != nil {
 		writeError(w, aerr)
 		return
 	}
@@ -151,12 +151,10 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	var req resumeRequest
-	if r.ContentLength != 0 {
-		if aerr := decode(w, r, s.cfg.MaxBodyBytes, &req); aerr != nil {
-			writeError(w, aerr)
-			return
-		}
+	var req resumeRequest // the body is optional
+	if aerr := s.decode(w, r, &req, true); aerr != nil {
+		writeError(w, aerr)
+		return
 	}
 	opt, err := req.Options()
 	if err != nil {
@@ -271,7 +269,9 @@ type response struct {
 	Tandem  *tandemInfo `json:"tandem,omitempty"`
 }
 
-func (s *Server) envelope(id string, chat, chunk bool) response {
+// envelope is a response's or a chunk's frame; created is the same for
+// every chunk of a stream, as OpenAI's.
+func (s *Server) envelope(id string, chat, chunk bool, created int64) response {
 	obj := "text_completion"
 	if chat {
 		obj = "chat.completion"
@@ -279,7 +279,7 @@ func (s *Server) envelope(id string, chat, chunk bool) response {
 			obj = "chat.completion.chunk"
 		}
 	}
-	return response{ID: id, Object: obj, Created: time.Now().Unix(), Model: s.cfg.Model}
+	return response{ID: id, Object: obj, Created: created, Model: s.cfg.Model}
 }
 
 // failure turns an unsuccessful result into the error to send.
@@ -317,7 +317,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, st *sched.Strea
 		return
 	}
 	reason := finishReason(res.Reason)
-	out := s.envelope(res.ID, chat, false)
+	out := s.envelope(res.ID, chat, false, time.Now().Unix())
 	out.Usage = &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens, TotalTokens: res.PromptTokens + res.CompletionTokens}
 	out.Tandem = info(res)
 	if chat {
@@ -350,9 +350,9 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 		}
 		return rc.Flush()
 	}
-	id := st.ID()
+	id, created := st.ID(), time.Now().Unix()
 	if chat {
-		c := s.envelope(id, true, true)
+		c := s.envelope(id, true, true, created)
 		empty := ""
 		c.Choices = []chatChoice{{Delta: &chatOut{Role: "assistant", Content: &empty}}}
 		if send(c) != nil {
@@ -368,7 +368,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 			break
 		}
 		if ev.Text != "" {
-			c := s.envelope(id, chat, true)
+			c := s.envelope(id, chat, true, created)
 			if chat {
 				text := ev.Text
 				c.Choices = []chatChoice{{Delta: &chatOut{Content: &text}}}
@@ -388,7 +388,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 			break
 		}
 		reason := finishReason(res.Reason)
-		c := s.envelope(id, chat, true)
+		c := s.envelope(id, chat, true, created)
 		c.Tandem = info(res)
 		if chat {
 			c.Choices = []chatChoice{{Delta: &chatOut{}, FinishReason: &reason}}
@@ -399,7 +399,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 			return
 		}
 		if includeUsage {
-			u := s.envelope(id, chat, true)
+			u := s.envelope(id, chat, true, created)
 			u.Choices = []struct{}{}
 			u.Usage = &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens, TotalTokens: res.PromptTokens + res.CompletionTokens}
 			if send(u) != nil {

@@ -37,6 +37,7 @@ type fixture struct {
 
 type fixtureOpts struct {
 	cfg     sched.Config
+	srv     Config // Model defaults to stories260K
 	lanes   int
 	maxSeqs int
 }
@@ -76,7 +77,10 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if fx.sc, err = sched.New(o.cfg, nil, lanes...); err != nil {
 		t.Fatal(err)
 	}
-	fx.srv = New(Config{Model: "stories260K"})
+	if o.srv.Model == "" {
+		o.srv.Model = "stories260K"
+	}
+	fx.srv = New(o.srv)
 	fx.srv.Ready(fx.sc, tok)
 	fx.http = httptest.NewServer(fx.srv)
 	t.Cleanup(func() {
@@ -165,6 +169,7 @@ func post(t testing.TB, url string, body any) (int, http.Header, []byte) {
 type completion struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
+	Created int64  `json:"created"`
 	Model   string `json:"model"`
 	Choices []struct {
 		Text    string `json:"text"`

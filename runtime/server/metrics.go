@@ -90,7 +90,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	for _, g := range []struct {
 		name, help string
 		val        func(sched.LaneStats) float64
-	}{
+	}{ // gauges, but for the _total counter
 		{"tandem_lane_running", "Sequences in each lane's batch.", func(l sched.LaneStats) float64 { return float64(l.Running) }},
 		{"tandem_lane_batch_cap", "Most sequences each lane admits now: --max-batch, or fewer while recent deadlines need shorter steps.", func(l sched.LaneStats) float64 { return float64(l.BatchCap) }},
 		{"tandem_lane_sequences", "Allocated sequences (running, parked, resumed) per lane.", func(l sched.LaneStats) float64 { return float64(l.Sequences) }},
@@ -99,7 +99,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_step_seconds", "Predicted step time at the current batch (the lane's cost model).", func(l sched.LaneStats) float64 { return l.StepTime.Seconds() }},
 		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
 	} {
-		m.help(g.name, "gauge", g.help)
+		kind := "gauge"
+		if strings.HasSuffix(g.name, "_total") {
+			kind = "counter"
+		}
+		m.help(g.name, kind, g.help)
 		for _, l := range st.Lanes {
 			m.value(g.name, lane(l), g.val(l))
 		}

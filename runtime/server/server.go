@@ -31,6 +31,9 @@ type Config struct {
 	DefaultMaxTokens int
 	// MaxBodyBytes bounds request bodies (default 4 MiB).
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a request's body takes to arrive
+	// (default 30 s): a client that stalls mid-body gets a 408.
+	BodyTimeout time.Duration
 }
 
 // Server serves the API. Make it with New; it answers 503 until Ready
@@ -60,6 +63,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 4 << 20
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = 30 * time.Second
 	}
 	if cfg.Model == "" {
 		cfg.Model = "tandem"
@@ -114,8 +120,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w}
 	s.mux.ServeHTTP(rec, r)
+	code := rec.status()
+	if rec.code == 0 && r.Context().Err() != nil {
+		code = 499 // the client left before an answer (nginx's code)
+	}
 	s.mu.Lock()
-	s.byCode[rec.status()]++
+	s.byCode[code]++
 	s.mu.Unlock()
 }
 

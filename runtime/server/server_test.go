@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -103,6 +104,24 @@ func TestChatCompletion(t *testing.T) {
 	if got := streamText(chunks); got != want {
 		t.Errorf("streamed %q\nwant %q", got, want)
 	}
+	for _, c := range chunks { // every chunk carries the stream's time
+		if c.Created != chunks[0].Created || c.Created == 0 {
+			t.Errorf("chunk created %d, the first %d", c.Created, chunks[0].Created)
+		}
+	}
+}
+
+func TestChatTakesBackItsOwnAnswer(t *testing.T) {
+	// The second turn of a conversation sends the first answer back as
+	// the client received it; the Node client's helpers add refusal and
+	// parsed, and other clients send the fields OpenAI may fill, empty.
+	fx := newFixture(t, fixtureOpts{})
+	body := `{"messages":[{"role":"user","content":"Tell me about a cat."},
+		{"role":"assistant","content":"A cat sat.","refusal":null,"parsed":null,"annotations":[],"tool_calls":[],"audio":null,"function_call":null},
+		{"role":"user","content":"And a dog?"}],"max_tokens":4,"tools":null,"response_format":null,"store":false,"metadata":{}}`
+	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
+		t.Fatalf("status %d: %s", code, out)
+	}
 }
 
 func TestChatTemplate(t *testing.T) {
@@ -111,11 +130,12 @@ func TestChatTemplate(t *testing.T) {
 		{Role: "user", Content: json.RawMessage(`"Hi"`)},
 		{Role: "assistant", Content: json.RawMessage(`"Hello."`)},
 		{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"Bye"}]`)},
+		{Role: "assistant", Content: json.RawMessage(`null`), Refusal: ptr("No.")},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant:"; got != want {
+	if want := "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant: No.\nAssistant:"; got != want {
 		t.Errorf("template %q\nwant %q", got, want)
 	}
 }
@@ -167,6 +187,9 @@ func TestBadRequests(t *testing.T) {
 		{"both max fields", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":3}`, 400, "max_completion_tokens"},
 		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, "messages"},
 		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"robot","content":"x"}]}`, 400, "messages[0].role"},
+		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools"},
+		{"response_format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
+		{"message tool calls", "/v1/chat/completions", `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, 400, "messages[0].tool_calls"},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","text":""}]}]}`, 400, "messages[0].content[0].type"},
 		{"resume bad deadline", "/v1/resume/cmpl-x", `{"deadline_ms":-1}`, 400, "deadline_ms"},
 		{"resume unknown", "/v1/resume/cmpl-nope", `{}`, 404, ""},
@@ -186,7 +209,17 @@ func TestBadRequests(t *testing.T) {
 			}
 		})
 	}
-	resp, err := http.Get(fx.http.URL + "/v1/completions")
+	// A resume's body is optional, also when it comes chunked and empty:
+	// an unknown id is then a 404, not a 400 about the body.
+	resp, err := http.Post(fx.http.URL+"/v1/resume/cmpl-nope", "application/json", io.MultiReader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Errorf("resume with an empty chunked body: %d, want 404", resp.StatusCode)
+	}
+	resp, err = http.Get(fx.http.URL + "/v1/completions")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,6 +335,63 @@ func TestClientDisconnectFreesKV(t *testing.T) {
 	}
 }
 
+func TestClientThatLeavesIsCounted499(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", fx.http.URL+"/v1/completions", strings.NewReader(
+		`{"prompt":"Once upon a time","max_tokens":500,"temperature":0}`))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitUntil(t, "request admitted", func() bool { return fx.sc.Stats().Admitted == 1 })
+	cancel() // the client goes away before the answer
+	<-done
+	waitUntil(t, "request cancelled", func() bool { return fx.sc.Stats().Cancelled == 1 })
+	// Each scrape counts as a 200 after it: the completion must not.
+	scrapes := 0
+	var body string
+	waitUntil(t, "499 counted", func() bool {
+		body = scrape(t, fx.http.URL)
+		scrapes++
+		return strings.Contains(body, `tandem_http_responses_total{code="499"} 1`)
+	})
+	if want := fmt.Sprintf(`tandem_http_responses_total{code="200"} %d`, scrapes-1); scrapes > 1 && !strings.Contains(body, want+"\n") ||
+		scrapes == 1 && strings.Contains(body, `code="200"`) {
+		t.Errorf("after %d scrapes, want %d responses counted 200 (the scrapes before the last):\n%s", scrapes, scrapes-1, body)
+	}
+}
+
+// scrape returns the server's /metrics text.
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+func TestStalledBodyIs408(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{srv: Config{BodyTimeout: 100 * time.Millisecond}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(fx.http.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 408 ") {
+		t.Errorf("stalled body: status line %q, %v; want 408", status, err)
+	}
+}
+
 // TestSegmentsResumeOverHTTP: a segmented request returns one statement
 // at a time and resuming continues exactly where it stopped.
 func TestSegmentsResumeOverHTTP(t *testing.T) {
@@ -401,8 +491,12 @@ func TestMetricsAndHealth(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	// Every line is a comment or "name{labels} value".
+	// Every line is a comment or "name{labels} value", and by Prometheus'
+	// conventions a _total is a counter.
 	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[1] == "TYPE" && strings.HasSuffix(f[2], "_total") && f[3] != "counter" {
+			t.Errorf("%s is a %s, want a counter", f[2], f[3])
+		}
 		if strings.HasPrefix(line, "# HELP ") || strings.HasPrefix(line, "# TYPE ") {
 			continue
 		}

@@ -116,7 +116,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
 	}
 	srv := server.New(server.Config{Model: *name, DefaultMaxTokens: *maxTokens})
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// Slow headers and idle connections are dropped in bounded time (the
+	// server bounds each body itself); no read or write timeout for the
+	// whole request, since a stream lasts as long as its answer.
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "tandem serve: listening on http://%s, loading %s\n", ln.Addr(), *name)
@@ -188,16 +191,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		<-sig
 		cancel()
 	}()
-	// The scheduler drains (then cancels) the requests; the HTTP server
-	// stops listening and waits for the handlers, which end with them.
-	drained := make(chan error, 1)
-	go func() { drained <- srv.Shutdown(ctx) }()
-	hctx, hcancel := context.WithTimeout(context.Background(), *drain+5*time.Second)
-	defer hcancel()
-	herr := hs.Shutdown(hctx)
-	if err := <-drained; err != nil {
+	// The scheduler drains (then cancels) the requests while the HTTP
+	// server still listens: /healthz says 503 shutting_down, /metrics
+	// shows the drain, new work gets 503. Then the server stops and waits
+	// for the handlers, which end with their requests.
+	if err := srv.Shutdown(ctx); err != nil {
 		fmt.Fprintf(stderr, "tandem serve: drain timed out; the remaining requests were cancelled\n")
 	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer hcancel()
+	herr := hs.Shutdown(hctx)
 	if herr != nil && !errors.Is(herr, context.DeadlineExceeded) {
 		return herr
 	}

@@ -58,14 +58,7 @@ func stopServe(t *testing.T, addr string, done chan int) {
 	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not stop on SIGTERM")
-	}
+	waitExit(t, done)
 	if _, err := http.Get(addr + "/healthz"); err == nil {
 		t.Error("still answering after shutdown")
 	}
@@ -98,6 +91,87 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Errorf("models: %s", body)
 	}
 	stopServe(t, addr, done)
+}
+
+// TestServeAnswersWhileDraining: after SIGTERM the server drains its
+// requests and, meanwhile, still answers /healthz (503, shutting down)
+// and /metrics, as a service manager and a dashboard expect.
+func TestServeAnswersWhileDraining(t *testing.T) {
+	addr, _, done := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--max-batch", "1", "--drain-timeout", "3s")
+	const n = 64
+	codes := make(chan int, n)
+	for range n {
+		go func() {
+			resp, err := http.Post(addr+"/v1/completions", "application/json",
+				strings.NewReader(`{"prompt":"Once upon a time","max_tokens":2000,"temperature":0}`))
+			if err != nil {
+				codes <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	metrics := func() string {
+		resp, err := http.Get(addr + "/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(metrics(), fmt.Sprintf("tandem_requests_admitted_total %d", n)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("requests not admitted:\n%s", metrics())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The drain takes a second or more (64 stories, one at a time); the
+	// first poll that sees it must get a 503.
+	var health string
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(addr + "/healthz")
+		if err != nil {
+			t.Fatalf("/healthz during the drain: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			health = string(b)
+			break
+		}
+	}
+	if !strings.Contains(health, "shutting") {
+		t.Errorf("/healthz during the drain: %q, want a 503 saying the server shuts down", health)
+	}
+	if m := metrics(); !strings.Contains(m, "tandem_up 0") {
+		t.Errorf("/metrics during the drain lacks tandem_up 0:\n%.300s", m)
+	}
+	for range n {
+		if c := <-codes; c != 200 && c != 503 {
+			t.Errorf("a request in flight at SIGTERM ended with %d, want 200 (drained) or 503 (cancelled at the timeout)", c)
+		}
+	}
+	waitExit(t, done)
+}
+
+// waitExit waits for a stopping server's exit code, which must be 0.
+func waitExit(t *testing.T, done chan int) {
+	t.Helper()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
 }
 
 // TestServeDraft serves stories260K with llama2xs as its draft and gets
