@@ -107,9 +107,6 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
-	if tok.VocabSize() != m.Config().Vocab {
-		return fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together", tok.VocabSize(), m.Config().Vocab)
-	}
 	var scfg spec.Config
 	tree := 0 // rows past the context for the draft's token tree
 	if rc.mode.speculative {
@@ -263,12 +260,21 @@ func openModel(path string) (*weights.File, error) {
 }
 
 // loadTokenizer uses --tokenizer when given, else the model's own keys.
+// loadTokenizer loads f's tokenizer (path, or the one f carries) and
+// checks it fits the model's vocabulary, so that a wrong --tokenizer
+// fails here and not at the first request.
 func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
 	tok, err := tokenizer.ForModel(f, path)
 	if errors.Is(err, tokenizer.ErrNoVocabulary) {
 		return nil, fmt.Errorf("%w: %v: pass --tokenizer", errUsage, err)
 	}
-	return tok, err
+	if err != nil {
+		return nil, err
+	}
+	if cfg, err := model.ConfigFrom(f); err == nil && tok.VocabSize() != cfg.Vocab {
+		return nil, fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together; pass the model's own with --tokenizer", tok.VocabSize(), cfg.Vocab)
+	}
+	return tok, nil
 }
 
 // checkSampling refuses generate's numeric flags outside their ranges (the

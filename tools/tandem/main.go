@@ -149,10 +149,17 @@ func newFlags(name, args, about string, stdout, stderr io.Writer, examples ...st
 // parse parses flags placed anywhere among the positional arguments and
 // checks the positional count is within [minArgs, maxArgs] (-1: any).
 func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
+	// The flag package prints a parse error and the whole help; a bad
+	// flag gets one line on stderr here instead, and help only --help.
+	help, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	defer func() { fs.Usage = help; fs.SetOutput(out) }()
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				help()
 				return nil, err
 			}
 			return nil, fmt.Errorf("%w: %v (see tandem %s --help)", errUsage, err, fs.Name())

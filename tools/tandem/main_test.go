@@ -39,8 +39,9 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, _, errOut := tandem(t, "frobnicate"); code != 2 || !strings.Contains(errOut, "unknown command") {
 		t.Errorf("unknown verb: exit %d, %q", code, errOut)
 	}
-	if code, _, errOut := tandem(t, "inspect", "--bogus", "x"); code != 2 || !strings.Contains(errOut, "bogus") {
-		t.Errorf("bad flag: exit %d, %q", code, errOut)
+	// A bad flag is one line on stderr, not the help on stdout.
+	if code, out, errOut := tandem(t, "inspect", "--bogus", "x"); code != 2 || out != "" || strings.Count(errOut, "bogus") != 1 || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("bad flag: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if code, _, _ := tandem(t, "inspect"); code != 2 {
 		t.Errorf("missing argument: exit %d", code)
@@ -180,9 +181,13 @@ func TestGenerateStreamsAndStops(t *testing.T) {
 	if !strings.HasPrefix(out, "Once upon a time, there was a little girl named Lily.") || !strings.Contains(errOut, "stop token") {
 		t.Errorf("output %q, stats %q", out, errOut)
 	}
-	code, _, errOut = tandem(t, "generate", "--model", bin, "--tokenizer", testutil.Model(t, "tokenizer.bin"))
-	if code != 1 || !strings.Contains(errOut, "32000") {
-		t.Errorf("mismatched tokenizer: exit %d, %q", code, errOut)
+	// A tokenizer of another model is refused before any work, by every
+	// verb that runs the model (serve: TestServeRefusesAWrongTokenizer).
+	for _, verb := range [][]string{{"generate"}, {"calibrate", "--out", filepath.Join(t.TempDir(), "c.json")}} {
+		code, _, errOut = tandem(t, append(verb, "--model", bin, "--tokenizer", testutil.Model(t, "tokenizer.bin"))...)
+		if code != 1 || !strings.Contains(errOut, "32000") || !strings.Contains(errOut, "--tokenizer") {
+			t.Errorf("%s with a mismatched tokenizer: exit %d, %q", verb[0], code, errOut)
+		}
 	}
 }
 

@@ -174,6 +174,27 @@ func waitExit(t *testing.T, done chan int) {
 	}
 }
 
+// TestServeRefusesAWrongTokenizer: serve checks the tokenizer against the
+// model before it says ready (it used to serve, failing every request).
+func TestServeRefusesAWrongTokenizer(t *testing.T) {
+	var errOut strings.Builder
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"serve", "--addr", "127.0.0.1:0", "--model", testutil.Model(t, "stories260K.bin"),
+			"--tokenizer", testutil.Model(t, "tokenizer.bin")}, io.Discard, &errOut)
+	}()
+	select {
+	case code := <-done:
+		if code != 1 || !strings.Contains(errOut.String(), "32000") || !strings.Contains(errOut.String(), "--tokenizer") {
+			t.Errorf("exit %d, %q", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		syscall.Kill(syscall.Getpid(), syscall.SIGTERM)
+		<-done
+		t.Fatal("serve started with a tokenizer of another model")
+	}
+}
+
 // TestServeDraft serves stories260K with llama2xs as its draft and gets
 // the target's greedy text (the shared reference vectors, decoded) back
 // through /v1/completions, for each lossless mode, several requests at
