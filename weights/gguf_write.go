@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"unicode/utf8"
+
+	"github.com/tandem-llm/tandem/internal/interrupt"
 )
 
 // Keys and tensor names tandem writes and reads for llama-architecture
@@ -208,6 +210,7 @@ func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int,
 			os.Remove(tmp.Name())
 		}
 	}()
+	defer interrupt.Track(tmp.Name())() // a Ctrl-C leaves no half file
 	g, err := NewGGUFWriter(tmp, md, tensors)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/weights"
@@ -37,6 +38,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("%w: want a benchmark name: tandem bench decode|stream|spec|sched [flags]", errUsage)
 	}
+	defer interrupt.Handle(stderr)() // Ctrl-C removes the models made for the run
 	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
 		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+
 			"decode, --runs times, and prints a markdown table (mean ± sd) with each\n"+
@@ -94,6 +96,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			if tmp, err = os.MkdirTemp("", "tandem-bench-"); err != nil {
 				return err
 			}
+			defer interrupt.Track(tmp)()
 			defer os.RemoveAll(tmp)
 		}
 		for _, ts := range strings.Split(*types, ",") {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -19,6 +20,7 @@ import (
 )
 
 func runBenchSpec(args []string, stdout, stderr io.Writer) error {
+	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
 	fs := newFlags("bench spec", "--from SMALL --draft DRAFT --prompts FILE [flags]",
 		"Measures per-token latency of speculative decoding against the target alone,\n"+
 			"with the target streamed under budgets from the real disk (page cache dropped)\n"+

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -17,6 +18,7 @@ import (
 )
 
 func runBenchStream(args []string, stdout, stderr io.Writer) error {
+	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
 	fs := newFlags("bench stream", "(--from SMALL [--shape NAME] [--types T,...] | --model FILE) [flags]",
 		"Measures per-token decode latency with the model fully resident and with its\n"+
 			"weights streamed under budgets (Std: read then compute; StdPL: the next\n"+
@@ -145,7 +147,8 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 		if dir, err = os.MkdirTemp("", "tandem-bench-stream-"); err != nil {
 			return nil, none, err
 		}
-		cleanup = func() { os.RemoveAll(dir) }
+		untrack := interrupt.Track(dir)
+		cleanup = func() { os.RemoveAll(dir); untrack() }
 	}
 	src, err := weights.Open(from)
 	if err != nil {

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/weights"
 )
 
 func runConvert(args []string, stdout, stderr io.Writer) error {
+	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
 	fs := newFlags("convert", "[--type T] [--tokenizer tokenizer.bin] IN OUT.gguf",
 		"Writes IN (a llama2.c .bin or a GGUF) as a GGUF v3 file llama.cpp also loads.\n"+
 			"Matrices become --type; norms stay f32; a matrix whose rows are not a multiple\n"+
@@ -61,6 +63,7 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
+	defer interrupt.Track(tmp.Name())()
 	bar := progress.New(stderr, "convert", 0)
 	opt.Progress = func(done, total uint64) {
 		bar.SetTotal(total)

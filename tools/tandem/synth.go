@@ -6,12 +6,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
 )
 
 func runSynth(args []string, stdout, stderr io.Writer) error {
+	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
 	fs := newFlags("synth", "(--shape NAME | --dims D,H,L,HEADS,KV,VOCAB[,CTX]) [--type T] [--vocab FILE] [--seed N] OUT.gguf",
 		"Writes a deterministic random-weight llama model of a real shape, streamed to\n"+
 			"disk (a 7B model needs well under 1 GiB of memory). It is for benchmarks and\n"+
