@@ -39,7 +39,7 @@ func init() {
 		"train":    {"train a llama model on a text corpus", runTrain},
 		"distill":  {"train a draft model for a target on the target's own outputs", runDistill},
 		"eval":     {"held-out loss of models and a draft's agreement with a target", runEval},
-		"version":  {"print the version", func(_ []string, stdout, _ io.Writer) error { fmt.Fprintln(stdout, "tandem", version); return nil }},
+		"version":  {"print the version", runVersion},
 
 		// The scheduler's verbs (a block of their own keeps the alignment above).
 		"serve":     {"serve a model over an OpenAI-compatible HTTP API with the scheduler", runServe},
@@ -113,6 +113,15 @@ func startProfile(path string) (stop func(), err error) {
 	}, nil
 }
 
+func runVersion(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", "", "Prints tandem's version (set at link time; dev for a plain go build).", stdout, stderr, "tandem version")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "tandem", version)
+	return nil
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "tandem runs LLaMA-family models on device (Jetson, Android, Linux).")
 	fmt.Fprintln(w, "\nUsage: tandem COMMAND [flags] [args]\n\nCommands:")
@@ -135,10 +144,15 @@ func newFlags(name, args, about string, stdout, stderr io.Writer, examples ...st
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		w := stdout
-		fmt.Fprintf(w, "Usage: tandem %s %s\n\n%s\n\nFlags:\n", name, args, about)
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(stderr)
+		fmt.Fprintf(w, "Usage: tandem %s\n\n%s\n", strings.TrimSpace(name+" "+args), about)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintln(w, "\nFlags:")
+			fs.SetOutput(w)
+			fs.PrintDefaults()
+			fs.SetOutput(stderr)
+		}
 		if len(examples) > 0 {
 			fmt.Fprintf(w, "\nExamples:\n  %s\n", strings.Join(examples, "\n  "))
 		}

@@ -24,9 +24,6 @@ func tandem(t *testing.T, args ...string) (int, string, string) {
 
 func TestHelpAndUsage(t *testing.T) {
 	for name := range verbs {
-		if name == "version" {
-			continue
-		}
 		args := []string{name, "--help"}
 		if name == "bench" {
 			args = []string{"bench", "decode", "--help"}
@@ -57,6 +54,9 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 	if code, out, _ := tandem(t, "version"); code != 0 || !strings.HasPrefix(out, "tandem ") {
 		t.Errorf("version: %d %q", code, out)
+	}
+	if code, _, _ := tandem(t, "version", "extra"); code != 2 {
+		t.Errorf("version with an argument: exit %d, want 2", code)
 	}
 }
 

@@ -75,7 +75,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	return &runFlags{
 		budget: fs.String("budget", "", "most bytes of model weights held in memory, like 512MiB, 1.5GB or 25% (of the weights); auto: "+
 			fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory; min: the smallest the model allows (printed). Layers beyond it stream from the file"),
-		mode:      fs.String("mode", "", "how the weights are held (default: resident without --budget, stdpl with one):\n"+strings.Join(mh, "\n")),
+		mode:      fs.String("mode", "", "how the weights are held (default: tree with --draft or the embedded pair; else resident without --budget, stdpl with one; std and stdpl without --budget stream under auto):\n"+strings.Join(mh, "\n")),
 		io:        fs.String("io", "pread", "how streamed weights are read: pread (into buffers tandem owns) or mmap (the file mapping)"),
 		bandwidth: fs.String("io-bandwidth", "off", "emulate slower storage for streamed reads, like 400MB/s (eMMC) or 1.5GB/s (UFS); off: the disk's own speed"),
 		latency:   fs.String("io-latency", "0", "emulated latency of each streamed read request, like 100us"),
