@@ -83,6 +83,7 @@ type task struct {
 	starting               bool // a Start is in flight
 	prefilling             bool // started, no token yet
 	shed                   bool
+	cut                    bool // the current segment is complete: park after this token
 	atStake                bool // cached: a deadline it can still meet (tandem)
 	inDeadline, inOptional bool // listed in Scheduler.withDeadline, withOptional
 	lane                   int  // queue/lane it belongs to (-1: shared queue while waiting)
@@ -115,7 +116,6 @@ type task struct {
 	segText  string  // text of the current segment so far
 	held     string  // text withheld: it may begin a stop string
 	restText string  // text after a segment's cut, opening the next one
-	cut      bool    // the current segment is complete: park after this token
 	stopCtx  func() bool
 }
 
