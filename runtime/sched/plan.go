@@ -107,7 +107,7 @@ func (r ranker) deadline(t *task) time.Time {
 // is set by the longest-waiting requests, and the published form scaled
 // a long request's aging down by its own uncertainty, so it kept losing
 // to later, shorter ones (p99 −14% against FIFO in the simulator at 20%
-// adversarial prompts, −22% with the sum; see README).
+// adversarial prompts, −22% with the sum; see docs/scheduling.md).
 func (r ranker) tandem(t *task) float64 {
 	rest := math.Max(t.score-float64(len(t.generated)), 1)
 	uhat := math.Min(1, t.score/r.uNorm)
@@ -213,7 +213,7 @@ func (s *Scheduler) take(l *lane, cands []*task, free int, now time.Time) (left 
 // long requests off the primary, not short ones off the secondary; a
 // secondary lane that idled with short requests waiting made tandem's
 // mean response time at light load 40% above FIFO's (stories260K, 40%
-// adversarial prompts, load 0.6; README).
+// adversarial prompts, load 0.6; docs/scheduling.md).
 func (s *Scheduler) fill(l *lane, own int) pool {
 	qs := l.others[:0]
 	for j, q := range s.queues {
@@ -233,11 +233,11 @@ func (s *Scheduler) fill(l *lane, own int) pool {
 // primary altogether until its queue ran dry left them a lane's capacity
 // while their backlog grew, and that set the tail of response times (p99
 // in the simulator 5643 → 5228 s at 40% adversarial prompts, 1036 → 898 s
-// at none; README). A secondary lane admits from one queue (source), and
+// at none; docs/scheduling.md). A secondary lane admits from one queue (source), and
 // from the others requests whose deadline is at stake first: with the
 // long requests routed to it, a planner otherwise had only the primary,
 // which met 80% of deadlines where FIFO on both lanes met 95%
-// (stories260K, 40% adversarial, load 0.6; README). Room left after that
+// (stories260K, 40% adversarial, load 0.6; docs/scheduling.md). Room left after that
 // is filled from the other queues (fill).
 func (s *Scheduler) sources(l *lane, now time.Time) pool {
 	qs := l.sources[:0]
