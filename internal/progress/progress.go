@@ -11,20 +11,30 @@ import (
 	"time"
 )
 
-// Bar reports progress of a job of known total size in bytes.
+// Bar reports progress of a job of known total size, in bytes or in
+// counted items.
 type Bar struct {
 	mu      sync.Mutex
 	w       io.Writer
 	label   string
+	unit    string // the items counted; "" for bytes
 	total   uint64
 	start   time.Time
 	last    time.Time
 	enabled bool
 }
 
-// New returns a bar writing to w, drawn only when w is a terminal.
+// New returns a bar of bytes writing to w, drawn only when w is a terminal.
 func New(w io.Writer, label string, total uint64) *Bar {
 	return &Bar{w: w, label: label, total: total, start: time.Now(), enabled: IsTerminal(w)}
+}
+
+// NewCount returns a bar that counts items, such as "runs", instead of
+// bytes.
+func NewCount(w io.Writer, label string, total uint64, unit string) *Bar {
+	b := New(w, label, total)
+	b.unit = unit
+	return b
 }
 
 // IsTerminal reports whether w is a character device such as a tty.
@@ -61,8 +71,12 @@ func (b *Bar) Set(done uint64) {
 	if rate > 0 && done < b.total {
 		eta = time.Duration(float64(b.total-done) / rate * float64(time.Second)).Round(time.Second).String()
 	}
-	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% %s/s eta %s   ", b.label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill),
-		100*frac, Bytes(uint64(rate)), eta)
+	speed := Bytes(uint64(rate)) + "/s"
+	if b.unit != "" {
+		speed = fmt.Sprintf("%d/%d %s, %.3g/s", done, b.total, b.unit, rate)
+	}
+	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% %s eta %s   ", b.label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill),
+		100*frac, speed, eta)
 }
 
 // Done finishes the line.

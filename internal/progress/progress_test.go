@@ -42,3 +42,13 @@ func TestDrawsWhenEnabled(t *testing.T) {
 		t.Errorf("final draw %q", rest)
 	}
 }
+
+func TestCountsItems(t *testing.T) {
+	var buf bytes.Buffer
+	b := NewCount(&buf, "generate", 8, "prompts")
+	b.enabled = true
+	b.Set(2)
+	if s := buf.String(); !strings.Contains(s, " 25.0% 2/8 prompts, ") || strings.Contains(s, "B/s") {
+		t.Errorf("count draw %q, want 2/8 prompts and no bytes", s)
+	}
+}

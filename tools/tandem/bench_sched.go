@@ -302,7 +302,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	name := "real " + strings.TrimSuffix(filepath.Base(f.Path), filepath.Ext(f.Path))
 	v := b.variances[0]
 	total := len(b.adversarial) * len(b.loads) * len(b.policies) * b.repeat
-	bar := progress.New(b.stderr, "real-engine runs", uint64(total))
+	bar := progress.NewCount(b.stderr, "real-engine runs", uint64(total), "runs")
 	defer bar.Done()
 	var rows []bench.SchedRow
 	var capacities []string
@@ -440,7 +440,7 @@ func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]ben
 		}
 	}
 	total := len(b.variances) * len(b.adversarial) * len(b.loads) * len(pols)
-	bar := progress.New(b.stderr, "simulated runs", uint64(total))
+	bar := progress.NewCount(b.stderr, "simulated runs", uint64(total), "runs")
 	defer bar.Done()
 	var rows []bench.SchedRow
 	done := uint64(0)

@@ -234,7 +234,7 @@ func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, p
 		ft := sched.Extract(p.Prompt, len(ids))
 		feats = append(feats, ft[:])
 	}
-	bar := progress.New(stderr, "generate", uint64(len(streams)))
+	bar := progress.NewCount(stderr, "generate", uint64(len(streams)), "prompts")
 	lengths := make([]float64, len(streams))
 	for i, st := range streams {
 		res, err := st.Wait(ctx)

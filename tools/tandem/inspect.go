@@ -120,6 +120,9 @@ func inspectText(f *weights.File, w io.Writer) error {
 	fmt.Fprintf(w, "metadata:      %d keys\n", f.Metadata.Len())
 	for _, kv := range f.Metadata.All() {
 		s := fmt.Sprint(jsonValue(kv.Value, false))
+		if x, ok := kv.Value.V.([]weights.Value); ok && len(x) > 64 {
+			s = fmt.Sprintf("[%d × %s]", len(x), kv.Value.Elem) // the summary, not a Go map
+		}
 		if len(s) > 80 {
 			s = s[:77] + "..."
 		}

@@ -105,6 +105,11 @@ func TestInspectJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "blk.4.ffn_down.weight") || !strings.Contains(out, "llama2c") {
 		t.Errorf("text inspect of a llama2.c file: %d\n%s", code, out)
 	}
+	// Text shows a long array as its length and element type.
+	code, out, _ = tandem(t, "inspect", testutil.Model(t, "stories260K.gguf"))
+	if code != 0 || !strings.Contains(out, "[512 × string]") || strings.Contains(out, "map[") {
+		t.Errorf("text inspect of the vocabulary:\n%s", out)
+	}
 }
 
 func TestConvertThenInspectAndGenerate(t *testing.T) {
