@@ -170,6 +170,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	start = time.Now()
 	res, err := generate()
 	if err != nil {
+		if ctx.Err() != nil && !*asJSON {
+			fmt.Fprintln(stdout, dec.Flush()) // end the text's line before the note
+		}
 		return err
 	}
 	wall := time.Since(start)

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,7 +54,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 var errUsage = errors.New("usage")
 
 // run executes one command line and returns the exit code: 0 success,
-// 1 failure, 2 bad usage.
+// 1 failure, 2 bad usage, 130 interrupted.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		if len(args) > 1 {
@@ -86,6 +87,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
 		return 2
+	case errors.Is(err, context.Canceled):
+		// Verbs cancel their context on Ctrl-C (signal.NotifyContext).
+		fmt.Fprintf(stderr, "tandem %s: interrupted\n", args[0])
+		return 130
 	default:
 		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
 		return 1

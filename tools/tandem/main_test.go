@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,6 +60,17 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "version", "extra"); code != 2 {
 		t.Errorf("version with an argument: exit %d, want 2", code)
+	}
+}
+
+func TestInterruptedIs130(t *testing.T) {
+	// Verbs cancel their context on Ctrl-C; the exit says so.
+	verbs["test-interrupted"] = verb{"", func(_ []string, _, _ io.Writer) error {
+		return fmt.Errorf("generate: %w", context.Canceled)
+	}}
+	defer delete(verbs, "test-interrupted")
+	if code, _, errOut := tandem(t, "test-interrupted"); code != 130 || errOut != "tandem test-interrupted: interrupted\n" {
+		t.Errorf("exit %d, stderr %q; want 130 and one line", code, errOut)
 	}
 }
 
