@@ -21,7 +21,7 @@ func TestPlanner(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{"step 1:", "executing step 1", "step 3:", "plan stopped after 3 steps",
-		"scheduler: 1 admitted, 3 segments", "lane cpu0: 1 threads", "0 sequences held"} {
+		"scheduler: 3 admitted, 3 segments", "lane cpu0: 1 threads", "0 sequences held"} { // the submit and two resumes
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
