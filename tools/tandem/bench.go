@@ -62,6 +62,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args[1:], 0, 0); err != nil {
 		return err
 	}
+	if *prompt < 1 || *gen < 1 || *runs < 1 {
+		return fmt.Errorf("%w: --prompt %d, --gen %d, --runs %d: each must be at least 1", errUsage, *prompt, *gen, *runs)
+	}
 	if *backend != "" {
 		if err := kernels.SetBackend(*backend); err != nil {
 			return fmt.Errorf("%w: --kernels: %v", errUsage, err)

@@ -83,6 +83,13 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	// Refuse an output it cannot write now, not after the generations.
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%w: --out %s is a directory; give a file name, like %s", errUsage, path, filepath.Join(path, "model.calib.json"))
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%w: --out %s: its directory %s does not exist", errUsage, path, filepath.Dir(path))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	start := time.Now()

@@ -71,6 +71,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat, *threads); err != nil {
 		return err
 	}
+	if _, err := sf.config(spec.Tree, nil); err != nil { // the speculative flags, with or without a draft
+		return err
+	}
 	if *backend != "" {
 		if err := kernels.SetBackend(*backend); err != nil {
 			return fmt.Errorf("%w: --kernels: %v", errUsage, err)

@@ -194,8 +194,19 @@ func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, err
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
-	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
-		return nil, fmt.Errorf("%w: got %d arguments (see tandem %s --help)", errUsage, len(pos), fs.Name())
+	switch {
+	case len(pos) < minArgs:
+		return nil, fmt.Errorf("%w: want %d argument(s), got %d (see tandem %s --help)", errUsage, minArgs, len(pos), fs.Name())
+	case maxArgs == 0 && len(pos) > 0:
+		hint := ""
+		if fs.Lookup("prompt") != nil {
+			hint = "; the prompt goes in --prompt"
+		}
+		return nil, fmt.Errorf("%w: unexpected argument %q: tandem %s takes flags only%s (see tandem %[3]s --help)",
+			errUsage, pos[0], fs.Name(), hint)
+	case maxArgs >= 0 && len(pos) > maxArgs:
+		return nil, fmt.Errorf("%w: unexpected argument %q: tandem %s takes at most %d (see tandem %[3]s --help)",
+			errUsage, pos[maxArgs], fs.Name(), maxArgs)
 	}
 	return pos, nil
 }

@@ -43,15 +43,19 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, out, errOut := tandem(t, "inspect", "--bogus", "x"); code != 2 || out != "" || strings.Count(errOut, "bogus") != 1 || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("bad flag: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	if code, _, _ := tandem(t, "inspect"); code != 2 {
-		t.Errorf("missing argument: exit %d", code)
+	if code, _, errOut := tandem(t, "inspect"); code != 2 || !strings.Contains(errOut, "want 1 argument") {
+		t.Errorf("missing argument: exit %d, %q", code, errOut)
 	}
-	// Sampling values out of range are usage errors before anything
-	// loads (--min-p 2 used to panic in the draft's sampler).
+	if code, _, errOut := tandem(t, "generate", "Once upon a time"); code != 2 || !strings.Contains(errOut, `"Once upon a time"`) || !strings.Contains(errOut, "--prompt") {
+		t.Errorf("a prompt as an argument: exit %d, %q; want a pointer to --prompt", code, errOut)
+	}
+	// Sampling and speculative values out of range are usage errors
+	// before anything loads (--min-p 2 used to panic in the draft's
+	// sampler; --trigger bogus without a draft passed unseen).
 	for _, bad := range [][]string{{"--min-p", "2"}, {"--temperature", "-1"}, {"--top-p", "2"}, {"--top-k", "-3"},
-		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}} {
+		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}, {"--trigger", "bogus"}, {"--max-tree", "0"}} {
 		code, out, errOut := tandem(t, append([]string{"generate", "--temperature", "1"}, bad...)...)
-		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]+" "+bad[1]) {
+		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]) || !strings.Contains(errOut, bad[1]) {
 			t.Errorf("generate %v: exit %d, stdout %q, stderr %q", bad, code, out, errOut)
 		}
 	}
@@ -60,6 +64,21 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "version", "extra"); code != 2 {
 		t.Errorf("version with an argument: exit %d, want 2", code)
+	}
+}
+
+func TestBadOutputAndCountsAreUsageErrors(t *testing.T) {
+	// Caught before any work: calibrate's output used to fail at the end.
+	gguf := testutil.Model(t, "stories260K.gguf")
+	for _, args := range [][]string{
+		{"calibrate", "--model", gguf, "--out", t.TempDir()},
+		{"calibrate", "--model", gguf, "--out", filepath.Join(t.TempDir(), "missing", "c.json")},
+		{"bench", "decode", "--runs", "0"},
+		{"bench", "decode", "--gen", "-1"},
+	} {
+		if code, _, errOut := tandem(t, args...); code != 2 {
+			t.Errorf("%v: exit %d (%q), want 2", args, code, errOut)
+		}
 	}
 }
 
