@@ -378,8 +378,8 @@ func runsNote(n int) string {
 func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) (bench.StepCosts, string, error) {
 	if given != "" {
 		ms, err := parseFloats("--sim-costs", given, 0, 1e6)
-		if err != nil || len(ms) != 3 {
-			return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C", errUsage, given)
+		if err != nil || len(ms) != 3 || ms[0]+ms[1] <= 0 {
+			return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C, with a step of one member (A+B) above 0", errUsage, given)
 		}
 		d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
 		c := bench.StepCosts{Name: "sim", A: d(ms[0]), B: d(ms[1]), C: d(ms[2]), MaxSeqs: 16, Context: 2048}

@@ -95,6 +95,9 @@ func TestBenchSchedSmall(t *testing.T) {
 	if code, _, stderr := tandem(t, "bench", "sched", "--policies", "tandem-fast"); code != 2 || !strings.Contains(stderr, "tandem-route") {
 		t.Errorf("unknown policy: exit %d: %s", code, stderr)
 	}
+	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "0,0,5"); code != 2 || !strings.Contains(stderr, "above 0") {
+		t.Errorf("free simulated steps: exit %d, %q", code, stderr)
+	}
 	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
 		t.Errorf("--repeat 0: exit %d", code)
 	}
