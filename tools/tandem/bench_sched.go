@@ -236,7 +236,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	defer f.Close()
-	tok, err := loadTokenizer(f, tokPath)
+	tok, err := loadTokenizer(f, tokPath, b.stderr)
 	if err != nil {
 		return nil, "", err
 	}

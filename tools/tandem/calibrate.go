@@ -65,7 +65,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	tok, err := loadTokenizer(f, *tokPath)
+	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	tok, err := loadTokenizer(f, *tokPath)
+	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		}
 		defer df.Close()
 		if *tokPath == "" {
-			dtok, err := loadTokenizer(df, "")
+			dtok, err := loadTokenizer(df, "", stderr)
 			if err != nil {
 				return err
 			}

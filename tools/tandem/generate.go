@@ -89,7 +89,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	tok, err := loadTokenizer(f, *tokPath)
+	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -268,8 +268,10 @@ func openModel(path string) (*weights.File, error) {
 // loadTokenizer uses --tokenizer when given, else the model's own keys.
 // loadTokenizer loads f's tokenizer (path, or the one f carries) and
 // checks it fits the model's vocabulary, so that a wrong --tokenizer
-// fails here and not at the first request.
-func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
+// fails here and not at the first request. A --tokenizer of the right size
+// that differs from the vocabulary f carries is used, with a note on
+// stderr: its text would otherwise turn to gibberish unexplained.
+func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.Tokenizer, error) {
 	tok, err := tokenizer.ForModel(f, path)
 	if errors.Is(err, tokenizer.ErrNoVocabulary) {
 		return nil, fmt.Errorf("%w: %v: pass --tokenizer", errUsage, err)
@@ -279,6 +281,11 @@ func loadTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
 	}
 	if cfg, err := model.ConfigFrom(f); err == nil && tok.VocabSize() != cfg.Vocab {
 		return nil, fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together; pass the model's own with --tokenizer", tok.VocabSize(), cfg.Vocab)
+	}
+	if path != "" {
+		if own, err := tokenizer.ForModel(f, ""); err == nil && own.Fingerprint() != tok.Fingerprint() {
+			fmt.Fprintf(stderr, "note: %s differs from the vocabulary in %s; using %s (leave out --tokenizer to use the file's own)\n", path, f.Path, path)
+		}
 	}
 	return tok, nil
 }

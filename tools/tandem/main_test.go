@@ -82,6 +82,20 @@ func TestBadOutputAndCountsAreUsageErrors(t *testing.T) {
 	}
 }
 
+func TestATokenizerThatDiffersFromTheFilesIsNoted(t *testing.T) {
+	gguf := testutil.Model(t, "stories260K.gguf")
+	// The GGUF's own vocabulary in llama2.c's spelling: nothing to say.
+	code, _, errOut := tandem(t, "generate", "--model", gguf, "--tokenizer", testutil.Model(t, "tok512.bin"), "--max-tokens", "2")
+	if code != 0 || strings.Contains(errOut, "differs") {
+		t.Errorf("the file's own vocabulary: exit %d, %q", code, errOut)
+	}
+	// Another vocabulary of the same size: used, and said so.
+	code, _, errOut = tandem(t, "generate", "--model", gguf, "--tokenizer", testutil.Model(t, "extra/aidreams_tok512.bin"), "--max-tokens", "2")
+	if code != 0 || !strings.Contains(errOut, "differs from the vocabulary in") {
+		t.Errorf("another vocabulary: exit %d, %q; want a note", code, errOut)
+	}
+}
+
 func TestInterruptedIs130(t *testing.T) {
 	// Verbs cancel their context on Ctrl-C; the exit says so.
 	verbs["test-interrupted"] = verb{"", func(_ []string, _, _ io.Writer) error {

@@ -130,7 +130,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	tok, err := loadTokenizer(f, *tokPath)
+	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		hs.Close()
 		return err
