@@ -203,7 +203,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		st.Stream = newStreamStats(sst, rc.stream)
 	}
 	if pair != nil {
-		st.Spec = newSpecStats(pair.decoder.Stats(), pair.file.Path)
+		ds := pair.decoder.Stats()
+		// The last pass may accept tokens past --max-tokens, which are not
+		// output: tokens per pass count what was generated.
+		ds.Emitted = min(ds.Emitted, len(res.Ids))
+		st.Spec = newSpecStats(ds, pair.file.Path)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

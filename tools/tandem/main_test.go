@@ -96,6 +96,32 @@ func TestATokenizerThatDiffersFromTheFilesIsNoted(t *testing.T) {
 	}
 }
 
+func TestSpeculativeStatsCountOnlyOutput(t *testing.T) {
+	// The embedded pair's first pass accepts several tokens; with one
+	// allowed, the stats count that one.
+	code, out, errOut := tandem(t, "generate", "--max-tokens", "1", "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	var got struct {
+		IDs   []int32 `json:"ids"`
+		Stats struct {
+			Spec struct {
+				Passes   int     `json:"target_passes"`
+				PerPass  float64 `json:"tokens_per_target_pass"`
+				Accepted int     `json:"draft_tokens_accepted"`
+			} `json:"speculative"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	sp := got.Stats.Spec
+	if len(got.IDs) != 1 || sp.Passes != 1 || sp.PerPass != 1 {
+		t.Errorf("%d ids, %d passes, %.2f tokens per pass (%d drafted accepted); want 1, 1, 1", len(got.IDs), sp.Passes, sp.PerPass, sp.Accepted)
+	}
+}
+
 func TestInterruptedIs130(t *testing.T) {
 	// Verbs cancel their context on Ctrl-C; the exit says so.
 	verbs["test-interrupted"] = verb{"", func(_ []string, _, _ io.Writer) error {
