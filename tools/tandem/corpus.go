@@ -60,6 +60,9 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		if nbytes <= 0 && *stories <= 0 {
 			return fmt.Errorf("%w: give --size or --stories (or --from to read a text)", errUsage)
 		}
+		if nbytes > 0 && *stories > 0 {
+			return fmt.Errorf("%w: give --size or --stories, not both", errUsage)
+		}
 		textPath = pos[0]
 		start := time.Now()
 		bar := progress.New(stderr, "corpus", uint64(nbytes))

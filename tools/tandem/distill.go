@@ -48,6 +48,9 @@ func runDistill(args []string, stdout, stderr io.Writer) error {
 	if *targetPath == "" || *out == "" {
 		return fmt.Errorf("%w: --target and --out are required", errUsage)
 	}
+	if !(*temp >= 0 && *temp <= 2) {
+		return fmt.Errorf("%w: --temperature %v: want 0 (greedy) to 2: the target's sampling of the training text", errUsage, *temp)
+	}
 	dt, err := tf.outType()
 	if err != nil {
 		return err

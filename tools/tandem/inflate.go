@@ -45,7 +45,10 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sh.Context = max(*ctx, 0)
+	if *ctx < 0 {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the source's) or more", errUsage, *ctx)
+	}
+	sh.Context = *ctx
 	dt, err := weights.ParseDType(*typ)
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)

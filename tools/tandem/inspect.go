@@ -23,6 +23,9 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *full && !*asJSON {
+		return fmt.Errorf("%w: --full applies to --json (the text shows arrays by length)", errUsage)
+	}
 	f, err := weights.Open(pos[0])
 	if err != nil {
 		return err

@@ -67,7 +67,7 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 }
 
-func TestBadOutputAndCountsAreUsageErrors(t *testing.T) {
+func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 	// Caught before any work: calibrate's output used to fail at the end.
 	gguf := testutil.Model(t, "stories260K.gguf")
 	for _, args := range [][]string{
@@ -75,6 +75,12 @@ func TestBadOutputAndCountsAreUsageErrors(t *testing.T) {
 		{"calibrate", "--model", gguf, "--out", filepath.Join(t.TempDir(), "missing", "c.json")},
 		{"bench", "decode", "--runs", "0"},
 		{"bench", "decode", "--gen", "-1"},
+		// Flags that were ignored in these combinations.
+		{"inspect", "--full", gguf},
+		{"corpus", "--size", "1KB", "--stories", "3", filepath.Join(t.TempDir(), "c.txt")},
+		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "-1"},
+		{"synth", "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "s.gguf")},
+		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
 	} {
 		if code, _, errOut := tandem(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%q), want 2", args, code, errOut)

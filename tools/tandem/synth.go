@@ -37,6 +37,9 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *ctx < 0 {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the shape's) or more", errUsage, *ctx)
+	}
 	if *ctx > 0 {
 		sh.Context = *ctx
 	}
