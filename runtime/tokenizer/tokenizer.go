@@ -214,7 +214,10 @@ func Load(path string) (*Tokenizer, error) {
 	var magic [4]byte
 	_, err = io.ReadFull(fh, magic[:])
 	fh.Close()
-	if err != nil {
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, fmt.Errorf("load tokenizer %s: the file is empty or cut short (%w); want a GGUF or a llama2.c tokenizer.bin", path, err)
+	case err != nil:
 		return nil, fmt.Errorf("load tokenizer %s: reading the first 4 bytes: %w", path, err)
 	}
 	if binary.LittleEndian.Uint32(magic[:]) == weights.GGUFMagic {

@@ -543,7 +543,8 @@ func TestLoadErrors(t *testing.T) {
 		data []byte
 		want string
 	}{
-		{"short", []byte("GG"), "first 4 bytes"},
+		{"empty", nil, "the file is empty"},
+		{"short", []byte("GG"), "cut short"},
 		{"bad gguf", []byte("GGUF\x03\x00\x00\x00"), "load tokenizer"},
 		{"not a tokenizer", []byte("\x00\x00\x00\x00garbage"), "llama2.c tokenizer"},
 	} {

@@ -81,6 +81,9 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "-1"},
 		{"synth", "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "s.gguf")},
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
+		{"serve", "--ctx", "-5"},
+		// A llama2.c model has no vocabulary to tokenize with.
+		{"tokenize", "--model", testutil.Model(t, "stories260K.bin"), "hi"},
 	} {
 		if code, _, errOut := tandem(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%q), want 2", args, code, errOut)

@@ -95,8 +95,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil || (kvt != weights.F32 && kvt != weights.F16) {
 		return fmt.Errorf("%w: --kv-type %q: want f32 or f16", errUsage, *kvType)
 	}
-	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 || *ctxLen < 0 {
+	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 {
 		return fmt.Errorf("%w: --max-seqs, --max-batch, --max-queue and --max-tokens must be positive", errUsage)
+	}
+	if *ctxLen < 0 {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the model's) or more", errUsage, *ctxLen)
 	}
 	if *name == "" {
 		*name = "default"

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/weights"
 )
 
 func runTokenize(args []string, stdout, stderr io.Writer) error {
@@ -25,18 +26,28 @@ func runTokenize(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	path := *tokPath
+	var tok *tokenizer.Tokenizer
 	switch {
 	case *model != "" && *tokPath != "":
 		return fmt.Errorf("%w: give --model or --tokenizer, not both", errUsage)
 	case *model != "":
-		path = *model
-	case path == "":
+		// The vocabulary the model file carries: a llama2.c .bin has
+		// none, which loadTokenizer says.
+		f, err := weights.Open(*model)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if tok, err = loadTokenizer(f, "", stderr); err != nil {
+			return err
+		}
+	case *tokPath != "":
+		var err error
+		if tok, err = tokenizer.Load(*tokPath); err != nil {
+			return err
+		}
+	default:
 		return fmt.Errorf("%w: --model or --tokenizer is required", errUsage)
-	}
-	tok, err := tokenizer.Load(path)
-	if err != nil {
-		return err
 	}
 	ids, err := tok.Encode(strings.Join(pos, " "), tokenizer.EncodeOptions{AddBOS: *bos, ParseSpecial: *special})
 	if err != nil {
