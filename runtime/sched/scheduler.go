@@ -45,14 +45,17 @@ type Scheduler struct {
 	withOptional []*task
 	byU          []*task // consolidate's buffer
 	tasks        map[string]*task
-	parked       int
-	quant        *quantiles
-	closing      bool // no new work; lanes drain
-	stopped      bool // lanes exit once their frees are done
-	seqNo        uint64
-	nextID       uint64
-	stats        counters
-	started      time.Time
+	// parked are the parked tasks, oldest first (they are appended as they
+	// park), so expiry and the MaxParked bound look at the front instead
+	// of every live task on every step.
+	parked  []*task
+	quant   *quantiles
+	closing bool // no new work; lanes drain
+	stopped bool // lanes exit once their frees are done
+	seqNo   uint64
+	nextID  uint64
+	stats   counters
+	started time.Time
 	// wallClock: cfg.Now is time.Now, so one reading serves as both the
 	// scheduler's clock and the start of its overhead accounting.
 	wallClock bool
@@ -359,7 +362,7 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 	}
 	s.stats.admitted++
 	t.req.Deadline = opt.Deadline
-	s.parked--
+	s.parked = removeTask(s.parked, t)
 	if t.hasSeq {
 		l := s.lanes[t.lane]
 		l.parked = removeTask(l.parked, t)
@@ -543,26 +546,16 @@ func (s *Scheduler) releaseSeq(t *task) {
 
 // expireParked drops parked requests older than ParkTTL.
 func (s *Scheduler) expireParked(now time.Time) {
-	if s.parked == 0 {
-		return
-	}
-	for _, t := range s.tasks {
-		if t.state == parked && now.Sub(t.parkedAt) > s.cfg.ParkTTL {
-			s.dropParked(t)
-			s.stats.expired++
-		}
+	for len(s.parked) > 0 && now.Sub(s.parked[0].parkedAt) > s.cfg.ParkTTL {
+		s.dropParked(s.parked[0])
+		s.stats.expired++
 	}
 }
 
 // dropAllParked drops every parked request (Shutdown).
 func (s *Scheduler) dropAllParked() {
-	if s.parked == 0 {
-		return
-	}
-	for _, t := range s.tasks {
-		if t.state == parked {
-			s.dropParked(t)
-		}
+	for len(s.parked) > 0 {
+		s.dropParked(s.parked[0])
 	}
 }
 
@@ -573,7 +566,7 @@ func (s *Scheduler) dropParked(t *task) {
 		s.releaseSeq(t)
 	}
 	t.state = done
-	s.parked--
+	s.parked = removeTask(s.parked, t)
 	delete(s.tasks, t.id)
 }
 

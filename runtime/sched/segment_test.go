@@ -201,3 +201,32 @@ func TestDiscardOfARunningRequestIsBusy(t *testing.T) {
 		t.Errorf("discard after the end: %v, want ErrNotParked", err)
 	}
 }
+
+func TestMaxParkedDropsTheOldest(t *testing.T) {
+	e := newFakeEngine(nil)
+	s, clock := newManual(t, Config{MaxParked: 2}, nil, e)
+	seg, _ := NewSegmenter("line")
+	for _, id := range []string{"a", "b", "c"} {
+		st := submit(t, s, Request{ID: id, Prompt: prompt(3), MaxTokens: 10, Segment: seg, Decoder: &textDecoder{words: []string{"x\n"}}})
+		drive(t, s, 100)
+		if _, _, r := collect(t, st); r.Reason != ReasonSegment {
+			t.Fatalf("%s ended %v, want parked", id, r.Reason)
+		}
+		clock.Add(time.Second)
+	}
+	if st := s.Stats(); st.Parked != 2 || st.Expired != 1 {
+		t.Errorf("parked %d, expired %d; want 2 and 1", st.Parked, st.Expired)
+	}
+	if _, err := s.Resume(context.Background(), "a", ResumeOptions{}); !errors.Is(err, ErrNotParked) {
+		t.Errorf("resume of the oldest: %v, want ErrNotParked", err)
+	}
+	for _, id := range []string{"b", "c"} {
+		if err := s.Discard(id); err != nil {
+			t.Errorf("discard %s: %v", id, err)
+		}
+	}
+	drive(t, s, 10)
+	if len(e.seqs) != 0 || s.Stats().Parked != 0 {
+		t.Errorf("%d sequences and %d parked left", len(e.seqs), s.Stats().Parked)
+	}
+}

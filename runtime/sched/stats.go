@@ -96,7 +96,7 @@ func (s *Scheduler) Stats() Stats {
 	c := s.stats
 	st := Stats{
 		Policy: s.cfg.Policy.String(), Uptime: s.cfg.Now().Sub(s.started),
-		Waiting: s.waitingCount(), Parked: s.parked,
+		Waiting: s.waitingCount(), Parked: len(s.parked),
 		Admitted: c.admitted, Rejected: c.rejected,
 		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,

@@ -412,23 +412,15 @@ func (s *Scheduler) park(t *task, ev *Event, carry []int32, now time.Time) {
 	res := s.detach(t, ReasonSegment, nil, ev, now)
 	t.state = parked
 	t.parkedAt = now
-	s.parked++
+	s.parked = append(s.parked, t)
 	if t.hasSeq {
 		l := s.lanes[t.lane]
 		l.parked = append(l.parked, t)
 	}
 	t.stream.push(&Event{Done: true, Result: res, Time: now})
-	if s.parked > s.cfg.MaxParked {
-		var oldest *task
-		for _, x := range s.tasks {
-			if x.state == parked && x != t && (oldest == nil || x.parkedAt.Before(oldest.parkedAt)) {
-				oldest = x
-			}
-		}
-		if oldest != nil {
-			s.dropParked(oldest)
-			s.stats.expired++
-		}
+	if len(s.parked) > s.cfg.MaxParked && s.parked[0] != t {
+		s.dropParked(s.parked[0]) // the oldest
+		s.stats.expired++
 	}
 }
 
