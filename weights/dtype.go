@@ -118,3 +118,13 @@ func ParseDType(s string) (DType, error) {
 	}
 	return 0, fmt.Errorf("unknown tensor type %q (want one of f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)", s)
 }
+
+// ParseWriteType reads a type that convert, synth and inflate can write:
+// f32, f16, bf16, q8_0 or q4_0 (the K types are read, not quantized).
+func ParseWriteType(s string) (DType, error) {
+	t, err := ParseDType(s)
+	if _, ok := FileTypeFor(t); err != nil || !ok || !canQuantize(t) {
+		return 0, fmt.Errorf("cannot write %q tensors (want f32, f16, bf16, q8_0 or q4_0)", s)
+	}
+	return t, nil
+}

@@ -95,3 +95,16 @@ func TestParseDType(t *testing.T) {
 		t.Errorf("ParseDType(q3) error = %v, want one listing the valid names", err)
 	}
 }
+
+func TestParseWriteType(t *testing.T) {
+	for _, s := range []string{"f32", "F16", "bf16", "q8_0", "q4_0"} {
+		if _, err := ParseWriteType(s); err != nil {
+			t.Errorf("ParseWriteType(%q): %v", s, err)
+		}
+	}
+	for _, s := range []string{"q4_k", "q6_k", "q3", ""} {
+		if _, err := ParseWriteType(s); err == nil || !strings.Contains(err.Error(), "q4_0") {
+			t.Errorf("ParseWriteType(%q) error = %v, want one listing the writable types", s, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -27,7 +28,7 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dt, err := weights.ParseDType(*typ)
+	dt, err := weights.ParseWriteType(*typ)
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
@@ -60,7 +61,11 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	out := pos[1]
 	tmp, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
 	if err != nil {
-		return err
+		cause := err // the temporary name means nothing to the user
+		if u := errors.Unwrap(err); u != nil {
+			cause = u
+		}
+		return fmt.Errorf("cannot write %s: %w", out, cause)
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
 	defer interrupt.Track(tmp.Name())()

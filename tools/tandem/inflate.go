@@ -49,7 +49,7 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --ctx %d: want 0 (the source's) or more", errUsage, *ctx)
 	}
 	sh.Context = *ctx
-	dt, err := weights.ParseDType(*typ)
+	dt, err := weights.ParseWriteType(*typ)
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}

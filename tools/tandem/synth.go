@@ -43,7 +43,7 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if *ctx > 0 {
 		sh.Context = *ctx
 	}
-	dt, err := weights.ParseDType(*typ)
+	dt, err := weights.ParseWriteType(*typ)
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
