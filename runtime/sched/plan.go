@@ -233,12 +233,12 @@ func (s *Scheduler) fill(l *lane, own int) pool {
 // primary altogether until its queue ran dry left them a lane's capacity
 // while their backlog grew, and that set the tail of response times (p99
 // in the simulator 5643 → 5228 s at 40% adversarial prompts, 1036 → 898 s
-// at none; docs/scheduling.md). A secondary lane admits from one queue (source), and
-// from the others requests whose deadline is at stake first: with the
-// long requests routed to it, a planner otherwise had only the primary,
-// which met 80% of deadlines where FIFO on both lanes met 95%
-// (stories260K, 40% adversarial, load 0.6; docs/scheduling.md). Room left after that
-// is filled from the other queues (fill).
+// at none; docs/scheduling.md). A secondary lane admits from one queue
+// (source), and from the others requests whose deadline is at stake
+// first: with the long requests routed to it, a planner otherwise had
+// only the primary, which met 80% of deadlines where FIFO on both lanes
+// met 95% (stories260K, 40% adversarial, load 0.6; docs/scheduling.md).
+// Room left after that is filled from the other queues (fill).
 func (s *Scheduler) sources(l *lane, now time.Time) pool {
 	qs := l.sources[:0]
 	p := pool{own: -1}

@@ -306,13 +306,7 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	// was a tenth of delivery's time on a tiny model.
 	t.generated = make([]int32, 0, min(t.maxTokens, int(t.score)+8))
 	s.quant.add(t.score)
-	t.lane = -1
-	if len(s.queues) > 1 {
-		t.lane = 0
-		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
-			t.lane = 1
-		}
-	}
+	s.route(t)
 	s.stats.admitted++
 	s.enqueue(t, now, r.Deadline)
 	s.tasks[t.id] = t
@@ -362,18 +356,9 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 	}
 	s.stats.admitted++
 	t.req.Deadline = opt.Deadline
-	s.parked = removeTask(s.parked, t)
-	if t.hasSeq {
-		l := s.lanes[t.lane]
-		l.parked = removeTask(l.parked, t)
-	} else if len(s.queues) > 1 {
-		// Evicted: rebuilt wherever the routing sends it.
-		t.lane = 0
-		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
-			t.lane = 1
-		}
-	} else {
-		t.lane = -1
+	s.unpark(t)
+	if !t.hasSeq {
+		s.route(t) // evicted: rebuilt wherever the routing sends it
 	}
 	s.enqueue(t, now, opt.Deadline)
 	s.watch(ctx, t)
@@ -396,6 +381,18 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 		}
 	}
 	return t.stream, nil
+}
+
+// route picks t's queue: the secondary lane's for a score above the τ
+// quantile, the primary's otherwise, or -1 with one shared queue.
+func (s *Scheduler) route(t *task) {
+	t.lane = -1
+	if len(s.queues) > 1 {
+		t.lane = 0
+		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
+			t.lane = 1
+		}
+	}
 }
 
 // Discard drops a parked request and frees its sequence. Errors:
@@ -560,14 +557,20 @@ func (s *Scheduler) dropAllParked() {
 }
 
 func (s *Scheduler) dropParked(t *task) {
+	s.unpark(t)
+	s.releaseSeq(t)
+	t.state = done
+	delete(s.tasks, t.id)
+}
+
+// unpark takes t off the parked lists: the scheduler's and, while its
+// sequence is kept, its lane's.
+func (s *Scheduler) unpark(t *task) {
+	s.parked = removeTask(s.parked, t)
 	if t.hasSeq {
 		l := s.lanes[t.lane]
 		l.parked = removeTask(l.parked, t)
-		s.releaseSeq(t)
 	}
-	t.state = done
-	s.parked = removeTask(s.parked, t)
-	delete(s.tasks, t.id)
 }
 
 // Shutdown stops accepting requests and waits for the in-flight ones to

@@ -274,12 +274,10 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 	}
 }
 
-// endAt ends t at a stop or a limit. Text past a segment cut the same
-// token made is part of the answer: there is no next segment.
+// endAt ends t (running or waiting) at a stop or a limit. Text past a
+// segment cut the same token made is part of the answer: there is no next
+// segment.
 func (s *Scheduler) endAt(t *task, reason Reason, ev *Event, now time.Time) {
-	if t.state != running && t.state != waiting {
-		return
-	}
 	if t.cut {
 		ev.Text += t.restText
 		t.restText, t.cut = "", false
@@ -340,7 +338,7 @@ func (s *Scheduler) deliverText(t *task, text string, ev *Event) {
 		t.restText += text
 		return
 	}
-	if t.req.Segment == nil || (t.state != running && t.state != waiting) {
+	if t.req.Segment == nil {
 		ev.Text += text
 		return
 	}
