@@ -61,29 +61,35 @@ type openAIOnly struct {
 }
 
 func (o *openAIOnly) check() *apiError {
-	for _, f := range []struct {
-		name string
-		raw  json.RawMessage
-	}{{"tools", o.Tools}, {"tool_choice", o.ToolChoice}, {"parallel_tool_calls", o.ParallelToolCalls},
-		{"functions", o.Functions}, {"function_call", o.FunctionCall}, {"response_format", o.ResponseFormat},
-		{"top_logprobs", o.TopLogprobs}, {"store", o.Store}, {"metadata", o.Metadata},
-		{"reasoning_effort", o.ReasoningEffort}, {"modalities", o.Modalities}, {"audio", o.Audio},
-		{"prediction", o.Prediction}, {"service_tier", o.ServiceTier}, {"web_search_options", o.WebSearchOptions}} {
-		if !emptyJSON(f.raw) {
-			return badRequest(f.name, "%s is not supported by tandem; remove it", f.name)
-		}
+	if name := firstSet(rawField{"tools", o.Tools}, rawField{"tool_choice", o.ToolChoice},
+		rawField{"parallel_tool_calls", o.ParallelToolCalls}, rawField{"functions", o.Functions},
+		rawField{"function_call", o.FunctionCall}, rawField{"response_format", o.ResponseFormat},
+		rawField{"top_logprobs", o.TopLogprobs}, rawField{"store", o.Store}, rawField{"metadata", o.Metadata},
+		rawField{"reasoning_effort", o.ReasoningEffort}, rawField{"modalities", o.Modalities}, rawField{"audio", o.Audio},
+		rawField{"prediction", o.Prediction}, rawField{"service_tier", o.ServiceTier},
+		rawField{"web_search_options", o.WebSearchOptions}); name != "" {
+		return badRequest(name, "%s is not supported by tandem; remove it", name)
 	}
 	return nil
 }
 
-// emptyJSON reports whether a raw value asks for nothing: absent, null,
-// false, 0, "", [] or {}.
-func emptyJSON(raw json.RawMessage) bool {
-	switch string(bytes.Join(bytes.Fields(raw), nil)) {
-	case "", "null", "false", "0", `""`, "[]", "{}":
-		return true
+// rawField is a field tandem accepts only empty, by its JSON name.
+type rawField struct {
+	name string
+	raw  json.RawMessage
+}
+
+// firstSet returns the name of the first field that asks for something
+// (anything but absent, null, false, 0, "", [] or {}), or "".
+func firstSet(fields ...rawField) string {
+	for _, f := range fields {
+		switch string(bytes.Join(bytes.Fields(f.raw), nil)) {
+		case "", "null", "false", "0", `""`, "[]", "{}":
+		default:
+			return f.name
+		}
 	}
-	return false
+	return ""
 }
 
 type streamOptions struct {
@@ -131,14 +137,10 @@ type chatMessage struct {
 
 // check refuses what a message asks for beyond text.
 func (m *chatMessage) check(i int) *apiError {
-	for _, f := range []struct {
-		name string
-		raw  json.RawMessage
-	}{{"tool_calls", m.ToolCalls}, {"function_call", m.FunctionCall}, {"tool_call_id", m.ToolCallID},
-		{"audio", m.Audio}, {"parsed", m.Parsed}, {"annotations", m.Annotations}} {
-		if !emptyJSON(f.raw) {
-			return badRequest(fmt.Sprintf("messages[%d].%s", i, f.name), "%s in messages is not supported by tandem (text only); remove it", f.name)
-		}
+	if name := firstSet(rawField{"tool_calls", m.ToolCalls}, rawField{"function_call", m.FunctionCall},
+		rawField{"tool_call_id", m.ToolCallID}, rawField{"audio", m.Audio}, rawField{"parsed", m.Parsed},
+		rawField{"annotations", m.Annotations}); name != "" {
+		return badRequest(fmt.Sprintf("messages[%d].%s", i, name), "%s in messages is not supported by tandem (text only); remove it", name)
 	}
 	return nil
 }
@@ -179,10 +181,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty boo
 		}
 		return badRequest("", "reading the request body: %v", err)
 	}
-	if empty && len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
 	if len(bytes.TrimSpace(data)) == 0 {
+		if empty {
+			return nil // v keeps its zero value
+		}
 		return badRequest("", "empty request body; send a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))

@@ -90,7 +90,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	for _, g := range []struct {
 		name, help string
 		val        func(sched.LaneStats) float64
-	}{ // gauges, but for the _total counter
+	}{ // gauges, and by Prometheus' naming a _total is a counter
 		{"tandem_lane_running", "Sequences in each lane's batch.", func(l sched.LaneStats) float64 { return float64(l.Running) }},
 		{"tandem_lane_batch_cap", "Most sequences each lane admits now: --max-batch, or fewer while recent deadlines need shorter steps.", func(l sched.LaneStats) float64 { return float64(l.BatchCap) }},
 		{"tandem_lane_sequences", "Allocated sequences (running, parked, resumed) per lane.", func(l sched.LaneStats) float64 { return float64(l.Sequences) }},
