@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
@@ -294,26 +296,26 @@ func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.T
 	return tok, nil
 }
 
-// checkSampling refuses generate's numeric flags outside their ranges (the
-// same as the HTTP API's, except that 0 turns top-p off), before a model
-// is loaded: out of range they used to switch a transform off silently,
-// or fail mid-generation.
+// checkSampling refuses generate's numeric flags outside their ranges
+// before a model is loaded: out of range they used to switch a transform
+// off silently, or fail mid-generation. The sampling ranges are the HTTP
+// API's (sched.Params), except that a top-p of 0 turns it off here.
 func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64, threads int) error {
 	switch {
 	case maxTokens < 0:
 		return fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
-	case !(temp >= 0 && temp <= 2):
-		return fmt.Errorf("%w: --temperature %v: want 0 (greedy) to 2", errUsage, temp)
-	case !(topP >= 0 && topP <= 1):
-		return fmt.Errorf("%w: --top-p %v: want 0 (off) to 1", errUsage, topP)
-	case topK < 0:
-		return fmt.Errorf("%w: --top-k %d: want 0 (off) or more", errUsage, topK)
-	case !(minP >= 0 && minP < 1):
-		return fmt.Errorf("%w: --min-p %v: want at least 0 (off) and below 1", errUsage, minP)
-	case !(repeat > 0 && repeat <= 10):
-		return fmt.Errorf("%w: --repeat-penalty %v: want above 0 and at most 10 (1 is off)", errUsage, repeat)
 	case threads < 0:
 		return fmt.Errorf("%w: --threads %d: want 0 (physical cores) or more", errUsage, threads)
+	}
+	p := sched.Params{Temperature: &temp, TopK: &topK, MinP: &minP, RepeatPenalty: &repeat}
+	if topP != 0 {
+		p.TopP = &topP
+	}
+	var fe *sched.FieldError
+	if err := p.Apply(&sched.Request{}, 1); errors.As(err, &fe) {
+		return fmt.Errorf("%w: --%s: %s", errUsage, strings.ReplaceAll(fe.Field, "_", "-"), fe.Msg)
+	} else if err != nil {
+		return err
 	}
 	return nil
 }

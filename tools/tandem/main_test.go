@@ -203,6 +203,11 @@ func TestConvertThenInspectAndGenerate(t *testing.T) {
 	if code, _, errOut := tandem(t, "convert", bin, out); code != 2 || !strings.Contains(errOut, "--tokenizer") {
 		t.Errorf("convert without tokenizer: exit %d, %q", code, errOut)
 	}
+	// An output it cannot write is named, not its temporary file.
+	missing := filepath.Join(dir, "missing", "s.gguf")
+	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, missing); code != 1 || !strings.Contains(errOut, "cannot write "+missing+":") || strings.Contains(errOut, ".tmp") {
+		t.Errorf("convert into a missing directory: exit %d, %q", code, errOut)
+	}
 	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, out); code != 0 {
 		t.Fatalf("convert: %s", errOut)
 	}
