@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,45 +16,91 @@ import (
 	"github.com/tandem-llm/tandem/internal/testutil"
 )
 
-// TestCtrlCRemovesUnfinishedOutput interrupts inflate while it writes a
-// large model, in a child process running the CLI: the temporary output
-// must go, no output may appear, and the exit status must be 130.
-func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
-	if args := os.Getenv("TANDEM_TEST_CLI_ARGS"); args != "" {
+// cliChildEnv carries the command line a child test process runs.
+const cliChildEnv = "TANDEM_TEST_CLI_ARGS"
+
+func init() {
+	// A child started by startCLI runs the CLI and exits with its status.
+	if args := os.Getenv(cliChildEnv); args != "" {
 		os.Exit(run(strings.Split(args, "\n"), os.Stdout, os.Stderr))
 	}
-	dir := t.TempDir()
-	out := filepath.Join(dir, "big.gguf")
-	// About 1.5 GiB of F32 weights: seconds to write, so the interrupt
-	// lands mid-way.
-	args := []string{"inflate", "--from", testutil.Model(t, "stories260K.gguf"), "--dims", "2048,8192,22,32,4,512", "--type", "f32", out}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCtrlCRemovesUnfinishedOutput$")
-	cmd.Env = append(os.Environ(), "TANDEM_TEST_CLI_ARGS="+strings.Join(args, "\n"))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+}
+
+// lockedBuilder collects a child's output while the test polls it.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// interruptCLI runs the CLI with args in a child process, sends SIGINT
+// once ready reports true (polled every millisecond, for 30 s at most),
+// and returns the exit code and output.
+func interruptCLI(t *testing.T, args []string, ready func(stdout string) bool) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), cliChildEnv+"="+strings.Join(args, "\n"))
+	var stdout, stderr lockedBuilder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Interrupt once the temporary file exists.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if tmps, _ := filepath.Glob(out + ".tmp*"); len(tmps) > 0 {
-			break
-		}
+	for deadline := time.Now().Add(30 * time.Second); !ready(stdout.String()); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			cmd.Wait()
-			t.Fatalf("no temporary output appeared: %s", stderr.String())
+			t.Fatalf("%v never got ready: %s", args, stderr.String())
 		}
-		time.Sleep(time.Millisecond)
 	}
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 130 || !strings.Contains(stderr.String(), "interrupted") {
-		t.Errorf("inflate ended with %v, stderr %q; want exit 130 and a note", err, stderr.String())
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+// TestCtrlCRemovesUnfinishedOutput interrupts inflate while it writes a
+// large model: the temporary output must go, no output may appear, and
+// the exit status must be 130.
+func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "big.gguf")
+	// About 1.5 GiB of F32 weights: seconds to write, so the interrupt
+	// lands mid-way, once the temporary file exists.
+	args := []string{"inflate", "--from", testutil.Model(t, "stories260K.gguf"), "--dims", "2048,8192,22,32,4,512", "--type", "f32", out}
+	code, _, stderr := interruptCLI(t, args, func(string) bool {
+		tmps, _ := filepath.Glob(out + ".tmp*")
+		return len(tmps) > 0
+	})
+	if code != 130 || !strings.Contains(stderr, "interrupted") {
+		t.Errorf("inflate ended with %d, stderr %q; want 130 and a note", code, stderr)
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
 		t.Errorf("left after the interrupt: %v", left)
+	}
+}
+
+// TestCtrlCEndsGenerateCleanly interrupts generate mid-text (its weights
+// streamed from emulated 1 MB/s storage, so tokens come slowly): the text
+// ends its line, stderr says interrupted, and the status is 130.
+func TestCtrlCEndsGenerateCleanly(t *testing.T) {
+	args := []string{"generate", "--model", testutil.Model(t, "stories260K.gguf"), "--max-tokens", "0",
+		"--budget", "min", "--io-bandwidth", "1MB/s", "--prompt", "Once upon a time"}
+	code, stdout, stderr := interruptCLI(t, args, func(out string) bool { return len(out) > len("Once upon a time") })
+	if code != 130 || !strings.HasSuffix(stderr, "tandem generate: interrupted\n") || !strings.HasSuffix(stdout, "\n") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 130, the text's line ended and a note", code, stdout, stderr)
 	}
 }
