@@ -283,7 +283,8 @@ type Result struct {
 	CompletionTokens int // tokens delivered on this stream
 	TotalGenerated   int // over all segments so far
 	// ShedTokens is how many optional tokens were not generated because
-	// the request was ended early (MaxTokens - generated).
+	// the request was ended early (MaxTokens - generated), on the result
+	// that ends it (a parked request may be resumed with a new budget).
 	ShedTokens int
 
 	Arrival    time.Time // Submit or Resume

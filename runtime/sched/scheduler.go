@@ -353,6 +353,10 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 		// A parked request has room left (it ends at a limit instead);
 		// min before adding, so a huge MaxTokens cannot overflow.
 		t.maxTokens = len(t.generated) + min(opt.MaxTokens, s.Context()-t.promptLen-len(t.generated))
+		// A new budget replaces one that shedding cut: the request is
+		// whole again, and its optional part may be shed anew.
+		t.req.MaxTokens = t.maxTokens
+		t.shed = false
 	}
 	s.stats.admitted++
 	t.req.Deadline = opt.Deadline

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -229,4 +230,77 @@ func TestMaxParkedDropsTheOldest(t *testing.T) {
 	if len(e.seqs) != 0 || s.Stats().Parked != 0 {
 		t.Errorf("%d sequences and %d parked left", len(e.seqs), s.Stats().Parked)
 	}
+}
+
+func TestShedSegmentedRequestResumed(t *testing.T) {
+	// A segmented request with 3 mandatory tokens is shed after its
+	// first, then parks at the end of its first line. Its shed tokens
+	// count once, when it ends; a resume with a new budget makes it whole
+	// again: it ends at that budget as "length" with nothing shed, and
+	// what it may still generate can be shed anew.
+	shedAndPark := func(t *testing.T) (*Scheduler, *Result) {
+		t.Helper()
+		s, _ := newManual(t, Config{MaxBatch: 1}, nil, newFakeEngine(nil))
+		seg, _ := NewSegmenter("line")
+		dec := &textDecoder{words: []string{"a ", "b\n", "c ", "d ", "e ", "f\n"}}
+		st := submit(t, s, Request{ID: "r", Prompt: prompt(3), MinTokens: 3, MaxTokens: 50, Segment: seg, Decoder: dec})
+		stepLane(s, 0)
+		urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(3), MaxTokens: 5, Deadline: time.Millisecond})
+		drive(t, s, 200)
+		collect(t, urgent)
+		_, _, r := collect(t, st)
+		if r.Reason != ReasonSegment || r.TotalGenerated != 2 || s.Stats().ShedRequests != 1 {
+			t.Fatalf("first segment: %v after %d tokens, %d shed requests; want a segment of 2 tokens, shed", r.Reason, r.TotalGenerated, s.Stats().ShedRequests)
+		}
+		return s, r
+	}
+
+	t.Run("same budget", func(t *testing.T) {
+		s, first := shedAndPark(t)
+		st, err := s.Resume(context.Background(), "r", ResumeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drive(t, s, 200)
+		_, _, r := collect(t, st)
+		if r.Reason != ReasonShed || r.TotalGenerated != 3 {
+			t.Errorf("resumed: %v after %d tokens; want shed at its 3 mandatory tokens", r.Reason, r.TotalGenerated)
+		}
+		if first.ShedTokens != 0 || r.ShedTokens != 47 || s.Stats().ShedTokens != 47 {
+			t.Errorf("shed tokens %d on the segment, %d at the end, %d in stats; want 0, 47, 47", first.ShedTokens, r.ShedTokens, s.Stats().ShedTokens)
+		}
+	})
+
+	t.Run("new budget", func(t *testing.T) {
+		s, _ := shedAndPark(t)
+		st, err := s.Resume(context.Background(), "r", ResumeOptions{MaxTokens: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk := s.tasks["r"]
+		if !slices.Contains(s.withOptional, tk) || optional(tk) != 2 {
+			t.Errorf("resumed with 3 more tokens, %d of them optional, listed %v; want 2 optional, listed", optional(tk), slices.Contains(s.withOptional, tk))
+		}
+		drive(t, s, 200)
+		_, _, r := collect(t, st)
+		if r.Reason != ReasonLength || r.TotalGenerated != 5 || r.ShedTokens != 0 || s.Stats().ShedTokens != 0 {
+			t.Errorf("resumed: %v after %d tokens, %d shed (%d in stats); want length at 5, none shed", r.Reason, r.TotalGenerated, r.ShedTokens, s.Stats().ShedTokens)
+		}
+	})
+
+	t.Run("new budget shed again", func(t *testing.T) {
+		s, _ := shedAndPark(t)
+		st, err := s.Resume(context.Background(), "r", ResumeOptions{MaxTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stepLane(s, 0)
+		urgent := submit(t, s, Request{ID: "urgent2", Prompt: prompt(3), MaxTokens: 5, Deadline: time.Millisecond})
+		drive(t, s, 200)
+		collect(t, urgent)
+		_, _, r := collect(t, st)
+		if r.Reason != ReasonShed || r.TotalGenerated != 3 || r.ShedTokens != 9 || s.Stats().ShedTokens != 9 {
+			t.Errorf("resumed: %v after %d tokens, %d shed (%d in stats); want shed at 3, 9 of the new budget of 12 shed", r.Reason, r.TotalGenerated, r.ShedTokens, s.Stats().ShedTokens)
+		}
+	})
 }

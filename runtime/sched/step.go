@@ -482,7 +482,9 @@ func (s *Scheduler) result(t *task, reason Reason, err error, now time.Time) *Re
 	if t.segTokens > 0 {
 		res.FirstToken = t.firstTok
 	}
-	if t.shed {
+	// Counted once, when the request ends: a parked one may yet be
+	// resumed with a new budget.
+	if t.shed && reason != ReasonSegment {
 		res.ShedTokens = max(0, t.req.MaxTokens-len(t.generated))
 		if t.req.MaxTokens == 0 {
 			res.ShedTokens = 0
