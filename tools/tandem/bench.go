@@ -51,7 +51,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		"tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2",
 		"tandem bench decode --model model.gguf --threads 2 --runs 3")
 	modelPath := fs.String("model", "", "benchmark this model instead of synthetic ones")
-	shape := fs.String("shape", "tinyllama-1.1b", "shape of the synthetic models")
+	shape := fs.String("shape", "tinyllama-1.1b", "shape of the synthetic models: a name (stories15m, stories110m, tinyllama-1.1b, llama2-7b) or dims D,H,L,HEADS,KV,VOCAB[,CTX]")
 	types := fs.String("types", "q4_0,q8_0,f16", "weight types of the synthetic models")
 	threads := fs.String("threads", "1,2", "thread counts to measure")
 	prompt := fs.Int("prompt", 512, "prefill prompt tokens")
@@ -78,6 +78,25 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		thr = append(thr, n)
 	}
+	// Everything that can be wrong is found before the probe and the
+	// synthesis, which take seconds to minutes.
+	var sh weights.Shape
+	var dts []weights.DType
+	if *modelPath != "" {
+		f, err := weights.Open(*modelPath)
+		if err != nil {
+			return err
+		}
+		f.Close()
+	} else {
+		var err error
+		if sh, err = shapeOrDims(*shape); err != nil {
+			return err
+		}
+		if dts, err = writeTypes(*types); err != nil {
+			return err
+		}
+	}
 	bw := map[int]float64{}
 	for _, t := range thr {
 		b := bench.MemoryBandwidth(t, 512<<20, 5)
@@ -90,23 +109,16 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if *modelPath != "" {
 		models = []string{*modelPath}
 	} else {
-		sh, err := weights.LookupShape(*shape)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
 		tmp := *dir
 		if tmp == "" {
+			var err error
 			if tmp, err = os.MkdirTemp("", "tandem-bench-"); err != nil {
 				return err
 			}
 			defer interrupt.Track(tmp)()
 			defer os.RemoveAll(tmp)
 		}
-		for _, ts := range strings.Split(*types, ",") {
-			dt, err := weights.ParseDType(strings.TrimSpace(ts))
-			if err != nil {
-				return fmt.Errorf("%w: --types: %v", errUsage, err)
-			}
+		for _, dt := range dts {
 			path := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", sh.Name, strings.ToLower(dt.String())))
 			if _, err := os.Stat(path); err != nil {
 				bar := progress.New(stderr, "synth "+filepath.Base(path), 0)
@@ -154,4 +166,35 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\nkernels: %s (%s); %d-token prefill, %d decoded tokens, %d runs (mean ± sd)\n\n", kernels.Backend(), kernels.Level(), *prompt, *gen, *runs)
 	fmt.Fprint(stdout, bench.DecodeTable(results, bw, peak))
 	return nil
+}
+
+// shapeOrDims resolves a benchmark's --shape: a known name, or dims
+// D,H,L,HEADS,KV,VOCAB[,CTX] as inflate's --dims takes them.
+func shapeOrDims(s string) (weights.Shape, error) {
+	if strings.Contains(s, ",") {
+		sh, err := weights.ParseDims(s)
+		if err != nil {
+			return sh, fmt.Errorf("%w: --shape: %v", errUsage, err)
+		}
+		return sh, nil
+	}
+	sh, err := weights.LookupShape(s)
+	if err != nil {
+		return sh, fmt.Errorf("%w: --shape %q: want one of %s, or dims D,H,L,HEADS,KV,VOCAB[,CTX]", errUsage, s, strings.Join(weights.ShapeNames(), ", "))
+	}
+	return sh, nil
+}
+
+// writeTypes parses a benchmark's --types, all of them before any work:
+// the types tandem can write models in.
+func writeTypes(list string) ([]weights.DType, error) {
+	var dts []weights.DType
+	for _, s := range strings.Split(list, ",") {
+		dt, err := weights.ParseWriteType(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%w: --types: %v", errUsage, err)
+		}
+		dts = append(dts, dt)
+	}
+	return dts, nil
 }

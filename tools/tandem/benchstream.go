@@ -134,13 +134,13 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 	case from == "":
 		return nil, none, fmt.Errorf("%w: --from SMALL (a real small model, e.g. ../shared/models/stories260K.bin) or --model FILE is required", errUsage)
 	}
-	// A name, or explicit dims as inflate's --dims takes them.
-	sh, err := weights.LookupShape(shape)
-	if strings.Contains(shape, ",") {
-		sh, err = weights.ParseDims(shape)
-	}
+	sh, err := shapeOrDims(shape)
 	if err != nil {
-		return nil, none, fmt.Errorf("%w: --shape: %v", errUsage, err)
+		return nil, none, err
+	}
+	dts, err := writeTypes(types)
+	if err != nil {
+		return nil, none, err
 	}
 	cleanup := none
 	if dir == "" {
@@ -157,12 +157,7 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 	}
 	defer src.Close()
 	var models []string
-	for _, ts := range strings.Split(types, ",") {
-		dt, err := weights.ParseDType(strings.TrimSpace(ts))
-		if err != nil {
-			cleanup()
-			return nil, none, fmt.Errorf("%w: --types: %v", errUsage, err)
-		}
+	for _, dt := range dts {
 		path := filepath.Join(dir, fmt.Sprintf("%s-%s-%s.gguf", strings.TrimSuffix(filepath.Base(from), filepath.Ext(from)), sh.Name, strings.ToLower(dt.String())))
 		if _, err := os.Stat(path); err != nil {
 			bar := progress.New(stderr, "inflate "+filepath.Base(path), 0)

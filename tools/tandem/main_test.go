@@ -75,6 +75,11 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"calibrate", "--model", gguf, "--out", filepath.Join(t.TempDir(), "missing", "c.json")},
 		{"bench", "decode", "--runs", "0"},
 		{"bench", "decode", "--gen", "-1"},
+		// Checked before the bandwidth probe and before any synthesis.
+		{"bench", "decode", "--shape", "bogus"},
+		{"bench", "decode", "--types", "q4_0,q4_k"},
+		{"bench", "stream", "--from", gguf, "--types", "q4_0,q4_k"},
+		{"bench", "spec", "--from", gguf, "--shape", "bogus"},
 		// Flags that were ignored in these combinations.
 		{"inspect", "--full", gguf},
 		{"corpus", "--size", "1KB", "--stories", "3", filepath.Join(t.TempDir(), "c.txt")},
@@ -87,9 +92,14 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		// A llama2.c model has no vocabulary to tokenize with.
 		{"tokenize", "--model", testutil.Model(t, "stories260K.bin"), "hi"},
 	} {
-		if code, _, errOut := tandem(t, args...); code != 2 {
-			t.Errorf("%v: exit %d (%q), want 2", args, code, errOut)
+		if code, out, errOut := tandem(t, args...); code != 2 || out != "" {
+			t.Errorf("%v: exit %d (%q), output %q; want 2 and no output", args, code, errOut, out)
 		}
+	}
+	// A model that is not there is not a usage error, but is as early.
+	missing := filepath.Join(t.TempDir(), "missing.gguf")
+	if code, out, errOut := tandem(t, "bench", "decode", "--model", missing); code != 1 || out != "" || !strings.Contains(errOut, "missing.gguf") {
+		t.Errorf("bench decode of a missing model: exit %d (%q), output %q; want 1 naming the file, no output", code, errOut, out)
 	}
 }
 
