@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 
+	"github.com/tandem-llm/tandem/internal/jsonerr"
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
@@ -264,24 +266,11 @@ func decodeJSON(s string, v any, what string) error {
 	}
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON object")
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("mobile: %s: %v", what, jsonerr.Explain(err, []byte(s), reflect.TypeOf(v)))
 	}
-	if err == nil {
-		return nil
+	if dec.More() {
+		return fmt.Errorf("mobile: %s: unexpected data after the JSON object", what)
 	}
-	var syn *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &syn):
-		return fmt.Errorf("mobile: %s: malformed JSON at byte %d: %v", what, syn.Offset, syn)
-	case errors.As(err, &typ) && typ.Field == "":
-		return fmt.Errorf("mobile: %s: want a JSON object, not %s", what, typ.Value)
-	case errors.As(err, &typ):
-		return fmt.Errorf("mobile: %s: field %q has the wrong type: got %s, want %s", what, sched.JSONField(typ.Field), typ.Value, typ.Type)
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return fmt.Errorf("mobile: %s: malformed JSON: it ends early", what)
-	}
-	return fmt.Errorf("mobile: %s: %v", what, err)
+	return nil
 }

@@ -360,6 +360,7 @@ func TestBadRequest(t *testing.T) {
 		{"malformed", `{"prompt": "x",}`, "malformed JSON"},
 		{"unknown field", `{"prompt": "x", "n": 2}`, `unknown field "n"`},
 		{"wrong type", `{"prompt": "x", "max_tokens": "many"}`, `field "max_tokens" has the wrong type`},
+		{"out of range", `{"prompt": "x", "temperature": 1e400}`, `field "temperature": 1e400 is out of range`},
 		{"max_tokens", `{"prompt": "x", "max_tokens": 0}`, "max_tokens=0"},
 		{"min_tokens", `{"prompt": "x", "min_tokens": 9}`, "min_tokens=9"},
 		{"temperature", `{"prompt": "x", "temperature": 3}`, "temperature=3"},

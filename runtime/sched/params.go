@@ -33,14 +33,6 @@ type ResumeParams struct {
 	MaxTokens  *int     `json:"max_tokens"`
 }
 
-// JSONField is the field path of a JSON decoding error in a request type
-// that embeds Params or ResumeParams, as the client wrote it: encoding/json
-// names the embedded struct too ("Params.top_p").
-func JSONField(path string) string {
-	path = strings.TrimPrefix(path, "Params.")
-	return strings.TrimPrefix(path, "ResumeParams.")
-}
-
 // DefaultTemperature is OpenAI's default; 0 is greedy decoding.
 const DefaultTemperature = 1.0
 

@@ -80,14 +80,3 @@ func TestResumeParams(t *testing.T) {
 		t.Errorf("max_tokens 0: %v", err)
 	}
 }
-
-func TestJSONField(t *testing.T) {
-	var r struct {
-		Params
-		Other int `json:"other"`
-	}
-	var typ *json.UnmarshalTypeError
-	if err := json.Unmarshal([]byte(`{"top_k": "many"}`), &r); !errors.As(err, &typ) || JSONField(typ.Field) != "top_k" {
-		t.Errorf("%v: field %q", err, JSONField(typ.Field))
-	}
-}

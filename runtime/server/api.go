@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/big"
 	"net/http"
 	"os"
 	"reflect"
 	"strings"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/jsonerr"
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
@@ -192,81 +192,16 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty boo
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonError(err, data, reflect.TypeOf(v))
+		e := jsonerr.Explain(err, data, reflect.TypeOf(v))
+		if e.Unknown {
+			e.Msg += "; see the API reference in README (Serving)"
+		}
+		return badRequest(e.Field, "%s", e.Msg)
 	}
 	if dec.More() {
 		return badRequest("", "unexpected data after the JSON object")
 	}
 	return nil
-}
-
-// jsonError explains a decoding error of data into t: where, which
-// field, what was wanted.
-func jsonError(err error, data []byte, t reflect.Type) *apiError {
-	var syn *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &syn):
-		return badRequest("", "malformed JSON at byte %d: %v", syn.Offset, syn)
-	case errors.As(err, &typ):
-		field := fieldPath(data, t, "", typ.Offset)
-		if field == "" {
-			// Fields of the embedded structs are named through them.
-			field = sched.JSONField(strings.TrimPrefix(typ.Field, "commonRequest."))
-		}
-		if field == "" {
-			return badRequest("", "the body must be a JSON object, not %s", typ.Value)
-		}
-		if n, ok := strings.CutPrefix(typ.Value, "number "); ok && outOfRange(n, typ.Type) {
-			return badRequest(field, "field %q: %s is out of range", field, n)
-		}
-		return badRequest(field, "field %q has the wrong type: got %s, want %s", field, typ.Value, typeName(typ.Type.String()))
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return badRequest("", "malformed JSON: the body ends early (%d bytes)", len(data))
-	}
-	msg := err.Error()
-	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		f = strings.Trim(f, `"`)
-		if p := fieldPath(data, t, f, 0); p != "" {
-			f = p
-		}
-		return badRequest(f, "unknown field %q; see the API reference in README (Serving)", f)
-	}
-	return badRequest("", "invalid JSON: %v", err)
-}
-
-// outOfRange tells a JSON number that is the right kind for t but too
-// large for it (1e400 for a float, 1e30 for an int) from one of the
-// wrong kind (1.5 for an int).
-func outOfRange(number string, t reflect.Type) bool {
-	f, _, err := big.ParseFloat(number, 10, 64, big.ToNearestEven)
-	if err != nil {
-		return false
-	}
-	switch t.Kind() {
-	case reflect.Float32, reflect.Float64:
-		return true // a valid number that does not fit
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return f.IsInt()
-	}
-	return false
-}
-
-func typeName(goType string) string {
-	switch {
-	case strings.Contains(goType, "int"):
-		return "an integer"
-	case strings.Contains(goType, "float"):
-		return "a number"
-	case strings.Contains(goType, "bool"):
-		return "true or false"
-	case strings.Contains(goType, "string"):
-		return "a string"
-	case strings.HasPrefix(goType, "[]"), strings.HasPrefix(goType, "*[]"):
-		return "an array"
-	}
-	return "an object"
 }
 
 // Limits the server enforces beyond the scheduler's.

@@ -1,4 +1,4 @@
-package server
+package jsonerr
 
 import (
 	"bytes"
@@ -10,10 +10,10 @@ import (
 
 // encoding/json names an unknown field without saying where it is
 // ("foo" for utility.foo) and a wrongly typed one by Go's field path,
-// without array indices ("messages.role"). fieldPath finds the place
-// again by walking the body beside the type it was decoded into, so
-// errors can name fields as a client wrote them: "utility.foo",
-// "messages[1].role".
+// with embedded structs and without array indices ("Params.messages.role").
+// fieldPath finds the place again by walking the body beside the type it
+// was decoded into, so errors can name fields as a client wrote them:
+// "utility.foo", "messages[1].role".
 
 var rawMessageType = reflect.TypeFor[json.RawMessage]()
 

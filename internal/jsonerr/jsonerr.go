@@ -1,0 +1,103 @@
+// Package jsonerr explains why a JSON body did not decode into a Go
+// type, naming fields as the client wrote them. The HTTP API and the
+// mobile bindings report bad requests through it.
+package jsonerr
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"reflect"
+	"strings"
+)
+
+// Error is what is wrong with a body.
+type Error struct {
+	// Field is the path of the field at fault as the body spells it
+	// ("utility.weight", "messages[1].role"); "" for the body as a whole.
+	Field   string
+	Msg     string
+	Unknown bool // the field is one the type has no place for
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Explain explains err, which decoding data into a value of type t
+// returned (with unknown fields disallowed).
+func Explain(err error, data []byte, t reflect.Type) *Error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return &Error{Msg: fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn)}
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return &Error{Msg: fmt.Sprintf("want a JSON object, not %s", typ.Value)}
+		}
+		field := fieldPath(data, t, "", typ.Offset)
+		if field == "" {
+			// Go's path names the struct fields; the last one is the key.
+			field = typ.Field[strings.LastIndexByte(typ.Field, '.')+1:]
+		}
+		if n, ok := strings.CutPrefix(typ.Value, "number "); ok && outOfRange(n, typ.Type) {
+			return &Error{Field: field, Msg: fmt.Sprintf("field %q: %s is out of range", field, n)}
+		}
+		return &Error{Field: field, Msg: fmt.Sprintf("field %q has the wrong type: got %s, want %s", field, typ.Value, typeName(typ.Type))}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &Error{Msg: fmt.Sprintf("malformed JSON: it ends early, after %d bytes", len(data))}
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		f = strings.Trim(f, `"`)
+		if p := fieldPath(data, t, f, 0); p != "" {
+			f = p
+		}
+		return &Error{Field: f, Msg: fmt.Sprintf("unknown field %q", f), Unknown: true}
+	}
+	return &Error{Msg: fmt.Sprintf("invalid JSON: %v", err)}
+}
+
+// outOfRange tells a JSON number that is the right kind for t but too
+// large for it (1e400 for a float, 1e30 for an int) from one of the
+// wrong kind (1.5 for an int).
+func outOfRange(number string, t reflect.Type) bool {
+	f, _, err := big.ParseFloat(number, 10, 64, big.ToNearestEven)
+	if err != nil {
+		return false
+	}
+	t = open(t)
+	if t == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64:
+		return true // a valid number that does not fit
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return f.IsInt()
+	}
+	return false
+}
+
+// typeName says what JSON a Go type takes.
+func typeName(t reflect.Type) string {
+	t = open(t)
+	if t == nil {
+		return "any JSON"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
