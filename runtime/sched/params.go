@@ -68,7 +68,8 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 		if *p.MinTokens < 0 || *p.MinTokens > req.MaxTokens {
 			return fieldErr("min_tokens", "min_tokens=%d: must be between 0 and max_tokens (%d)", *p.MinTokens, req.MaxTokens)
 		}
-		req.MinTokens = *p.MinTokens
+		// Every answer has a token: 0 would mean "all mandatory" to Request.
+		req.MinTokens = max(*p.MinTokens, 1)
 	}
 	temp := DefaultTemperature
 	if p.Temperature != nil {
@@ -118,7 +119,7 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 		}
 		req.Priority = *p.Priority
 	}
-	if len(p.Segment) > 0 {
+	if len(p.Segment) > 0 && string(p.Segment) != "null" { // null: none, as for other fields
 		seg, err := parseSegment(p.Segment)
 		if err != nil {
 			return err

@@ -30,6 +30,16 @@ func TestParamsApply(t *testing.T) {
 	if err := (&Params{}).Apply(&req, 100); err != nil || req.MaxTokens != 100 || req.Sampling.Temperature != DefaultTemperature || req.Sampling.Seed != 42 {
 		t.Errorf("defaults: %v, %+v", err, req)
 	}
+	// null is no value, for segment as for the other fields; a mandatory
+	// part of 0 is one token (0 would make every token mandatory).
+	req = Request{}
+	var pn Params
+	if err := json.Unmarshal([]byte(`{"segment": null, "temperature": null, "min_tokens": 0}`), &pn); err != nil {
+		t.Fatal(err)
+	}
+	if err := pn.Apply(&req, 100); err != nil || req.Segment != nil || req.MinTokens != 1 {
+		t.Errorf("nulls and min_tokens 0: %v, segment %v, min tokens %d; want no segment and 1", err, req.Segment, req.MinTokens)
+	}
 	for _, tc := range []struct{ json, field string }{
 		{`{"max_tokens": 0}`, "max_tokens"},
 		{`{"max_tokens": 4, "min_tokens": 5}`, "min_tokens"},

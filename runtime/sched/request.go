@@ -101,6 +101,11 @@ const (
 	maxStopLength = 256
 )
 
+// MinContext is the smallest context per sequence that serve and the
+// mobile bindings accept: below it no useful prompt and answer fit, and
+// every request would fail.
+const MinContext = 16
+
 // Validate checks the fields a caller sets; errors wrap ErrInvalid and
 // name the field.
 func (r *Request) Validate() error {

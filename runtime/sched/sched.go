@@ -37,6 +37,9 @@ var (
 	ErrClosed = errors.New("sched: shutting down")
 	// ErrInvalid: the request is malformed (the message says which field).
 	ErrInvalid = errors.New("sched: invalid request")
+	// ErrIDInUse: Submit was given the id of a request that is generating
+	// or parked. It matches ErrInvalid too.
+	ErrIDInUse = errors.New("sched: request id in use")
 	// ErrNotParked: Resume or Discard named no parked request.
 	ErrNotParked = errors.New("sched: no parked request with that id")
 	// ErrBusy: Resume named a request that is still generating.
@@ -208,3 +211,11 @@ func (c *Config) features() features {
 	}
 	return features{}
 }
+
+// idInUse is Submit's error for an id that is taken: it matches both
+// ErrIDInUse and ErrInvalid, and says what to do.
+type idInUse struct{ msg string }
+
+func (e *idInUse) Error() string { return "sched: invalid request: " + e.msg }
+
+func (e *idInUse) Is(target error) bool { return target == ErrIDInUse || target == ErrInvalid }

@@ -285,8 +285,11 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 			r.ID = strconv.FormatUint(s.nextID, 10)
 		}
 	}
-	if _, dup := s.tasks[r.ID]; dup {
-		return nil, fmt.Errorf("%w: id %q is already in use", ErrInvalid, r.ID)
+	if old, dup := s.tasks[r.ID]; dup {
+		if old.state == parked {
+			return nil, &idInUse{fmt.Sprintf("id %q is a parked request's: resume or discard it, or choose another id", r.ID)}
+		}
+		return nil, &idInUse{fmt.Sprintf("id %q is in use by a request still generating; choose another id", r.ID)}
 	}
 	t := &task{id: r.ID, req: r, promptLen: len(r.Prompt), sampler: sample.New(r.Sampling)}
 	t.maxTokens = r.MaxTokens

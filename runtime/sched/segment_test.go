@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -303,4 +304,27 @@ func TestShedSegmentedRequestResumed(t *testing.T) {
 			t.Errorf("resumed: %v after %d tokens, %d shed (%d in stats); want shed at 3, 9 of the new budget of 12 shed", r.Reason, r.TotalGenerated, r.ShedTokens, s.Stats().ShedTokens)
 		}
 	})
+}
+
+func TestSubmitWithATakenIDSaysWhatHoldsIt(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a\n", "b ", "c\n"}}
+	st := submit(t, s, Request{ID: "plan", Prompt: prompt(3), MaxTokens: 50, Segment: seg, Decoder: dec})
+	chat := submit(t, s, Request{ID: "chat", Prompt: prompt(3), MaxTokens: 50})
+	stepLane(s, 0)
+	for _, tc := range []struct{ id, want string }{
+		{"chat", "still generating"},
+		{"plan", "parked"},
+	} {
+		if tc.id == "plan" {
+			drive(t, s, 100)
+			collect(t, st)
+			collect(t, chat)
+		}
+		_, err := s.Submit(context.Background(), Request{ID: tc.id, Prompt: prompt(3), MaxTokens: 5})
+		if !errors.Is(err, ErrIDInUse) || !errors.Is(err, ErrInvalid) || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Submit with %s's id: %v; want ErrIDInUse and ErrInvalid saying %q", tc.id, err, tc.want)
+		}
+	}
 }
