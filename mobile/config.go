@@ -117,8 +117,8 @@ func (c *config) check() error {
 		return fmt.Errorf("mode %q needs a draft", c.Mode)
 	case c.DraftTokenizer != "" && c.Draft == "":
 		return errors.New("draft_tokenizer needs a draft")
-	case c.Context < 0:
-		return fmt.Errorf("context %d is negative (0: the model's)", c.Context)
+	case c.Context < 0 || c.Context > 0 && c.Context < sched.MinContext:
+		return fmt.Errorf("context %d: want 0 (the model's) or at least %d, for a prompt and its answer", c.Context, sched.MinContext)
 	case c.MaxSeqs < 0 || c.MaxSeqs > 1024:
 		return fmt.Errorf("max_seqs %d: want 1..1024 (0: %d)", c.MaxSeqs, defaultMaxSeqs)
 	case c.MaxBatch < 0 || c.MaxBatch > 256:

@@ -73,7 +73,8 @@ const (
 //	                one is assigned; it is in the result)
 //	max_tokens      tokens to generate at most (default: the engine's)
 //	min_tokens      under overload the request may end early, never
-//	                before these (default: max_tokens, all mandatory)
+//	                before these (default: max_tokens, all mandatory;
+//	                0 counts as 1)
 //	temperature     0..2 (default 1; 0 is greedy), top_p, top_k, min_p,
 //	repeat_penalty  sampling, as the server takes them
 //	seed            makes sampling reproducible (default: random)
@@ -98,16 +99,35 @@ func (e *Engine) Generate(requestJSON string, cb TokenCallback) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("mobile: request: %w", err)
 	}
-	ctx, done, err := e.begin(&req.ID)
-	if err != nil {
-		return "", err
+	auto := req.ID == ""
+	for {
+		ctx, done, err := e.begin(&req.ID)
+		if err != nil {
+			return "", err
+		}
+		st, err := e.sc.Submit(ctx, req)
+		if auto && errors.Is(err, sched.ErrIDInUse) {
+			// The app named a parked request like an assigned id.
+			done()
+			req.ID = ""
+			continue
+		}
+		defer done()
+		if err != nil {
+			return e.refused(ctx, req.ID, "generate", err)
+		}
+		return e.deliver(ctx, st, cb)
 	}
-	defer done()
-	st, err := e.sc.Submit(ctx, req)
-	if err != nil {
-		return "", fmt.Errorf("mobile: generate %s: %w", req.ID, err)
+}
+
+// refused reports a Submit or Resume error, or finish "cancelled" when
+// Cancel or Close ended the call first (Close makes the scheduler refuse
+// new work).
+func (e *Engine) refused(ctx context.Context, id, verb string, err error) (string, error) {
+	if ctx.Err() != nil {
+		return e.encode(result{ID: id, Finish: sched.ReasonCancelled.String()})
 	}
-	return e.deliver(st, cb)
+	return "", fmt.Errorf("mobile: %s %s: %w", verb, id, err)
 }
 
 // Resume continues a request parked at the end of a segment, streaming
@@ -134,9 +154,9 @@ func (e *Engine) Resume(id string, optionsJSON string, cb TokenCallback) (string
 	defer done()
 	st, err := e.sc.Resume(ctx, id, opt)
 	if err != nil {
-		return "", fmt.Errorf("mobile: resume %s: %w", id, err)
+		return e.refused(ctx, id, "resume", err)
 	}
-	return e.deliver(st, cb)
+	return e.deliver(ctx, st, cb)
 }
 
 // Cancel ends the request id: a running Generate or Resume returns with
@@ -187,7 +207,10 @@ func (e *Engine) begin(id *string) (context.Context, func(), error) {
 }
 
 // deliver forwards a stream's text to cb and returns the result JSON.
-func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
+// ctx is the call's: when Cancel or Close ended it as the segment was
+// released (from OnSegment, or racing with it), the parked request is
+// dropped and the call reports finish "cancelled".
+func (e *Engine) deliver(ctx context.Context, st *sched.Stream, cb TokenCallback) (string, error) {
 	var text strings.Builder
 	for {
 		ev, err := st.Recv(context.Background())
@@ -213,7 +236,12 @@ func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
 		if res.Reason == sched.ReasonSegment && cb != nil {
 			cb.OnSegment(text.String())
 		}
-		out := result{ID: res.ID, Text: text.String(), Finish: res.Reason.String(), Resumable: res.Resumable,
+		reason, resumable := res.Reason, res.Resumable
+		if resumable && ctx.Err() != nil {
+			e.sc.Discard(res.ID)
+			reason, resumable = sched.ReasonCancelled, false
+		}
+		out := result{ID: res.ID, Text: text.String(), Finish: reason.String(), Resumable: resumable,
 			PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens, GeneratedTotal: res.TotalGenerated,
 			ShedTokens: res.ShedTokens, Utility: res.Utility, Lane: res.Lane, Uncertainty: res.Score,
 			TotalMs: ms(res.Finish.Sub(res.Arrival))}
@@ -224,12 +252,16 @@ func (e *Engine) deliver(st *sched.Stream, cb TokenCallback) (string, error) {
 			met := res.DeadlineMet
 			out.DeadlineMet = &met
 		}
-		b, err := json.Marshal(out)
-		if err != nil {
-			return "", fmt.Errorf("mobile: %s: encoding the result: %w", res.ID, err)
-		}
-		return string(b), nil
+		return e.encode(out)
 	}
+}
+
+func (e *Engine) encode(out result) (string, error) {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return "", fmt.Errorf("mobile: %s: encoding the result: %w", out.ID, err)
+	}
+	return string(b), nil
 }
 
 // schedRequest checks r and makes the scheduler's request (the prompt

@@ -35,11 +35,12 @@ type Engine struct {
 	memory     string
 	spec       map[string]*sched.SpecEngine // speculative lanes by name
 
-	mu       sync.Mutex
-	inflight map[string]context.CancelFunc // Generate and Resume calls by request id
-	nextID   uint64
-	closed   bool
-	closeErr error
+	mu        sync.Mutex
+	inflight  map[string]context.CancelFunc // Generate and Resume calls by request id
+	nextID    uint64
+	closed    bool
+	closeErr  error
+	closeDone chan struct{} // closed when the first Close has finished
 }
 
 // NewEngine loads a model and starts its scheduler. configJSON is a JSON
@@ -153,7 +154,7 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 		}
 	}
 	return &Engine{f: f, tok: tok, sc: sc, closeLanes: closeLanes, maxTokens: c.MaxTokens, model: name,
-		memory: mem.note, spec: specLanes, inflight: map[string]context.CancelFunc{}}, nil
+		memory: mem.note, spec: specLanes, inflight: map[string]context.CancelFunc{}, closeDone: make(chan struct{})}, nil
 }
 
 // Close cancels the requests in flight (their Generate calls return with
@@ -163,6 +164,7 @@ func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		<-e.closeDone // the first call's work
 		return e.closeErr
 	}
 	e.closed = true
@@ -178,9 +180,8 @@ func (e *Engine) Close() error {
 	if err != nil {
 		err = fmt.Errorf("mobile: close: %w", err)
 	}
-	e.mu.Lock()
-	e.closeErr = err
-	e.mu.Unlock()
+	e.closeErr = err // read by later calls after closeDone
+	close(e.closeDone)
 	return err
 }
 

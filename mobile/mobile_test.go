@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/sched"
@@ -127,8 +129,12 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if got := cb.text(); got != r.Text {
 				t.Errorf("callback streamed %q, result says %q", got, r.Text)
 			}
-			if len(cb.tokens) < 2 {
-				t.Errorf("%d callback calls: the text was not streamed", len(cb.tokens))
+			// A reader that falls behind gets merged events ("one or more
+			// tokens"), and on this model all of them can come before the
+			// first callback, so one call is allowed here; TestCancel shows
+			// text arriving while generation goes on.
+			if len(cb.tokens) == 0 {
+				t.Errorf("no callback calls")
 			}
 			if r.ID != "ref" || r.Finish != "length" || r.CompletionTokens != n || r.PromptTokens != len(rec.PromptIDs) {
 				t.Errorf("result %+v", r)
@@ -294,6 +300,7 @@ func TestBadConfig(t *testing.T) {
 		{"kv type", `{"kv_type": "q4_0"}`, "kv_type"},
 		{"policy", `{"policy": "random"}`, "unknown policy"},
 		{"context", `{"context": -5}`, "context -5"},
+		{"context too short", `{"context": 2}`, "at least 16"},
 		{"budget on the embedded model", `{"budget": "64MiB"}`, "embedded default model has no file"},
 		{"budget unit", fmt.Sprintf(`{"model": %q, "budget": "12 parsecs"}`, stories), "unknown unit"},
 		{"budget too small", fmt.Sprintf(`{"model": %q, "budget": "1KiB"}`, stories), "needs at least"},
@@ -447,5 +454,103 @@ func TestClose(t *testing.T) {
 	}
 	if !strings.Contains(e.Stats(), `"closed":true`) {
 		t.Errorf("stats after Close: %s", e.Stats())
+	}
+}
+
+// cancelOnSegment cancels its request from OnSegment, as a UI thread may
+// as the segment is released.
+type cancelOnSegment struct {
+	e     *Engine
+	found bool
+}
+
+func (c *cancelOnSegment) OnToken(string)   {}
+func (c *cancelOnSegment) OnSegment(string) { c.found = c.e.Cancel("plan") }
+
+func TestCancelAsTheSegmentIsReleasedDropsIt(t *testing.T) {
+	e := newEngine(t, `{"threads": 1}`)
+	cb := &cancelOnSegment{e: e}
+	r := generate(t, e, `{"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0, "segment": {"regex": "[.!?]"}, "id": "plan"}`, cb)
+	if !cb.found || r.Finish != "cancelled" || r.Resumable || r.Text == "" {
+		t.Errorf("Cancel in OnSegment found it: %v; result %+v; want finish cancelled with the segment's text, not resumable", cb.found, r)
+	}
+	if _, err := e.Resume("plan", "", nil); err == nil || !strings.Contains(err.Error(), "no parked request") {
+		t.Errorf("resume after Cancel: %v; want no parked request", err)
+	}
+}
+
+func TestAssignedIDsSkipParkedRequests(t *testing.T) {
+	e := newEngine(t, `{"threads": 1}`)
+	r := generate(t, e, `{"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0, "segment": {"regex": "[.!?]"}, "id": "req-1"}`, nil)
+	if r.Finish != "segment" {
+		t.Fatalf("the first request did not park: %+v", r)
+	}
+	if r := generate(t, e, `{"prompt": "Hello", "max_tokens": 4}`, nil); r.ID == "req-1" || r.ID == "" || r.Finish != "length" {
+		t.Errorf("request without an id: %+v; want its own id", r)
+	}
+	if _, err := e.Generate(`{"prompt": "Hello", "id": "req-1"}`, nil); err == nil || !strings.Contains(err.Error(), "parked") {
+		t.Errorf("reusing a parked request's id: %v; want an error that says it is parked", err)
+	}
+}
+
+// Close from two goroutines while a request generates: neither returns
+// before the engine is closed (run with -race: the error was read
+// unlocked).
+func TestConcurrentCloseWaitsForTheFirst(t *testing.T) {
+	for range 20 {
+		e, err := NewEngine(`{"threads": 1}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb := newRecorder()
+		go e.Generate(`{"prompt": "Once upon a time", "max_tokens": 100000}`, cb)
+		<-cb.first
+		var wg sync.WaitGroup
+		var early atomic.Int32
+		for range 2 {
+			wg.Go(func() {
+				if err := e.Close(); err != nil {
+					t.Error(err)
+				}
+				select {
+				case <-e.closeDone:
+				default:
+					early.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if early.Load() > 0 {
+			t.Fatalf("a Close returned before the first had closed the engine")
+		}
+	}
+}
+
+// Generate calls that race with Close end as cancelled, or are refused as
+// closed: never another error.
+func TestGenerateRacingCloseIsCancelled(t *testing.T) {
+	for round := range 50 {
+		e, err := NewEngine(`{"threads": 1}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 4 {
+			wg.Go(func() {
+				<-start
+				out, err := e.Generate(`{"prompt": "Once upon a time", "max_tokens": 50}`, nil)
+				if err != nil && !strings.Contains(err.Error(), "engine is closed") {
+					t.Errorf("round %d: %v", round, err)
+				}
+				if err == nil && !strings.Contains(out, `"finish":`) {
+					t.Errorf("round %d: result %s", round, out)
+				}
+			})
+		}
+		close(start)
+		time.Sleep(time.Duration(round%20) * 20 * time.Microsecond)
+		e.Close()
+		wg.Wait()
 	}
 }

@@ -87,6 +87,7 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"synth", "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "s.gguf")},
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
 		{"serve", "--ctx", "-5"},
+		{"serve", "--ctx", "2"},
 		// K types are read, not written.
 		{"convert", "--type", "q4_k", gguf, filepath.Join(t.TempDir(), "k.gguf")},
 		// A llama2.c model has no vocabulary to tokenize with.

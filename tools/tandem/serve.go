@@ -98,8 +98,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 {
 		return fmt.Errorf("%w: --max-seqs, --max-batch, --max-queue and --max-tokens must be positive", errUsage)
 	}
-	if *ctxLen < 0 {
-		return fmt.Errorf("%w: --ctx %d: want 0 (the model's) or more", errUsage, *ctxLen)
+	if *ctxLen < 0 || *ctxLen > 0 && *ctxLen < sched.MinContext {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the model's) or at least %d, for a prompt and its answer", errUsage, *ctxLen, sched.MinContext)
 	}
 	if *name == "" {
 		*name = "default"
