@@ -1112,3 +1112,28 @@ func TestStatsSumTheLanes(t *testing.T) {
 		t.Errorf("Stats gives %v of engine time, its lanes %v", st.EngineWall, engine)
 	}
 }
+
+// TestTokensCountWhatWasDelivered: an engine that gives several tokens a
+// step (a speculative one) may give some past a stop; Stats counts only
+// the tokens the requests kept.
+func TestTokensCountWhatWasDelivered(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.lengths["eos"] = 5
+	e.perStep = 4
+	s, _ := newManual(t, Config{}, nil, e)
+	dec := &textDecoder{words: []string{"a ", "b ", "stop ", "c "}}
+	eos := submit(t, s, Request{ID: "eos", Prompt: prompt(3), MaxTokens: 50, StopTokens: []int32{fakeEOS}})
+	text := submit(t, s, Request{ID: "text", Prompt: prompt(3), MaxTokens: 50, StopText: []string{"stop"}, Decoder: dec})
+	drive(t, s, 100)
+	var want uint64
+	for _, st := range []*Stream{eos, text} {
+		_, _, res := collect(t, st)
+		if res.Reason != ReasonStop {
+			t.Fatalf("%s ended %v, want stop", res.ID, res.Reason)
+		}
+		want += uint64(res.CompletionTokens)
+	}
+	if got := s.Stats().Tokens; got != want {
+		t.Errorf("Stats counts %d tokens, the requests kept %d", got, want)
+	}
+}

@@ -209,7 +209,6 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 			sc.decode++
 			decodeTokens += len(o.Tokens)
 		}
-		l.tokens += uint64(len(o.Tokens))
 		if t.cancel != nil {
 			s.end(t, ReasonCancelled, t.cancel, nil, now)
 			continue
@@ -235,7 +234,8 @@ func (s *Scheduler) deliver(st *Step, now time.Time) {
 // reached. A stop or a limit on the token that completes a segment ends
 // the request: a parked request always has tokens left to generate.
 func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
-	ctxLen := s.lanes[max(t.lane, 0)].info.Context
+	l := s.lanes[max(t.lane, 0)]
+	ctxLen := l.info.Context
 	// The event's tokens are a capped view of t.generated, which is only
 	// ever appended to, so the view never changes: no copy per event.
 	start := len(t.generated)
@@ -246,6 +246,7 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 			return
 		}
 		t.generated = append(t.generated, tok)
+		l.tokens++ // what the request keeps, not what the engine gave past a stop
 		t.segTokens++
 		if t.firstTok.IsZero() {
 			t.firstTok = now
