@@ -339,6 +339,13 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	// Every return before [DONE] is a client that left.
+	complete := false
+	defer func() {
+		if !complete {
+			clientLeft(w)
+		}
+	}()
 	rc := http.NewResponseController(w)
 	send := func(v any) error {
 		data, err := json.Marshal(v)
@@ -410,4 +417,5 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	rc.Flush()
+	complete = true
 }

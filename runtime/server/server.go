@@ -121,8 +121,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w}
 	s.mux.ServeHTTP(rec, r)
 	code := rec.status()
-	if rec.code == 0 && r.Context().Err() != nil {
-		code = 499 // the client left before an answer (nginx's code)
+	if rec.left || rec.code == 0 && r.Context().Err() != nil {
+		code = 499 // the client left before the whole answer (nginx's code)
 	}
 	s.mu.Lock()
 	s.byCode[code]++
@@ -214,6 +214,14 @@ func isChatID(id string) bool { return strings.HasPrefix(id, chatPrefix) }
 type recorder struct {
 	http.ResponseWriter
 	code int
+	left bool // the client left mid-answer (a stream cut short)
+}
+
+// clientLeft marks w's answer as cut short by the client.
+func clientLeft(w http.ResponseWriter) {
+	if rec, ok := w.(*recorder); ok {
+		rec.left = true
+	}
 }
 
 func (r *recorder) WriteHeader(code int) {

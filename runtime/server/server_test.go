@@ -368,6 +368,26 @@ func TestClientThatLeavesIsCounted499(t *testing.T) {
 	}
 }
 
+func TestClientThatLeavesMidStreamIsCounted499(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", fx.http.URL+"/v1/completions", strings.NewReader(
+		`{"prompt":"Once upon a time","max_tokens":500,"temperature":0,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	cancel() // the client goes away after the first chunk
+	resp.Body.Close()
+	waitUntil(t, "request cancelled", func() bool { return fx.sc.Stats().Cancelled == 1 })
+	waitUntil(t, "499 counted", func() bool {
+		return strings.Contains(scrape(t, fx.http.URL), `tandem_http_responses_total{code="499"} 1`)
+	})
+}
+
 // scrape returns the server's /metrics text.
 func scrape(t *testing.T, url string) string {
 	t.Helper()
