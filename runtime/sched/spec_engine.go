@@ -100,8 +100,13 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 		return nil, fmt.Errorf("sched: engine %s: the draft has %d tokens and the target %d: %w", opt.Name, dv, tv, spec.ErrVocab)
 	}
 	ctx := opt.Context
+	dc, tc := draft.Config().Context, target.Config().Context
 	if ctx == 0 {
-		ctx = min(draft.Config().Context, target.Config().Context)
+		ctx = min(dc, tc)
+	} else if ctx > min(dc, tc) {
+		// Capping it quietly would turn requests a target-only lane of
+		// the same context takes into errors.
+		return nil, fmt.Errorf("sched: engine %s: context %d is longer than the draft's (%d) or the target's (%d); a speculative lane serves at most %d", opt.Name, ctx, dc, tc, min(dc, tc))
 	}
 	newCache := func(m *model.Model, which string) (*kv.Cache, error) {
 		c, err := m.NewTreeCache(min(ctx, m.Config().Context), cfg.TreeRows(), opt.KVType)

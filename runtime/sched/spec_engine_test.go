@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -275,6 +276,11 @@ func TestSpecEngineErrors(t *testing.T) {
 	}
 	if _, err := NewSpecEngine(draft, target, spec.Config{MaxTree: -1}, SpecEngineOptions{}); err == nil {
 		t.Error("negative tree size accepted")
+	}
+	// The draft's context (256) bounds the lane's: a longer one asked for
+	// is an error, not quietly capped.
+	if _, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{Context: 512}); err == nil || !strings.Contains(err.Error(), "at most 256") {
+		t.Errorf("context 512 with a 256-token draft: %v; want an error naming 256", err)
 	}
 	e, err := NewSpecEngine(draft, target, spec.Config{Trigger: &spec.CostAware{}}, SpecEngineOptions{MaxSeqs: 1, Context: 16})
 	if err != nil {
