@@ -459,6 +459,7 @@ func TestCheckDraftFile(t *testing.T) {
 		{"own vocabulary", gguf, "", "", nil},
 		{"no vocabulary", bin, "", "", tokenizer.ErrNoVocabulary},
 		{"another vocabulary", random, "", tokPath, ErrVocab},
+		{"another tokenizer file", bin, testutil.Model(t, "tokenizer.bin"), tokPath, ErrVocab},
 	} {
 		err := CheckDraftFile(tc.draft, tc.draftTok, tc.targetTok, target, "target.bin")
 		if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
@@ -466,6 +467,10 @@ func TestCheckDraftFile(t *testing.T) {
 		}
 		if errors.Is(err, ErrVocab) && !(strings.Contains(err.Error(), tc.draft.Path) && strings.Contains(err.Error(), "target.bin")) {
 			t.Errorf("%s: %v does not name both files", tc.name, err)
+		}
+		// The token count is the tokenizer file's: it must be named.
+		if errors.Is(err, ErrVocab) && tc.draftTok != "" && !strings.Contains(err.Error(), tc.draftTok) {
+			t.Errorf("%s: %v does not name the draft's tokenizer file", tc.name, err)
 		}
 	}
 }

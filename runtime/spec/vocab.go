@@ -36,5 +36,9 @@ func CheckDraftFile(draft *weights.File, draftTokPath, targetTokPath string, tar
 	if err != nil {
 		return err
 	}
-	return CheckVocab(dtok, target, draft.Path, targetName)
+	name := draft.Path
+	if path != "" {
+		name += " (by its tokenizer " + path + ")" // the counts below are the file's
+	}
+	return CheckVocab(dtok, target, name, targetName)
 }
