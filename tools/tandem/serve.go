@@ -179,7 +179,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding, policy %s, context %d, estimator %s\n",
 		len(lanes), describeLanes(lanes, laneSpecs), decoding, policy, sc.Context(), estimator)
-	defer printSpecStats(stderr, lanes)
 
 	select {
 	case err := <-serveErr:
@@ -207,6 +206,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if herr != nil && !errors.Is(herr, context.DeadlineExceeded) {
 		return herr
 	}
+	printSpecStats(stderr, lanes)
 	fmt.Fprintln(stderr, "tandem serve: stopped")
 	return nil
 }
