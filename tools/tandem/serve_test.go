@@ -23,7 +23,7 @@ import (
 // startServe runs the serve verb with args on a free port until it says
 // it is ready, and returns its address, its stderr lines so far, and a
 // channel that receives its exit code.
-func startServe(t *testing.T, args ...string) (string, []string, chan int) {
+func startServe(t *testing.T, args ...string) (string, []string, chan int, func() string) {
 	t.Helper()
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
@@ -44,11 +44,21 @@ func startServe(t *testing.T, args ...string) (string, []string, chan int) {
 			break
 		}
 	}
-	go io.Copy(io.Discard, pr)
+	var rest strings.Builder
+	copied := make(chan struct{})
+	go func() {
+		io.Copy(&rest, pr)
+		close(copied)
+	}()
 	if addr == "" || !strings.Contains(log[len(log)-1], "ready:") {
 		t.Fatalf("serve did not start: %v", log)
 	}
-	return addr, log, done
+	// after returns what serve wrote after "ready", once it has exited.
+	after := func() string {
+		<-copied
+		return rest.String()
+	}
+	return addr, log, done, after
 }
 
 // stopServe stops a server started by startServe with SIGTERM, as a
@@ -67,7 +77,7 @@ func stopServe(t *testing.T, addr string, done chan int) {
 // TestServeEndToEnd runs the serve verb on a free port, talks to it, then
 // stops it.
 func TestServeEndToEnd(t *testing.T) {
-	addr, log, done := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--lanes", "1,1", "--ctx", "256")
+	addr, log, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--lanes", "1,1", "--ctx", "256")
 	if !strings.Contains(log[len(log)-1], "2 lane(s)") {
 		t.Errorf("ready line %q", log[len(log)-1])
 	}
@@ -97,7 +107,7 @@ func TestServeEndToEnd(t *testing.T) {
 // requests and, meanwhile, still answers /healthz (503, shutting down)
 // and /metrics, as a service manager and a dashboard expect.
 func TestServeAnswersWhileDraining(t *testing.T) {
-	addr, _, done := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--max-batch", "1", "--drain-timeout", "3s")
+	addr, _, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--max-batch", "1", "--drain-timeout", "3s")
 	const n = 64
 	codes := make(chan int, n)
 	for range n {
@@ -242,7 +252,7 @@ func TestServeDraft(t *testing.T) {
 	}
 	for _, mode := range []string{"tree", "sd"} {
 		t.Run(mode, func(t *testing.T) {
-			addr, log, done := startServe(t, "--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
+			addr, log, done, after := startServe(t, "--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
 				"--draft", testutil.Model(t, "llama2xs_model.bin"), "--mode", mode, "--lanes", "1", "--ctx", "256")
 			if ready := log[len(log)-1]; !strings.Contains(ready, "speculative ("+mode) {
 				t.Errorf("ready line %q does not say it speculates", ready)
@@ -276,6 +286,12 @@ func TestServeDraft(t *testing.T) {
 			}
 			wg.Wait()
 			stopServe(t, addr, done)
+			// The draft's savings, then the last word.
+			out := after()
+			stats, stopped := strings.Index(out, " per pass), acceptance"), strings.Index(out, "tandem serve: stopped")
+			if stats < 0 || stopped < stats || !strings.HasSuffix(out, "tandem serve: stopped\n") {
+				t.Errorf("after serving: %q; want the lanes' speculative stats, then stopped, last", out)
+			}
 		})
 	}
 }
