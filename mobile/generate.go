@@ -100,24 +100,29 @@ func (e *Engine) Generate(requestJSON string, cb TokenCallback) (string, error) 
 		return "", fmt.Errorf("mobile: request: %w", err)
 	}
 	auto := req.ID == ""
+	var (
+		ctx  context.Context
+		done func()
+		st   *sched.Stream
+	)
 	for {
-		ctx, done, err := e.begin(&req.ID)
-		if err != nil {
+		if ctx, done, err = e.begin(&req.ID); err != nil {
 			return "", err
 		}
-		st, err := e.sc.Submit(ctx, req)
-		if auto && errors.Is(err, sched.ErrIDInUse) {
-			// The app named a parked request like an assigned id.
-			done()
-			req.ID = ""
-			continue
+		st, err = e.sc.Submit(ctx, req)
+		if !auto || !errors.Is(err, sched.ErrIDInUse) {
+			break
 		}
-		defer done()
-		if err != nil {
-			return e.refused(ctx, req.ID, "generate", err)
-		}
-		return e.deliver(ctx, st, cb)
+		// The app named a parked request like an assigned id: take the
+		// next one.
+		done()
+		req.ID = ""
 	}
+	defer done()
+	if err != nil {
+		return e.refused(ctx, req.ID, "generate", err)
+	}
+	return e.deliver(ctx, st, cb)
 }
 
 // refused reports a Submit or Resume error, or finish "cancelled" when

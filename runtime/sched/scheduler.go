@@ -287,7 +287,7 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	}
 	if old, dup := s.tasks[r.ID]; dup {
 		if old.state == parked {
-			return nil, &idInUse{fmt.Sprintf("id %q is a parked request's: resume or discard it, or choose another id", r.ID)}
+			return nil, &idInUse{fmt.Sprintf("id %q belongs to a parked request: resume or discard it, or choose another id", r.ID)}
 		}
 		return nil, &idInUse{fmt.Sprintf("id %q is in use by a request still generating; choose another id", r.ID)}
 	}
