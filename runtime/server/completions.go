@@ -391,6 +391,9 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request, st *sched.Str
 		}
 		res := ev.Result
 		if aerr := failure(res); aerr != nil {
+			if aerr.Status == 499 {
+				return // the client left (its context cancelled the request)
+			}
 			send(map[string]*apiError{"error": aerr})
 			break
 		}
