@@ -35,7 +35,6 @@ type commonRequest struct {
 	PresencePenalty     *float64        `json:"presence_penalty"`
 	FrequencyPenalty    *float64        `json:"frequency_penalty"`
 	LogitBias           map[string]any  `json:"logit_bias"`
-	Logprobs            json.RawMessage `json:"logprobs"`
 	Utility             *utilityField   `json:"utility"`
 	openAIOnly
 }
@@ -45,6 +44,7 @@ type commonRequest struct {
 // {}) is served, and one that asks for the feature is told it is not
 // supported rather than that the field is unknown.
 type openAIOnly struct {
+	Logprobs          json.RawMessage `json:"logprobs"`
 	Tools             json.RawMessage `json:"tools"`
 	ToolChoice        json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls json.RawMessage `json:"parallel_tool_calls"`
@@ -62,33 +62,18 @@ type openAIOnly struct {
 	WebSearchOptions  json.RawMessage `json:"web_search_options"`
 }
 
-func (o *openAIOnly) check() *apiError {
-	if name := firstSet(rawField{"tools", o.Tools}, rawField{"tool_choice", o.ToolChoice},
-		rawField{"parallel_tool_calls", o.ParallelToolCalls}, rawField{"functions", o.Functions},
-		rawField{"function_call", o.FunctionCall}, rawField{"response_format", o.ResponseFormat},
-		rawField{"top_logprobs", o.TopLogprobs}, rawField{"store", o.Store}, rawField{"metadata", o.Metadata},
-		rawField{"reasoning_effort", o.ReasoningEffort}, rawField{"modalities", o.Modalities}, rawField{"audio", o.Audio},
-		rawField{"prediction", o.Prediction}, rawField{"service_tier", o.ServiceTier},
-		rawField{"web_search_options", o.WebSearchOptions}); name != "" {
-		return badRequest(name, "%s is not supported by tandem; remove it", name)
-	}
-	return nil
-}
-
-// rawField is a field tandem accepts only empty, by its JSON name.
-type rawField struct {
-	name string
-	raw  json.RawMessage
-}
-
-// firstSet returns the name of the first field that asks for something
-// (anything but absent, null, false, 0, "", [] or {}), or "".
-func firstSet(fields ...rawField) string {
-	for _, f := range fields {
-		switch string(bytes.Join(bytes.Fields(f.raw), nil)) {
+// firstAsked returns the JSON name of the first field of the struct *v
+// that asks for something (anything but absent, null, false, 0, "", []
+// or {}), or "". Every field of v is a json.RawMessage accepted only
+// empty.
+func firstAsked(v any) string {
+	rv := reflect.ValueOf(v).Elem()
+	for i := range rv.NumField() {
+		switch string(bytes.Join(bytes.Fields(rv.Field(i).Bytes()), nil)) {
 		case "", "null", "false", "0", `""`, "[]", "{}":
 		default:
-			return f.name
+			name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
+			return name
 		}
 	}
 	return ""
@@ -124,11 +109,16 @@ type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 	Name    string          `json:"name,omitempty"`
-	// OpenAI's clients send an assistant message back as they received
-	// it, with these fields null or empty (the helpers of the Node client
-	// add refusal and parsed): accepted when empty, since tandem never
-	// produces them. A refusal's text stands for missing content.
-	Refusal      *string         `json:"refusal"`
+	// A refusal's text stands for missing content.
+	Refusal *string `json:"refusal"`
+	messageExtras
+}
+
+// messageExtras are what OpenAI's clients send back in an assistant
+// message as they received it, null or empty (the helpers of the Node
+// client add parsed): accepted when empty, since tandem never produces
+// them.
+type messageExtras struct {
 	Parsed       json.RawMessage `json:"parsed"`
 	Annotations  json.RawMessage `json:"annotations"`
 	Audio        json.RawMessage `json:"audio"`
@@ -139,9 +129,7 @@ type chatMessage struct {
 
 // check refuses what a message asks for beyond text.
 func (m *chatMessage) check(i int) *apiError {
-	if name := firstSet(rawField{"tool_calls", m.ToolCalls}, rawField{"function_call", m.FunctionCall},
-		rawField{"tool_call_id", m.ToolCallID}, rawField{"audio", m.Audio}, rawField{"parsed", m.Parsed},
-		rawField{"annotations", m.Annotations}); name != "" {
+	if name := firstAsked(&m.messageExtras); name != "" {
 		return badRequest(fmt.Sprintf("messages[%d].%s", i, name), "%s in messages is not supported by tandem (text only); remove it", name)
 	}
 	return nil
@@ -226,11 +214,8 @@ func (s *Server) common(c *commonRequest, req *sched.Request) *apiError {
 	if len(c.LogitBias) > 0 {
 		return badRequest("logit_bias", "logit_bias is not supported")
 	}
-	if l := bytes.TrimSpace(c.Logprobs); len(l) > 0 && !bytes.Equal(l, []byte("null")) && !bytes.Equal(l, []byte("false")) && !bytes.Equal(l, []byte("0")) {
-		return badRequest("logprobs", "logprobs are not supported")
-	}
-	if err := c.openAIOnly.check(); err != nil {
-		return err
+	if name := firstAsked(&c.openAIOnly); name != "" {
+		return badRequest(name, "%s is not supported by tandem; remove it", name)
 	}
 	if c.StreamOptions != nil && !c.Stream {
 		return badRequest("stream_options", "stream_options is only allowed with stream: true")
