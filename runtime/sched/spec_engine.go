@@ -109,7 +109,7 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 		return nil, fmt.Errorf("sched: engine %s: context %d is longer than the draft's (%d) or the target's (%d); a speculative lane serves at most %d", opt.Name, ctx, dc, tc, min(dc, tc))
 	}
 	newCache := func(m *model.Model, which string) (*kv.Cache, error) {
-		c, err := m.NewTreeCache(min(ctx, m.Config().Context), cfg.TreeRows(), opt.KVType)
+		c, err := m.NewTreeCache(ctx, cfg.TreeRows(), opt.KVType)
 		if err != nil {
 			return nil, fmt.Errorf("sched: engine %s: %s cache: %w", opt.Name, which, err)
 		}

@@ -487,9 +487,6 @@ func (s *Scheduler) result(t *task, reason Reason, err error, now time.Time) *Re
 	// resumed with a new budget.
 	if t.shed && reason != ReasonSegment {
 		res.ShedTokens = max(0, t.req.MaxTokens-len(t.generated))
-		if t.req.MaxTokens == 0 {
-			res.ShedTokens = 0
-		}
 	}
 	switch reason {
 	case ReasonCancelled, ReasonError:
