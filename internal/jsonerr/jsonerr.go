@@ -70,14 +70,18 @@ func outOfRange(number string, t reflect.Type) bool {
 	if t == nil {
 		return false
 	}
-	switch t.Kind() {
-	case reflect.Float32, reflect.Float64:
+	switch {
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
 		return true // a valid number that does not fit
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	case isInteger(t):
 		return f.IsInt()
 	}
 	return false
+}
+
+// isInteger: reflect orders the integer kinds from Int to Uintptr.
+func isInteger(t reflect.Type) bool {
+	return t.Kind() >= reflect.Int && t.Kind() <= reflect.Uintptr
 }
 
 // typeName says what JSON a Go type takes.
@@ -86,10 +90,10 @@ func typeName(t reflect.Type) string {
 	if t == nil {
 		return "any JSON"
 	}
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	if isInteger(t) {
 		return "an integer"
+	}
+	switch t.Kind() {
 	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.Bool:

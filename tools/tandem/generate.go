@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tandem-llm/tandem/runtime/sched"
-	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"io"
 	"os"
 	"os/signal"
@@ -16,8 +14,10 @@ import (
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sample"
+	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -271,7 +271,6 @@ func openModel(path string) (*weights.File, error) {
 	return weights.Open(path)
 }
 
-// loadTokenizer uses --tokenizer when given, else the model's own keys.
 // loadTokenizer loads f's tokenizer (path, or the one f carries) and
 // checks it fits the model's vocabulary, so that a wrong --tokenizer
 // fails here and not at the first request. A --tokenizer of the right size
