@@ -118,7 +118,7 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 	fx := newFixture(t, fixtureOpts{})
 	body := `{"messages":[{"role":"user","content":"Tell me about a cat."},
 		{"role":"assistant","content":"A cat sat.","refusal":null,"parsed":null,"annotations":[],"tool_calls":[],"audio":null,"function_call":null},
-		{"role":"user","content":"And a dog?"}],"max_tokens":4,"tools":null,"response_format":null,"store":false,"metadata":{}}`
+		{"role":"user","content":"And a dog?"}],"max_tokens":4,"tools":null,"response_format":null,"store":false,"metadata":{},"logprobs":false}`
 	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
 		t.Fatalf("status %d: %s", code, out)
 	}
