@@ -455,6 +455,7 @@ func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]ben
 				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
 					TokenTime: cost.TokenTime(), MaxTokens: cost.Context - 64, Seed: b.seed})
 				floor := bench.ResponseFloor(reqs, cost, nLanes, b.maxBatch, 0.99, nil)
+				maxFloor := bench.ResponseFloor(reqs, cost, nLanes, b.maxBatch, 1, nil)
 				for _, p := range pols {
 					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
 						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})
@@ -463,7 +464,7 @@ func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]ben
 					}
 					row := bench.Summarize(run)
 					row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = cost.Name, p.name, load, rate, adv, v.String()
-					row.P99Floor = floor
+					row.P99Floor, row.MaxFloor = floor, maxFloor
 					rows = append(rows, row)
 					done++
 					bar.Set(done)
