@@ -177,13 +177,11 @@ type SchedGoal struct {
 	// P99OutOfReach: the floor itself is less than the goal below FIFO's
 	// p99, so no policy meets the p99 goal on this workload.
 	P99OutOfReach bool
-	// P99NeedsHoldBack: MaxFloor is less than the goal below FIFO's p99,
-	// so a policy meets the p99 goal only by holding back its slowest 1%:
-	// its p99 is then below the slowest response every schedule has, so
-	// at most 1% of the requests wait longer than all the others by the
-	// difference. A policy whose slowest requests finish together in the
-	// last stretch of the drain (tandem's and FIFO's p99 are within a few
-	// percent of their drain) cannot get there.
+	// P99NeedsHoldBack: MaxFloor is less than the goal below FIFO's p99.
+	// A policy meeting the goal then has a p99 below the slowest response
+	// every schedule has: it holds up to 1% of the requests back to finish
+	// that much after the rest. One whose slowest requests finish together
+	// at the end of the drain, as tandem's and FIFO's do, cannot get there.
 	P99NeedsHoldBack bool
 }
 
@@ -239,13 +237,14 @@ func Goals(rows []SchedRow) []SchedGoal {
 		g.Engine, g.Variance, g.Adversarial, g.Load = k.engine, k.variance, k.adv, top[k]
 		g.FIFOP99, g.TandemP99, g.P99Floor, g.MaxFloor, g.TandemDrain = fifo.P99, tandem.P99, tandem.P99Floor, tandem.MaxFloor, tandem.Drain
 		if fifo.P99 > 0 {
-			g.P99Reduction = 100 * (1 - tandem.P99.Seconds()/fifo.P99.Seconds())
+			cut := func(d time.Duration) float64 { return 100 * (1 - d.Seconds()/fifo.P99.Seconds()) }
+			g.P99Reduction = cut(tandem.P99)
 			if g.P99Floor > 0 {
-				g.FloorReduction = 100 * (1 - g.P99Floor.Seconds()/fifo.P99.Seconds())
+				g.FloorReduction = cut(g.P99Floor)
 				g.P99OutOfReach = g.FloorReduction < p99Goal
 			}
 			if g.MaxFloor > 0 {
-				g.MaxFloorReduction = 100 * (1 - g.MaxFloor.Seconds()/fifo.P99.Seconds())
+				g.MaxFloorReduction = cut(g.MaxFloor)
 				g.P99NeedsHoldBack = !g.P99OutOfReach && g.MaxFloorReduction < p99Goal
 			}
 		}
@@ -278,13 +277,14 @@ func GoalTable(gs []SchedGoal) string {
 		case g.P99NeedsHoldBack:
 			p99 += " (only by holding back the slowest 1%)"
 		}
-		floor, maxFloor := "-", "-"
-		if g.P99Floor > 0 && g.FIFOP99 > 0 {
-			floor = fmt.Sprintf("%.3f s (%.1f%%)", g.P99Floor.Seconds(), g.FloorReduction)
+		// A floor goes with its reduction from FIFO's p99; unknown, a dash.
+		floorCell := func(d time.Duration, reduction float64) string {
+			if d <= 0 || g.FIFOP99 <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.3f s (%.1f%%)", d.Seconds(), reduction)
 		}
-		if g.MaxFloor > 0 && g.FIFOP99 > 0 {
-			maxFloor = fmt.Sprintf("%.3f s (%.1f%%)", g.MaxFloor.Seconds(), g.MaxFloorReduction)
-		}
+		floor, maxFloor := floorCell(g.P99Floor, g.FloorReduction), floorCell(g.MaxFloor, g.MaxFloorReduction)
 		drain := "-"
 		if g.TandemDrain > 0 {
 			drain = fmt.Sprintf("%.2f", g.TandemP99.Seconds()/g.TandemDrain.Seconds())

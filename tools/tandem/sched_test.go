@@ -80,8 +80,18 @@ func TestBenchSchedSmall(t *testing.T) {
 		t.Errorf("sched.json: %d rows, %v", len(rows), err)
 	}
 	for _, r := range rows {
-		if real := strings.HasPrefix(r["Engine"].(string), "real"); real != (r["Runs"] == 2.0) {
+		real := strings.HasPrefix(r["Engine"].(string), "real")
+		if real != (r["Runs"] == 2.0) {
 			t.Errorf("row %v %v: runs %v, want the real engine's rows to be medians of 2", r["Engine"], r["Policy"], r["Runs"])
+		}
+		// The simulated rows carry both floors (the workload is known
+		// there); the real engine's, neither.
+		p99Floor, maxFloor := r["P99Floor"].(float64), r["MaxFloor"].(float64)
+		if real && (p99Floor != 0 || maxFloor != 0) || !real && (p99Floor <= 0 || maxFloor < p99Floor) {
+			t.Errorf("row %v %v: p99 floor %v, slowest-response floor %v", r["Engine"], r["Policy"], p99Floor, maxFloor)
+		}
+		if r["Max"].(float64) < r["P99"].(float64) {
+			t.Errorf("row %v %v: slowest response %v below the p99 %v", r["Engine"], r["Policy"], r["Max"], r["P99"])
 		}
 	}
 	for _, f := range []string{"sched.md", "sched.svg"} {
