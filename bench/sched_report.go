@@ -40,6 +40,10 @@ type SchedRow struct {
 	Utility    float64 // achieved ÷ attainable time-utility (%)
 	ShedTokens int
 	Overhead   float64 // scheduler wall time ÷ engine time (%)
+	// LaneOverhead is the part of Overhead spent in the lanes' sections
+	// (delivery and planning, once per step); the rest is the intake's
+	// (scoring and queueing, once per request).
+	LaneOverhead float64
 	// Runs is how many runs the row is the median of (MedianRow; 0: one).
 	Runs int `json:",omitempty"`
 }
@@ -78,6 +82,7 @@ func MedianRow(rows []SchedRow) SchedRow {
 	r.Utility = med(func(x SchedRow) float64 { return x.Utility })
 	r.ShedTokens = int(math.Round(med(func(x SchedRow) float64 { return float64(x.ShedTokens) })))
 	r.Overhead = med(func(x SchedRow) float64 { return x.Overhead })
+	r.LaneOverhead = med(func(x SchedRow) float64 { return x.LaneOverhead })
 	return r
 }
 
@@ -133,6 +138,7 @@ func Summarize(run Run) SchedRow {
 	}
 	if run.Engine > 0 {
 		r.Overhead = 100 * run.SchedWall.Seconds() / run.Engine.Seconds()
+		r.LaneOverhead = 100 * run.LaneWall.Seconds() / run.Engine.Seconds()
 	}
 	return r
 }

@@ -141,6 +141,7 @@ type Run struct {
 	Outcomes  []Outcome
 	Makespan  time.Duration // first arrival to last finish
 	SchedWall time.Duration // the scheduler's own wall time
+	LaneWall  time.Duration // the part of it in the lanes' sections (the rest is the intake's)
 	Engine    time.Duration // engine time: simulated, or Engine.Step wall time
 }
 
@@ -276,7 +277,8 @@ func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream,
 		}
 	}
 	run.Makespan = last.Sub(first)
-	run.SchedWall = s.Stats().SchedulerWall
+	st := s.Stats()
+	run.SchedWall, run.LaneWall = st.SchedulerWall, laneWall(st)
 	for _, e := range engines {
 		run.Engine += e.busy
 	}

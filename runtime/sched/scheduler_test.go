@@ -1070,25 +1070,42 @@ func TestOptionalListHoldsOnlyWhatCanBeShed(t *testing.T) {
 
 // TestStatsSumTheLanes checks that Stats totals what each lane counts on
 // its own: the tokens it generated, its engine time, and the time of its
-// planning and delivery in the scheduler's.
+// planning and delivery in the scheduler's, which the lane reports apart
+// from the intake's.
 func TestStatsSumTheLanes(t *testing.T) {
 	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
 	e0.delay, e1.delay = 200*time.Microsecond, 200*time.Microsecond
 	s, _ := newManual(t, Config{Policy: FIFO, MaxBatch: 2}, nil, e0, e1)
 	var streams []*Stream
-	for range 6 {
+	for i := range 6 {
+		before := s.Stats()
 		st, err := s.Submit(context.Background(), Request{Prompt: prompt(4), MaxTokens: 5})
 		if err != nil {
 			t.Fatal(err)
 		}
 		streams = append(streams, st)
+		// Submitting is the intake's time, not a lane's.
+		after := s.Stats()
+		if after.SchedulerWall <= before.SchedulerWall || laneSchedWall(after) != laneSchedWall(before) {
+			t.Errorf("submit %d: scheduler time %v → %v, lanes' %v → %v; want only the total to grow",
+				i, before.SchedulerWall, after.SchedulerWall, laneSchedWall(before), laneSchedWall(after))
+		}
 	}
-	// Each lane's own step adds to the scheduler's time.
+	// Each lane's own step adds to the scheduler's time, as that lane's.
 	for i := range s.lanes {
-		before := s.Stats().SchedulerWall
+		before := s.Stats()
 		stepLane(s, i)
-		if after := s.Stats().SchedulerWall; after <= before {
-			t.Errorf("a step of lane %d left the scheduler's time at %v (was %v)", i, after, before)
+		after := s.Stats()
+		if after.SchedulerWall <= before.SchedulerWall {
+			t.Errorf("a step of lane %d left the scheduler's time at %v (was %v)", i, after.SchedulerWall, before.SchedulerWall)
+		}
+		for j := range after.Lanes {
+			if grew := after.Lanes[j].SchedulerWall > before.Lanes[j].SchedulerWall; grew != (j == i) {
+				t.Errorf("a step of lane %d: lane %d's scheduler time %v → %v", i, j, before.Lanes[j].SchedulerWall, after.Lanes[j].SchedulerWall)
+			}
+		}
+		if d, dl := after.SchedulerWall-before.SchedulerWall, laneSchedWall(after)-laneSchedWall(before); d != dl {
+			t.Errorf("a step of lane %d added %v to the scheduler's time and %v to the lanes'", i, d, dl)
 		}
 	}
 	drive(t, s, 1000)
@@ -1111,6 +1128,14 @@ func TestStatsSumTheLanes(t *testing.T) {
 	if st.EngineWall != engine {
 		t.Errorf("Stats gives %v of engine time, its lanes %v", st.EngineWall, engine)
 	}
+}
+
+func laneSchedWall(st Stats) time.Duration {
+	var d time.Duration
+	for _, l := range st.Lanes {
+		d += l.SchedulerWall
+	}
+	return d
 }
 
 // TestTokensCountWhatWasDelivered: an engine that gives several tokens a

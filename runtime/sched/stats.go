@@ -80,13 +80,18 @@ type LaneStats struct {
 	KVBytes    int64 // KV memory of the allocated sequences
 	Steps      uint64
 	EngineWall time.Duration
-	Busy       time.Duration // clock time inside steps
-	BatchCap   int           // most members it admits now (batchCap: MaxBatch, or fewer for recent deadlines)
-	StepTime   time.Duration // the cost model's current step time at the current batch
-	TokenTime  time.Duration // η: time per token per member at the current batch
-	Threads    int
-	Context    int
-	SeqBytes   int64 // KV bytes per sequence
+	// SchedulerWall is the wall time of the lane's locked sections
+	// (delivering its steps and planning the next). Stats.SchedulerWall
+	// less every lane's is the intake's: scoring and queueing requests,
+	// resumes and cancellations, on the callers' goroutines.
+	SchedulerWall time.Duration
+	Busy          time.Duration // clock time inside steps
+	BatchCap      int           // most members it admits now (batchCap: MaxBatch, or fewer for recent deadlines)
+	StepTime      time.Duration // the cost model's current step time at the current batch
+	TokenTime     time.Duration // η: time per token per member at the current batch
+	Threads       int
+	Context       int
+	SeqBytes      int64 // KV bytes per sequence
 }
 
 // Stats returns a snapshot.
@@ -111,7 +116,7 @@ func (s *Scheduler) Stats() Stats {
 		st.EngineWall += l.engineWall
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,
 			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps,
-			EngineWall: l.engineWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
+			EngineWall: l.engineWall, SchedulerWall: l.schedWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
 			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, Context: l.info.Context,
 			SeqBytes: l.info.SeqBytes, BatchCap: s.batchCap(l, s.cfg.Now())}
 		if len(s.queues) > 1 {

@@ -98,6 +98,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_kv_bytes", "KV memory of the allocated sequences per lane.", func(l sched.LaneStats) float64 { return float64(l.KVBytes) }},
 		{"tandem_lane_step_seconds", "Predicted step time at the current batch (the lane's cost model).", func(l sched.LaneStats) float64 { return l.StepTime.Seconds() }},
 		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
+		{"tandem_lane_scheduler_seconds_total", "Wall time of each lane's scheduler sections (delivering a step and planning the next); tandem_scheduler_seconds_total less their sum is the intake's.", func(l sched.LaneStats) float64 { return l.SchedulerWall.Seconds() }},
 	} {
 		kind := "gauge"
 		if strings.HasSuffix(g.name, "_total") {

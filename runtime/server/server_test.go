@@ -516,6 +516,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	}
 	// Every line is a comment or "name{labels} value", and by Prometheus'
 	// conventions a _total is a counter.
+	values := map[string]float64{}
 	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
 		if f := strings.Fields(line); len(f) == 4 && f[1] == "TYPE" && strings.HasSuffix(f[2], "_total") && f[3] != "counter" {
 			t.Errorf("%s is a %s, want a counter", f[2], f[3])
@@ -528,6 +529,16 @@ func TestMetricsAndHealth(t *testing.T) {
 		if _, err := fmt.Sscanf(strings.Replace(line, " ", "\t", 1), "%s\t%g", &name, &v); err != nil {
 			t.Errorf("bad metric line %q: %v", line, err)
 		}
+		values[name] = v
+	}
+	// The lanes' part of the scheduler's time is positive (they delivered
+	// and planned the request's steps) and below the total, which also
+	// counts the intake's scoring and queueing.
+	total := values["tandem_scheduler_seconds_total"]
+	l0, ok0 := values[`tandem_lane_scheduler_seconds_total{lane="cpu0"}`]
+	l1, ok1 := values[`tandem_lane_scheduler_seconds_total{lane="cpu1"}`]
+	if !ok0 || !ok1 || l0+l1 <= 0 || l0+l1 >= total {
+		t.Errorf("scheduler seconds: total %g, lanes %g and %g (listed: %v, %v); want lanes > 0 and below the total", total, l0, l1, ok0, ok1)
 	}
 	resp, err = http.Get(fx.http.URL + "/healthz")
 	if err != nil {

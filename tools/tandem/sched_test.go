@@ -90,6 +90,11 @@ func TestBenchSchedSmall(t *testing.T) {
 		if real && (p99Floor != 0 || maxFloor != 0) || !real && (p99Floor <= 0 || maxFloor < p99Floor) {
 			t.Errorf("row %v %v: p99 floor %v, slowest-response floor %v", r["Engine"], r["Policy"], p99Floor, maxFloor)
 		}
+		// Every row splits its overhead: the lanes' part and the
+		// intake's (scoring every request) are both some of it.
+		if lanes, all := r["LaneOverhead"].(float64), r["Overhead"].(float64); lanes <= 0 || lanes >= all {
+			t.Errorf("row %v %v: lanes' overhead %v of %v", r["Engine"], r["Policy"], lanes, all)
+		}
 		if r["Max"].(float64) < r["P99"].(float64) {
 			t.Errorf("row %v %v: slowest response %v below the p99 %v", r["Engine"], r["Policy"], r["Max"], r["P99"])
 		}
