@@ -47,7 +47,6 @@ type simEngine struct {
 	chunk   int
 	last    time.Duration // the cost of the last Step
 	busy    time.Duration // total simulated step time
-	out     []int32
 }
 
 type simSeq struct {

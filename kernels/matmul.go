@@ -391,6 +391,3 @@ var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
 	}
 	return &t
 })
-
-// f16 converts IEEE half bits through a table (faster than bit tricks in Go).
-func f16(h uint16) float32 { return f16Table()[h] }

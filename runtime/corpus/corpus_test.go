@@ -36,7 +36,7 @@ func TestStoriesAreWellFormed(t *testing.T) {
 	if len(words) < 400 {
 		t.Errorf("only %d distinct words", len(words))
 	}
-	if Story(7, 12) != Story(7, 12) || Story(7, 12) == Story(8, 12) {
+	if a, b := Story(7, 12), Story(7, 12); a != b || a == Story(8, 12) {
 		t.Error("stories are not a function of (seed, index)")
 	}
 }

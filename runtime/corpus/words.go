@@ -69,8 +69,6 @@ var activities = []string{"play with {his} {toy}", "run in the grass", "sing son
 var times = []string{"Once upon a time", "One day", "One sunny morning", "One rainy afternoon", "Long ago",
 	"One cold winter day", "One warm summer day", "Early one morning", "One windy day", "One bright spring day"}
 
-var says = []string{"said", "said", "said", "asked", "replied", "shouted", "whispered", "cried", "called"}
-
 // feeling words by mood.
 var (
 	goodFeelings = []string{"happy", "glad", "excited", "proud", "joyful", "thankful"}

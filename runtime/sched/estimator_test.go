@@ -85,12 +85,7 @@ func TestMLPLearns(t *testing.T) {
 	}
 	tx, ty := syntheticSamples(200, 2)
 	var mae, base float64
-	_, meanY := meanStd(ys)
-	meanY = 0
-	for _, y := range ys {
-		meanY += y
-	}
-	meanY /= float64(len(ys))
+	meanY, _ := meanStd(ys)
 	var pred []float64
 	for i, x := range tx {
 		p := m.Predict(x)

@@ -99,10 +99,6 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("sched: unknown policy %q; want one of %s", s, strings.Join(policyNames[:], ", "))
 }
 
-// routed reports whether the policy sends long requests to the secondary
-// lane (the others share one queue among all lanes).
-func (p Policy) routed() bool { return p == Tandem || p == RTLM }
-
 // Config tunes the scheduler. Zero values take the defaults named on each
 // field; Ablate switches parts of the Tandem policy off for comparisons.
 type Config struct {

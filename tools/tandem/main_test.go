@@ -274,11 +274,11 @@ func TestConvertThenInspectAndGenerate(t *testing.T) {
 
 func TestGenerateStreamsAndStops(t *testing.T) {
 	bin, tok := testutil.Model(t, "stories260K.bin"), testutil.Model(t, "tok512.bin")
-	code, out, errOut := tandem(t, "generate", "--model", bin, "--prompt", "Once upon a time", "--max-tokens", "0")
+	code, _, errOut := tandem(t, "generate", "--model", bin, "--prompt", "Once upon a time", "--max-tokens", "0")
 	if code != 2 || !strings.Contains(errOut, "--tokenizer") {
 		t.Errorf("llama2.c model without tokenizer: exit %d, %q", code, errOut)
 	}
-	code, out, errOut = tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", "Once upon a time", "--max-tokens", "0")
+	code, out, errOut := tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", "Once upon a time", "--max-tokens", "0")
 	if code != 0 {
 		t.Fatal(errOut)
 	}
