@@ -138,7 +138,7 @@ func Summarize(run Run) SchedRow {
 	}
 	if run.Engine > 0 {
 		r.Overhead = 100 * run.SchedWall.Seconds() / run.Engine.Seconds()
-		r.LaneOverhead = 100 * run.LaneWall.Seconds() / run.Engine.Seconds()
+		r.LaneOverhead = 100 * (run.SchedWall - run.IntakeWall).Seconds() / run.Engine.Seconds()
 	}
 	return r
 }

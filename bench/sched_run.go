@@ -65,18 +65,9 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	after := s.Stats()
 	run.Makespan = last.Sub(first)
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
-	run.LaneWall = laneWall(after) - laneWall(before)
+	run.IntakeWall = after.IntakeWall - before.IntakeWall
 	run.Engine = after.EngineWall - before.EngineWall
 	return run, nil
-}
-
-// laneWall is the scheduler's time in the lanes' sections, all lanes.
-func laneWall(st sched.Stats) time.Duration {
-	var d time.Duration
-	for _, l := range st.Lanes {
-		d += l.SchedulerWall
-	}
-	return d
 }
 
 // LiveTokenTime measures a running scheduler's time per token for one

@@ -90,8 +90,8 @@ func TestSimulatorRunsTheRealScheduler(t *testing.T) {
 		if row.Attainment < 90 || run.Engine <= 0 || row.Overhead <= 0 || row.Overhead > 5 {
 			t.Errorf("%v at light load: %+v", p, row)
 		}
-		if run.LaneWall <= 0 || run.LaneWall >= run.SchedWall || row.LaneOverhead <= 0 || row.LaneOverhead >= row.Overhead {
-			t.Errorf("%v: lanes' scheduler time %v of %v (overhead %.4f of %.4f%%)", p, run.LaneWall, run.SchedWall, row.LaneOverhead, row.Overhead)
+		if run.IntakeWall <= 0 || run.IntakeWall >= run.SchedWall || row.LaneOverhead <= 0 || row.LaneOverhead >= row.Overhead {
+			t.Errorf("%v: intake's scheduler time %v of %v (lanes' overhead %.4f of %.4f%%)", p, run.IntakeWall, run.SchedWall, row.LaneOverhead, row.Overhead)
 		}
 	}
 }
@@ -127,7 +127,7 @@ func TestSummarizeAndGoals(t *testing.T) {
 		}
 		outs = append(outs, o)
 	}
-	row := Summarize(Run{Policy: "fifo", Outcomes: outs, Makespan: 100 * time.Second, SchedWall: time.Second, LaneWall: 300 * time.Millisecond, Engine: 100 * time.Second})
+	row := Summarize(Run{Policy: "fifo", Outcomes: outs, Makespan: 100 * time.Second, SchedWall: time.Second, IntakeWall: 700 * time.Millisecond, Engine: 100 * time.Second})
 	if row.Mean != 50500*time.Millisecond || row.P50 != 50500*time.Millisecond || math.Abs(row.P99.Seconds()-99.01) > 1e-6 {
 		t.Errorf("mean %v p50 %v p99 %v", row.Mean, row.P50, row.P99)
 	}

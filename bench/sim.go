@@ -140,8 +140,10 @@ type Run struct {
 	Outcomes  []Outcome
 	Makespan  time.Duration // first arrival to last finish
 	SchedWall time.Duration // the scheduler's own wall time
-	LaneWall  time.Duration // the part of it in the lanes' sections (the rest is the intake's)
-	Engine    time.Duration // engine time: simulated, or Engine.Step wall time
+	// IntakeWall is the part of SchedWall outside the lanes' sections
+	// (scoring and queueing, once per request).
+	IntakeWall time.Duration
+	Engine     time.Duration // engine time: simulated, or Engine.Step wall time
 }
 
 // SimConfig configures Simulate.
@@ -277,7 +279,7 @@ func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream,
 	}
 	run.Makespan = last.Sub(first)
 	st := s.Stats()
-	run.SchedWall, run.LaneWall = st.SchedulerWall, laneWall(st)
+	run.SchedWall, run.IntakeWall = st.SchedulerWall, st.IntakeWall
 	for _, e := range engines {
 		run.Engine += e.busy
 	}

@@ -1086,9 +1086,14 @@ func TestStatsSumTheLanes(t *testing.T) {
 		streams = append(streams, st)
 		// Submitting is the intake's time, not a lane's.
 		after := s.Stats()
-		if after.SchedulerWall <= before.SchedulerWall || laneSchedWall(after) != laneSchedWall(before) {
-			t.Errorf("submit %d: scheduler time %v → %v, lanes' %v → %v; want only the total to grow",
-				i, before.SchedulerWall, after.SchedulerWall, laneSchedWall(before), laneSchedWall(after))
+		if d := after.SchedulerWall - before.SchedulerWall; d <= 0 || after.IntakeWall-before.IntakeWall != d {
+			t.Errorf("submit %d: scheduler time %v → %v, intake's %v → %v; want both to grow alike",
+				i, before.SchedulerWall, after.SchedulerWall, before.IntakeWall, after.IntakeWall)
+		}
+		for j := range after.Lanes {
+			if after.Lanes[j].SchedulerWall != before.Lanes[j].SchedulerWall {
+				t.Errorf("submit %d: lane %d's scheduler time %v → %v", i, j, before.Lanes[j].SchedulerWall, after.Lanes[j].SchedulerWall)
+			}
 		}
 	}
 	// Each lane's own step adds to the scheduler's time, as that lane's.
@@ -1104,8 +1109,8 @@ func TestStatsSumTheLanes(t *testing.T) {
 				t.Errorf("a step of lane %d: lane %d's scheduler time %v → %v", i, j, before.Lanes[j].SchedulerWall, after.Lanes[j].SchedulerWall)
 			}
 		}
-		if d, dl := after.SchedulerWall-before.SchedulerWall, laneSchedWall(after)-laneSchedWall(before); d != dl {
-			t.Errorf("a step of lane %d added %v to the scheduler's time and %v to the lanes'", i, d, dl)
+		if d, dl := after.SchedulerWall-before.SchedulerWall, after.Lanes[i].SchedulerWall-before.Lanes[i].SchedulerWall; d != dl || after.IntakeWall != before.IntakeWall {
+			t.Errorf("a step of lane %d added %v to the scheduler's time, %v to the lane's and %v to the intake's", i, d, dl, after.IntakeWall-before.IntakeWall)
 		}
 	}
 	drive(t, s, 1000)
@@ -1128,14 +1133,13 @@ func TestStatsSumTheLanes(t *testing.T) {
 	if st.EngineWall != engine {
 		t.Errorf("Stats gives %v of engine time, its lanes %v", st.EngineWall, engine)
 	}
-}
-
-func laneSchedWall(st Stats) time.Duration {
-	var d time.Duration
+	sum := st.IntakeWall
 	for _, l := range st.Lanes {
-		d += l.SchedulerWall
+		sum += l.SchedulerWall
 	}
-	return d
+	if st.SchedulerWall != sum {
+		t.Errorf("Stats gives %v of scheduler time, the intake and the lanes %v", st.SchedulerWall, sum)
+	}
 }
 
 // TestTokensCountWhatWasDelivered: an engine that gives several tokens a

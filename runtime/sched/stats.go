@@ -65,6 +65,10 @@ type Stats struct {
 	// submitting goroutine (wall time where there is no thread CPU
 	// clock). EngineWall is the wall time in Engine.Step.
 	SchedulerWall, EngineWall time.Duration
+	// IntakeWall is the part of SchedulerWall outside the lanes:
+	// scoring and queueing requests, resumes and cancellations, on the
+	// callers' goroutines. The rest is the lanes' (LaneStats).
+	IntakeWall time.Duration
 
 	Lanes []LaneStats
 }
@@ -81,9 +85,7 @@ type LaneStats struct {
 	Steps      uint64
 	EngineWall time.Duration
 	// SchedulerWall is the wall time of the lane's locked sections
-	// (delivering its steps and planning the next). Stats.SchedulerWall
-	// less every lane's is the intake's: scoring and queueing requests,
-	// resumes and cancellations, on the callers' goroutines.
+	// (delivering its steps and planning the next).
 	SchedulerWall time.Duration
 	Busy          time.Duration // clock time inside steps
 	BatchCap      int           // most members it admits now (batchCap: MaxBatch, or fewer for recent deadlines)
@@ -107,8 +109,8 @@ func (s *Scheduler) Stats() Stats {
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
 		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
 		Evicted: c.evicted, Expired: c.expired, Utility: c.utility,
-		SchedulerWall: c.schedWall,
-		OfferedLoad:   s.offeredRatio(s.cfg.Now()),
+		SchedulerWall: c.schedWall, IntakeWall: c.schedWall,
+		OfferedLoad: s.offeredRatio(s.cfg.Now()),
 	}
 	for i, l := range s.lanes {
 		st.Tokens += l.tokens
