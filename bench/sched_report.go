@@ -263,6 +263,15 @@ func Goals(rows []SchedRow) []SchedGoal {
 	return out
 }
 
+// floorCell is a goal row's floor with its reduction from FIFO's p99, or
+// a dash where either is unknown.
+func floorCell(g SchedGoal, floor time.Duration, reduction float64) string {
+	if floor <= 0 || g.FIFOP99 <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f s (%.1f%%)", floor.Seconds(), reduction)
+}
+
 // GoalTable renders Goals as markdown.
 func GoalTable(gs []SchedGoal) string {
 	var b strings.Builder
@@ -283,14 +292,7 @@ func GoalTable(gs []SchedGoal) string {
 		case g.P99NeedsHoldBack:
 			p99 += " (only by holding back the slowest 1%)"
 		}
-		// A floor goes with its reduction from FIFO's p99; unknown, a dash.
-		floorCell := func(d time.Duration, reduction float64) string {
-			if d <= 0 || g.FIFOP99 <= 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.3f s (%.1f%%)", d.Seconds(), reduction)
-		}
-		floor, maxFloor := floorCell(g.P99Floor, g.FloorReduction), floorCell(g.MaxFloor, g.MaxFloorReduction)
+		floor, maxFloor := floorCell(g, g.P99Floor, g.FloorReduction), floorCell(g, g.MaxFloor, g.MaxFloorReduction)
 		drain := "-"
 		if g.TandemDrain > 0 {
 			drain = fmt.Sprintf("%.2f", g.TandemP99.Seconds()/g.TandemDrain.Seconds())
