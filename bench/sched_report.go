@@ -44,6 +44,15 @@ type SchedRow struct {
 	// (delivery and planning, once per step); the rest is the intake's
 	// (scoring and queueing, once per request).
 	LaneOverhead float64
+	// SchedPerRequest is the scheduler's time per request. Unlike
+	// Overhead it does not grow when the engine does less: a policy that
+	// sheds optional tokens divides the same per-request work by less
+	// engine time.
+	SchedPerRequest time.Duration
+	// TokensPerStep is the tokens generated per engine step, all lanes:
+	// the mean batch, less the steps that only prefilled. The lanes'
+	// part of the overhead is paid per step.
+	TokensPerStep float64
 	// Runs is how many runs the row is the median of (MedianRow; 0: one).
 	Runs int `json:",omitempty"`
 }
@@ -83,6 +92,8 @@ func MedianRow(rows []SchedRow) SchedRow {
 	r.ShedTokens = int(math.Round(med(func(x SchedRow) float64 { return float64(x.ShedTokens) })))
 	r.Overhead = med(func(x SchedRow) float64 { return x.Overhead })
 	r.LaneOverhead = med(func(x SchedRow) float64 { return x.LaneOverhead })
+	r.SchedPerRequest = dur(func(x SchedRow) time.Duration { return x.SchedPerRequest })
+	r.TokensPerStep = med(func(x SchedRow) float64 { return x.TokensPerStep })
 	return r
 }
 
@@ -140,6 +151,12 @@ func Summarize(run Run) SchedRow {
 		r.Overhead = 100 * run.SchedWall.Seconds() / run.Engine.Seconds()
 		r.LaneOverhead = 100 * (run.SchedWall - run.IntakeWall).Seconds() / run.Engine.Seconds()
 	}
+	if len(run.Outcomes) > 0 {
+		r.SchedPerRequest = run.SchedWall / time.Duration(len(run.Outcomes))
+	}
+	if run.Steps > 0 {
+		r.TokensPerStep = float64(tokens) / float64(run.Steps)
+	}
 	return r
 }
 
@@ -154,12 +171,13 @@ func schedPercentile(s []float64, q float64) float64 {
 // SchedTable renders rows as a markdown table.
 func SchedTable(rows []SchedRow) string {
 	var b strings.Builder
-	b.WriteString("| engine | adv. | var. | load | req/s | policy | mean s | p50 s | p99 s | done/s | tok/s | deadlines met | utility | shed tok | sched overhead |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| engine | adv. | var. | load | req/s | policy | mean s | p50 s | p99 s | done/s | tok/s | tok/step | deadlines met | utility | shed tok | sched overhead | sched µs/req |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.2f | %.0f | %.1f%% (%d) | %.1f%% | %d | %.3f%% |\n",
+		fmt.Fprintf(&b, "| %s | %.0f%% | %s | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.2f | %.0f | %.2f | %.1f%% (%d) | %.1f%% | %d | %.3f%% | %.1f |\n",
 			r.Engine, 100*r.Adversarial, r.Variance, r.Load, r.Rate, r.Policy, r.Mean.Seconds(), r.P50.Seconds(), r.P99.Seconds(),
-			r.Throughput, r.TokPerS, r.Attainment, r.Deadlines, r.Utility, r.ShedTokens, r.Overhead)
+			r.Throughput, r.TokPerS, r.TokensPerStep, r.Attainment, r.Deadlines, r.Utility, r.ShedTokens, r.Overhead,
+			float64(r.SchedPerRequest.Nanoseconds())/1e3)
 	}
 	return b.String()
 }

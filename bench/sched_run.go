@@ -67,6 +67,9 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
 	run.IntakeWall = after.IntakeWall - before.IntakeWall
 	run.Engine = after.EngineWall - before.EngineWall
+	for i, l := range after.Lanes {
+		run.Steps += l.Steps - before.Lanes[i].Steps
+	}
 	return run, nil
 }
 

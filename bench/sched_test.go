@@ -93,6 +93,14 @@ func TestSimulatorRunsTheRealScheduler(t *testing.T) {
 		if run.IntakeWall <= 0 || run.IntakeWall >= run.SchedWall || row.LaneOverhead <= 0 || row.LaneOverhead >= row.Overhead {
 			t.Errorf("%v: intake's scheduler time %v of %v (lanes' overhead %.4f of %.4f%%)", p, run.IntakeWall, run.SchedWall, row.LaneOverhead, row.Overhead)
 		}
+		// Every token came from a step of at most a full batch (8, the
+		// default cap); prefill-only steps pull the mean below it.
+		if run.Steps == 0 || row.TokensPerStep < 1 || row.TokensPerStep > 8 {
+			t.Errorf("%v: %d steps, %.2f tokens per step", p, run.Steps, row.TokensPerStep)
+		}
+		if row.SchedPerRequest != run.SchedWall/time.Duration(len(run.Outcomes)) {
+			t.Errorf("%v: %v scheduler time per request, %v over %d requests", p, row.SchedPerRequest, run.SchedWall, len(run.Outcomes))
+		}
 	}
 }
 
@@ -127,12 +135,16 @@ func TestSummarizeAndGoals(t *testing.T) {
 		}
 		outs = append(outs, o)
 	}
-	row := Summarize(Run{Policy: "fifo", Outcomes: outs, Makespan: 100 * time.Second, SchedWall: time.Second, IntakeWall: 700 * time.Millisecond, Engine: 100 * time.Second})
+	row := Summarize(Run{Policy: "fifo", Outcomes: outs, Makespan: 100 * time.Second, SchedWall: time.Second, IntakeWall: 700 * time.Millisecond, Engine: 100 * time.Second, Steps: 400})
 	if row.Mean != 50500*time.Millisecond || row.P50 != 50500*time.Millisecond || math.Abs(row.P99.Seconds()-99.01) > 1e-6 {
 		t.Errorf("mean %v p50 %v p99 %v", row.Mean, row.P50, row.P99)
 	}
 	if row.Deadlines != 50 || row.Attainment != 50 || row.Utility != 50 || row.Overhead != 1 || math.Abs(row.LaneOverhead-0.3) > 1e-12 || row.Throughput != 1 || row.TokPerS != 10 {
 		t.Errorf("row %+v", row)
+	}
+	// 1000 tokens in 400 steps; a second of scheduling over 100 requests.
+	if row.TokensPerStep != 2.5 || row.SchedPerRequest != 10*time.Millisecond {
+		t.Errorf("%.2f tokens per step, %v scheduler time per request", row.TokensPerStep, row.SchedPerRequest)
 	}
 	if row.Drain != 150*time.Second { // the last arrival at 100 s, the last finish at 250 s
 		t.Errorf("drain %v, want 150s", row.Drain)
@@ -149,7 +161,8 @@ func TestSummarizeAndGoals(t *testing.T) {
 	if len(g) != 1 || math.Abs(g[0].P99Reduction-40) > 1e-9 || g[0].AttainmentGain != 30 || !g[0].MetP99Goal || !g[0].MetAttainGoal || g[0].MaxOverhead != 2 {
 		t.Errorf("goals %+v", g)
 	}
-	if !strings.Contains(GoalTable(g), "40.0% met") || !strings.Contains(SchedTable(rows), "| tandem |") {
+	if !strings.Contains(GoalTable(g), "40.0% met") || !strings.Contains(SchedTable(rows), "| tandem |") ||
+		!strings.Contains(SchedTable([]SchedRow{row}), "| 10 | 2.50 | 50.0% (50) | 50.0% | 0 | 1.000% | 10000.0 |") {
 		t.Error("tables lack the figures")
 	}
 	// The overhead goal is under 1% at every load.
@@ -344,11 +357,13 @@ func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 func TestMedianRowTakesEachMeasuresMedian(t *testing.T) {
 	row := func(p99 time.Duration, attain, overhead float64, shed int) SchedRow {
 		return SchedRow{Engine: "e", Policy: "tandem", Load: 1.6, Adversarial: 0.2, Deadlines: 50,
-			P99: p99, Mean: p99 / 2, Attainment: attain, Overhead: overhead, LaneOverhead: overhead / 2, ShedTokens: shed}
+			P99: p99, Mean: p99 / 2, Attainment: attain, Overhead: overhead, LaneOverhead: overhead / 2, ShedTokens: shed,
+			SchedPerRequest: time.Duration(overhead * float64(time.Millisecond)), TokensPerStep: float64(shed) / 100}
 	}
 	// A stalled run (the third) sets neither the p99 nor the overhead.
 	m := MedianRow([]SchedRow{row(3*time.Second, 90, 0.9, 100), row(2*time.Second, 80, 1.0, 300), row(9*time.Second, 85, 2.9, 200)})
-	if m.P99 != 3*time.Second || m.Mean != 1500*time.Millisecond || m.Attainment != 85 || m.Overhead != 1.0 || m.LaneOverhead != 0.5 || m.ShedTokens != 200 {
+	if m.P99 != 3*time.Second || m.Mean != 1500*time.Millisecond || m.Attainment != 85 || m.Overhead != 1.0 || m.LaneOverhead != 0.5 || m.ShedTokens != 200 ||
+		m.SchedPerRequest != time.Millisecond || m.TokensPerStep != 2 {
 		t.Errorf("median row %+v", m)
 	}
 	if m.Runs != 3 || m.Engine != "e" || m.Policy != "tandem" || m.Load != 1.6 || m.Deadlines != 50 {

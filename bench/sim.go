@@ -144,6 +144,7 @@ type Run struct {
 	// (scoring and queueing, once per request).
 	IntakeWall time.Duration
 	Engine     time.Duration // engine time: simulated, or Engine.Step wall time
+	Steps      uint64        // engine steps, all lanes
 }
 
 // SimConfig configures Simulate.
@@ -280,6 +281,9 @@ func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream,
 	run.Makespan = last.Sub(first)
 	st := s.Stats()
 	run.SchedWall, run.IntakeWall = st.SchedulerWall, st.IntakeWall
+	for _, l := range st.Lanes {
+		run.Steps += l.Steps
+	}
 	for _, e := range engines {
 		run.Engine += e.busy
 	}

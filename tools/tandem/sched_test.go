@@ -95,6 +95,10 @@ func TestBenchSchedSmall(t *testing.T) {
 		if lanes, all := r["LaneOverhead"].(float64), r["Overhead"].(float64); lanes <= 0 || lanes >= all {
 			t.Errorf("row %v %v: lanes' overhead %v of %v", r["Engine"], r["Policy"], lanes, all)
 		}
+		// And per request, and the batches it paid per step for.
+		if r["SchedPerRequest"].(float64) <= 0 || r["TokensPerStep"].(float64) <= 0 || r["TokensPerStep"].(float64) > 8 {
+			t.Errorf("row %v %v: scheduler time per request %v, tokens per step %v", r["Engine"], r["Policy"], r["SchedPerRequest"], r["TokensPerStep"])
+		}
 		if r["Max"].(float64) < r["P99"].(float64) {
 			t.Errorf("row %v %v: slowest response %v below the p99 %v", r["Engine"], r["Policy"], r["Max"], r["P99"])
 		}
