@@ -50,8 +50,8 @@ type SchedRow struct {
 	// engine time.
 	SchedPerRequest time.Duration
 	// TokensPerStep is the tokens generated per engine step, all lanes:
-	// the mean batch, less the steps that only prefilled. The lanes'
-	// part of the overhead is paid per step.
+	// the mean batch, pulled a little below it by steps that only
+	// prefilled. The lanes' part of the overhead is paid per step.
 	TokensPerStep float64
 	// Runs is how many runs the row is the median of (MedianRow; 0: one).
 	Runs int `json:",omitempty"`
