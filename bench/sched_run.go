@@ -67,9 +67,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
 	run.IntakeWall = after.IntakeWall - before.IntakeWall
 	run.Engine = after.EngineWall - before.EngineWall
-	for i, l := range after.Lanes {
-		run.Steps += l.Steps - before.Lanes[i].Steps
-	}
+	run.Steps = laneSteps(after) - laneSteps(before)
 	return run, nil
 }
 

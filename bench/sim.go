@@ -260,6 +260,15 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 	}
 }
 
+// laneSteps is the engine steps all of a scheduler's lanes have run.
+func laneSteps(st sched.Stats) uint64 {
+	var n uint64
+	for _, l := range st.Lanes {
+		n += l.Steps
+	}
+	return n
+}
+
 // simCollect gathers the streams' results and the simulated engine time.
 func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine) Run {
 	run := Run{Policy: s.Policy().String()}
@@ -281,9 +290,7 @@ func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream,
 	run.Makespan = last.Sub(first)
 	st := s.Stats()
 	run.SchedWall, run.IntakeWall = st.SchedulerWall, st.IntakeWall
-	for _, l := range st.Lanes {
-		run.Steps += l.Steps
-	}
+	run.Steps = laneSteps(st)
 	for _, e := range engines {
 		run.Engine += e.busy
 	}
