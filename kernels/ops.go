@@ -19,19 +19,38 @@ func RMSNorm(out, x, weight []float32, eps float32) {
 
 // RoPE rotates, in place, nHeads heads of headDim values at position pos.
 // Pairs are adjacent, (x[2i], x[2i+1]), with angle pos·theta^(-2i/headDim):
-// the layout of llama2.c and of llama-architecture GGUF files.
+// the layout of llama2.c and of llama-architecture GGUF files. A forward
+// pass rotates every layer's queries and keys at the same positions, so
+// it computes the angles once (RoPEAngles) and rotates with RoPERotate.
 func RoPE(x []float32, nHeads, headDim, pos int, theta float32) {
-	for i := 0; i < headDim; i += 2 {
+	cos, sin := make([]float32, headDim/2), make([]float32, headDim/2)
+	RoPEAngles(cos, sin, headDim, pos, theta)
+	RoPERotate(x, nHeads, headDim, cos, sin)
+}
+
+// RoPEAngles sets cos[i] and sin[i] to the cosine and sine of pair i's
+// angle at position pos, for the headDim/2 pairs of a head.
+func RoPEAngles(cos, sin []float32, headDim, pos int, theta float32) {
+	for i := range headDim / 2 {
 		// float32 steps, as llama2.c computes them: positions far into
 		// the context then rotate exactly as in the reference.
-		freq := 1 / float32(math.Pow(float64(theta), float64(float32(i)/float32(headDim))))
-		sin, cos := math.Sincos(float64(float32(pos) * freq))
-		c, s := float32(cos), float32(sin)
-		for h := 0; h < nHeads; h++ {
-			v := x[h*headDim+i : h*headDim+i+2]
-			v0, v1 := v[0], v[1]
-			v[0] = v0*c - v1*s
-			v[1] = v0*s + v1*c
+		freq := 1 / float32(math.Pow(float64(theta), float64(float32(2*i)/float32(headDim))))
+		s, c := math.Sincos(float64(float32(pos) * freq))
+		cos[i], sin[i] = float32(c), float32(s)
+	}
+}
+
+// RoPERotate rotates, in place, nHeads heads of headDim values by the
+// angles RoPEAngles gave for their position.
+func RoPERotate(x []float32, nHeads, headDim int, cos, sin []float32) {
+	cos, sin = cos[:headDim/2], sin[:headDim/2]
+	for h := range nHeads {
+		v := x[h*headDim : (h+1)*headDim]
+		for i := range cos {
+			c, s := cos[i], sin[i]
+			v0, v1 := v[2*i], v[2*i+1]
+			v[2*i] = v0*c - v1*s
+			v[2*i+1] = v0*s + v1*c
 		}
 	}
 }

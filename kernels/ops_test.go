@@ -408,3 +408,36 @@ func TestAddAndRMSNormInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestRoPEAnglesMatchTheReferenceSteps pins the rotation bit for bit to
+// llama2.c's float32 steps, computed here pair by pair as it does, so
+// computing the angles once per forward pass cannot change an output.
+func TestRoPEAnglesMatchTheReferenceSteps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct {
+		heads, hd int
+		theta     float32
+	}{{8, 8, 10000}, {4, 64, 10000}, {2, 128, 500000}, {3, 6, 1e6}} {
+		for _, pos := range []int{0, 1, 37, 511, 4095, 131071} {
+			x := randVec(rng, tc.heads*tc.hd, 1)
+			want := append([]float32(nil), x...)
+			for i := 0; i < tc.hd; i += 2 {
+				freq := 1 / float32(math.Pow(float64(tc.theta), float64(float32(i)/float32(tc.hd))))
+				sin, cos := math.Sincos(float64(float32(pos) * freq))
+				c, s := float32(cos), float32(sin)
+				for h := range tc.heads {
+					v0, v1 := want[h*tc.hd+i], want[h*tc.hd+i+1]
+					want[h*tc.hd+i] = v0*c - v1*s
+					want[h*tc.hd+i+1] = v0*s + v1*c
+				}
+			}
+			got := append([]float32(nil), x...)
+			RoPE(got, tc.heads, tc.hd, pos, tc.theta)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("heads %d × %d, θ %g, pos %d: x[%d] = %v, want %v bit for bit", tc.heads, tc.hd, tc.theta, pos, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/tandem-llm/tandem/kernels"
@@ -64,6 +65,49 @@ func TestDecodeAllocatesNothing(t *testing.T) {
 					t.Errorf("a decode step of %d sequences allocates %v times, want 0", seqs, got)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkDecodeStep times one decode step of stories260K for a batch of
+// sequences 128 tokens in, dropping the step's rows after each so every
+// iteration attends over the same length.
+func BenchmarkDecodeStep(b *testing.B) {
+	m := loadConverted(b, "stories260K.bin", weights.F32)
+	for _, seqs := range []int{1, 8} {
+		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
+			const pos = 128
+			cache := newCache(b, m, 256)
+			var batch Batch
+			var out Logits
+			ids := make([]int, seqs)
+			for i := range ids {
+				ids[i] = newSeq(b, cache)
+				prompt := make([]int32, pos)
+				for p := range prompt {
+					prompt[p] = int32(300 + (p+i)%100)
+				}
+				batch.Chain(prompt, 0, ids[i], -1, false)
+				if err := m.Forward(&batch, cache, &out); err != nil {
+					b.Fatal(err)
+				}
+				if err := cache.CommitAll(ids[i]); err != nil {
+					b.Fatal(err)
+				}
+				batch.Reset()
+			}
+			for b.Loop() {
+				batch.Reset()
+				for i, s := range ids {
+					batch.Add(int32(300+i), pos, s, -1, true)
+				}
+				if err := m.Forward(&batch, cache, &out); err != nil {
+					b.Fatal(err)
+				}
+				for _, s := range ids {
+					cache.DropAfter(s, 0)
+				}
+			}
 		})
 	}
 }

@@ -28,7 +28,7 @@ func sameLogits(t *testing.T, what string, got, want []float32) {
 
 func copyRow(out *Logits, slot int) []float32 { return append([]float32(nil), out.Row(slot)...) }
 
-func newCache(t *testing.T, m *Model, context int) *kv.Cache {
+func newCache(t testing.TB, m *Model, context int) *kv.Cache {
 	t.Helper()
 	c, err := m.NewCache(context, weights.F32)
 	if err != nil {
@@ -37,7 +37,7 @@ func newCache(t *testing.T, m *Model, context int) *kv.Cache {
 	return c
 }
 
-func newSeq(t *testing.T, c *kv.Cache) int {
+func newSeq(t testing.TB, c *kv.Cache) int {
 	t.Helper()
 	s, err := c.NewSeq()
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 type buffers struct {
 	x, xb, q, k, v, att, tmp, hb, hb2, xs []float32
 	scores                                []float32
+	cos, sin                              []float32 // each slot's RoPE angles, for every layer
 
 	row    []byte  // one embedding row read from a streamed file
 	rows   []int32 // cache row each slot writes
@@ -36,6 +37,8 @@ func (bf *buffers) grow(n int, c Config) {
 	bf.v = grow(bf.v, n*kvd)
 	bf.hb = grow(bf.hb, n*c.Hidden)
 	bf.hb2 = grow(bf.hb2, n*c.Hidden)
+	bf.cos = grow(bf.cos, n*c.HeadDim/2)
+	bf.sin = grow(bf.sin, n*c.HeadDim/2)
 }
 
 // Forward evaluates a batch. Used by every decode mode:

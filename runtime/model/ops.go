@@ -149,7 +149,13 @@ func (h *hostOps) begin(b *Batch, cache *kv.Cache) error {
 		return fmt.Errorf("model: forward: the KV cache keeps its rows on a device, and this model computes on the CPU; make the cache with this model's NewCache")
 	}
 	h.n = len(b.Tokens)
-	h.m.buf.grow(h.n, h.m.cfg)
+	cfg := h.m.cfg
+	bf := &h.m.buf
+	bf.grow(h.n, cfg)
+	half := cfg.HeadDim / 2
+	for i, p := range b.Pos[:h.n] {
+		kernels.RoPEAngles(bf.cos[i*half:(i+1)*half], bf.sin[i*half:(i+1)*half], cfg.HeadDim, int(p), cfg.RopeTheta)
+	}
 	return nil
 }
 
@@ -194,14 +200,16 @@ func (m *Model) matmul(out []float32, w *matrix, x []float32, n int) error {
 	return nil
 }
 
-func (h *hostOps) rope(pos []int32) {
+// rope rotates with the angles begin computed for the batch's positions
+// (pos, which every layer passes alike).
+func (h *hostOps) rope([]int32) {
 	cfg := h.m.cfg
 	bf := &h.m.buf
-	dim, kvd := cfg.Dim, cfg.KVDim()
+	dim, kvd, half := cfg.Dim, cfg.KVDim(), cfg.HeadDim/2
 	for i := 0; i < h.n; i++ {
-		p := int(pos[i])
-		kernels.RoPE(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, p, cfg.RopeTheta)
-		kernels.RoPE(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, p, cfg.RopeTheta)
+		cos, sin := bf.cos[i*half:(i+1)*half], bf.sin[i*half:(i+1)*half]
+		kernels.RoPERotate(bf.q[i*dim:(i+1)*dim], cfg.Heads, cfg.HeadDim, cos, sin)
+		kernels.RoPERotate(bf.k[i*kvd:(i+1)*kvd], cfg.KVHeads, cfg.HeadDim, cos, sin)
 	}
 }
 

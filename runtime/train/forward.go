@@ -74,14 +74,12 @@ func NewEngine[T Float](c model.Config, pool *kernels.Pool) (*Engine[T], error) 
 	half := c.HeadDim / 2
 	e.cos = make([]T, c.Context*half)
 	e.sin = make([]T, c.Context*half)
+	// The runtime's angles, so the trainer rotates exactly as it does.
+	cos, sin := make([]float32, half), make([]float32, half)
 	for pos := 0; pos < c.Context; pos++ {
-		for i := 0; i < half; i++ {
-			// The float32 steps of kernels.RoPE, so the trainer rotates
-			// exactly as the runtime does.
-			freq := 1 / float32(math.Pow(float64(c.RopeTheta), float64(float32(2*i)/float32(c.HeadDim))))
-			s, co := math.Sincos(float64(float32(pos) * freq))
-			e.cos[pos*half+i] = T(float32(co))
-			e.sin[pos*half+i] = T(float32(s))
+		kernels.RoPEAngles(cos, sin, c.HeadDim, pos, c.RopeTheta)
+		for i := range half {
+			e.cos[pos*half+i], e.sin[pos*half+i] = T(cos[i]), T(sin[i])
 		}
 	}
 	return e, nil
