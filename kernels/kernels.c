@@ -256,7 +256,7 @@ static void softmax_row(int level, float *sc, int64_t n) {
 	}
 }
 
-void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
+void tk_attention(int level, int f16, float *out, const float *q, const uint8_t *k, const uint8_t *v,
 	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores) {
 	const int64_t es = f16 ? 2 : 4;

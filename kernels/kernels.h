@@ -50,10 +50,10 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 
 // tk_attention is the attention of heads query heads (q and out hold
 // them one after another, hd values each) that share one KV head, over
-// KV rows 0..prefix-1 and extra[0..nextra-1]; k and v are float (f16 ==
-// 0) or IEEE half (f16 == 1) with row i at i*stride + off. scores holds
-// heads*(prefix+nextra).
-void tk_attention(int level, int f16, float *out, const float *q, const void *k, const void *v,
+// KV rows 0..prefix-1 and extra[0..nextra-1]; k and v point at the bytes
+// of float (f16 == 0) or IEEE half (f16 == 1) elements, row i at element
+// i*stride + off. scores holds heads*(prefix+nextra).
+void tk_attention(int level, int f16, float *out, const float *q, const uint8_t *k, const uint8_t *v,
 	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
 	float scale, float *scores);
 
