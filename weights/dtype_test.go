@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -41,11 +42,17 @@ func TestDTypeComputable(t *testing.T) {
 			t.Errorf("%s.Computable() = %v, want %v", d, got, want[d])
 		}
 	}
-	if DType(99).Known() || DType(99).Computable() {
-		t.Error("type 99 should be unknown")
-	}
-	if got := DType(99).String(); got != "type(99)" {
-		t.Errorf("String of unknown = %q", got)
+	// Gaps between the known ids, past the last, and far past it.
+	for _, d := range []DType{4, 5, 16, 23, 29, 31, 99, 1 << 31, ^DType(0)} {
+		if d.Known() || d.Computable() || d.BlockSize() != 0 || d.TypeSize() != 0 {
+			t.Errorf("type %d should be unknown", uint32(d))
+		}
+		if got, want := d.String(), fmt.Sprintf("type(%d)", uint32(d)); got != want {
+			t.Errorf("String of unknown = %q, want %q", got, want)
+		}
+		if _, err := d.RowBytes(32); err == nil {
+			t.Errorf("RowBytes of unknown type %d succeeded", uint32(d))
+		}
 	}
 }
 
