@@ -33,7 +33,7 @@ func (p *Pool) MatMul(out []float32, w []byte, wt weights.DType, rows, cols int,
 		defer xq.release()
 	}
 	p.mm = matmulJob{be: backend, out: out, w: w, wt: wt, rowBytes: rowSize(wt, cols), rows: rows, cols: cols, x: x, xq: xq, n: n}
-	p.RunJob(rows, rowGroup, &p.mm)
+	p.RunJobWork(rows, rowGroup, float64(rows)*float64(cols)*float64(n), &p.mm)
 	p.mm = matmulJob{} // drop the references to the caller's buffers
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pool runs kernels on a fixed set of worker goroutines. A Pool is used
@@ -61,10 +62,24 @@ type worker struct {
 	wake     chan struct{} // a token for a parked worker
 }
 
-// spinYields bounds a spin: about a millisecond of runtime.Gosched calls
-// when nothing else is runnable, far longer than the gap between a
-// forward pass's tasks, far shorter than an idle pool's life.
-const spinYields = 5000
+// spinFor bounds a worker's spin between tasks: far longer than the gap
+// between a forward pass's tasks, far shorter than an idle pool's life.
+const spinFor = time.Millisecond
+
+// spinLoads is how many times a spinning goroutine reads its mailbox
+// between yields (runtime.Gosched), some ten microseconds. Yielding on
+// every read, as the pool first did, took the Go scheduler's global lock
+// a few times a microsecond from each spinning thread, and that lock
+// traffic cost more than the work: the embedded model decoded slower on
+// two threads than on one.
+const spinLoads = 10000
+
+// waitLoads bounds the caller's plain spin for a worker's result, about a
+// microsecond, before it yields on every read. A small task's result is
+// that close; a large one's is not, and a caller reading in a tight loop
+// meanwhile slowed the worker's half of a memory-bound matrix by a third
+// (F16 2048×5632 on two threads).
+const waitLoads = 1000
 
 // NewPool starts threads workers (the caller's goroutine is one of them).
 // threads <= 0 means the number of physical cores.
@@ -97,12 +112,18 @@ func (w *worker) loop() {
 // await waits until seq moves past last (true) or the pool closes
 // (false): spinning first, then parked on wake.
 func (w *worker) await(last uint64) bool {
-	for i := 0; i < spinYields; i++ {
-		if w.seq.Load() != last {
-			return true
+	start := time.Now()
+	for {
+		for range spinLoads {
+			if w.seq.Load() != last {
+				return true
+			}
 		}
 		if w.closed.Load() {
 			return false
+		}
+		if time.Since(start) > spinFor {
+			break
 		}
 		runtime.Gosched()
 	}
@@ -132,6 +153,11 @@ func (w *worker) post(t task) {
 // wait returns when the worker has finished its latest task.
 func (w *worker) wait() {
 	want := w.seq.Load()
+	for range waitLoads {
+		if w.done.Load() == want {
+			return
+		}
+	}
 	for w.done.Load() != want {
 		runtime.Gosched()
 	}
@@ -167,12 +193,30 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 }
 
 // RunJob is RunAligned for a Job.
-func (p *Pool) RunJob(n, align int, job Job) {
+func (p *Pool) RunJob(n, align int, job Job) { p.runJob(n, align, p.threads, job) }
+
+// minWork is the least work, in multiply-adds, worth a worker of its own.
+// Handing a task over and collecting it costs about half a microsecond
+// on a 2-vCPU VM, what a core spends on some eight thousand multiply-adds:
+// a 96×96 matrix times one vector took 0.75 µs on one thread and 1.09 µs
+// on two, a 256×96 one 1.91 µs and 1.50 µs. Without this every matrix of
+// a small model (a draft) was split, and two threads decoded the embedded
+// model slower than one.
+const minWork = 1 << 13
+
+// RunJobWork is RunJob for a job of about work multiply-adds in all: it
+// splits the job over no more workers than get minWork each, and runs a
+// small one on the caller alone. The split never changes a result.
+func (p *Pool) RunJobWork(n, align int, work float64, job Job) {
+	p.runJob(n, align, int(max(1, min(float64(p.threads), work/minWork))), job)
+}
+
+func (p *Pool) runJob(n, align, threads int, job Job) {
 	if n <= 0 {
 		return
 	}
 	units := (n + align - 1) / align
-	workers := min(p.threads, units)
+	workers := min(threads, units)
 	if workers <= 1 {
 		job.Run(0, n)
 		return

@@ -53,6 +53,38 @@ func TestPoolRun(t *testing.T) {
 	}
 }
 
+// TestRunJobWorkSizesTheSplit: a job gets one worker per minWork of its
+// work, at most the pool's threads, and still covers [0,n) exactly once.
+func TestRunJobWorkSizesTheSplit(t *testing.T) {
+	pool := NewPool(4)
+	defer pool.Close()
+	for _, tc := range []struct {
+		work   float64
+		n      int
+		chunks int
+	}{
+		{0, 64, 1}, {minWork - 1, 64, 1}, {2*minWork - 1, 64, 1}, {2 * minWork, 64, 2},
+		{3.5 * minWork, 64, 3}, {1e12, 64, 4}, {1e12, 8, 2}, // 8 rows in groups of 4: two chunks at most
+	} {
+		hits := make([]atomic.Int32, tc.n)
+		var calls atomic.Int32
+		pool.RunJobWork(tc.n, 4, tc.work, funcJob(func(lo, hi int) {
+			calls.Add(1)
+			for i := lo; i < hi; i++ {
+				hits[i].Add(1)
+			}
+		}))
+		if got := int(calls.Load()); got != tc.chunks {
+			t.Errorf("work %g over %d rows: %d chunks, want %d", tc.work, tc.n, got, tc.chunks)
+		}
+		for i := range hits {
+			if h := hits[i].Load(); h != 1 {
+				t.Fatalf("work %g: index %d visited %d times", tc.work, i, h)
+			}
+		}
+	}
+}
+
 // TestPoolWakesParkedWorkers: workers that spun out and parked take the
 // next task (no lost wake-up), and Close ends parked workers.
 func TestPoolWakesParkedWorkers(t *testing.T) {

@@ -69,45 +69,52 @@ func TestDecodeAllocatesNothing(t *testing.T) {
 	}
 }
 
-// BenchmarkDecodeStep times one decode step of stories260K for a batch of
-// sequences 128 tokens in, dropping the step's rows after each so every
-// iteration attends over the same length.
+// BenchmarkDecodeStep times one decode step of stories260K (a model the
+// size of a draft) on one and two threads for a batch of sequences 128
+// tokens in, dropping the step's rows after each so every iteration
+// attends over the same length.
 func BenchmarkDecodeStep(b *testing.B) {
-	m := loadConverted(b, "stories260K.bin", weights.F32)
-	for _, seqs := range []int{1, 8} {
-		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
-			const pos = 128
-			cache := newCache(b, m, 256)
-			var batch Batch
-			var out Logits
-			ids := make([]int, seqs)
-			for i := range ids {
-				ids[i] = newSeq(b, cache)
-				prompt := make([]int32, pos)
-				for p := range prompt {
-					prompt[p] = int32(300 + (p+i)%100)
-				}
-				batch.Chain(prompt, 0, ids[i], -1, false)
-				if err := m.Forward(&batch, cache, &out); err != nil {
-					b.Fatal(err)
-				}
-				if err := cache.CommitAll(ids[i]); err != nil {
-					b.Fatal(err)
-				}
-				batch.Reset()
-			}
-			for b.Loop() {
-				batch.Reset()
-				for i, s := range ids {
-					batch.Add(int32(300+i), pos, s, -1, true)
-				}
-				if err := m.Forward(&batch, cache, &out); err != nil {
-					b.Fatal(err)
-				}
-				for _, s := range ids {
-					cache.DropAfter(s, 0)
-				}
-			}
-		})
+	for _, threads := range []int{1, 2} {
+		m := loadConvertedThreads(b, "stories260K.bin", weights.F32, threads)
+		for _, seqs := range []int{1, 8} {
+			b.Run(fmt.Sprintf("threads=%d/seqs=%d", threads, seqs), func(b *testing.B) {
+				benchDecodeStep(b, m, seqs)
+			})
+		}
+	}
+}
+
+func benchDecodeStep(b *testing.B, m *Model, seqs int) {
+	const pos = 128
+	cache := newCache(b, m, 256)
+	var batch Batch
+	var out Logits
+	ids := make([]int, seqs)
+	for i := range ids {
+		ids[i] = newSeq(b, cache)
+		prompt := make([]int32, pos)
+		for p := range prompt {
+			prompt[p] = int32(300 + (p+i)%100)
+		}
+		batch.Chain(prompt, 0, ids[i], -1, false)
+		if err := m.Forward(&batch, cache, &out); err != nil {
+			b.Fatal(err)
+		}
+		if err := cache.CommitAll(ids[i]); err != nil {
+			b.Fatal(err)
+		}
+		batch.Reset()
+	}
+	for b.Loop() {
+		batch.Reset()
+		for i, s := range ids {
+			batch.Add(int32(300+i), pos, s, -1, true)
+		}
+		if err := m.Forward(&batch, cache, &out); err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range ids {
+			cache.DropAfter(s, 0)
+		}
 	}
 }

@@ -253,7 +253,8 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	bf.scores = grow(bf.scores, chunks*span)
 	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, heads: heads, perSlot: perSlot, tasks: tasks, chunks: chunks, span: span,
 		scale: scale, f16: cache.Config().Type == weights.F16}
-	m.pool.RunJob(chunks, 1, &h.att)
+	// Scores and values: two multiply-adds per head, row and element.
+	m.pool.RunJobWork(chunks, 1, 2*float64(n*cfg.Heads*maxLen*hd), &h.att)
 	h.att = attendJob{}
 }
 

@@ -70,6 +70,12 @@ func TestQuantizedModels(t *testing.T) {
 // F16); it is closed when the test ends.
 func loadConverted(t testing.TB, name string, typ weights.DType) *Model {
 	t.Helper()
+	return loadConvertedThreads(t, name, typ, 2)
+}
+
+// loadConvertedThreads is loadConverted computing on threads threads.
+func loadConvertedThreads(t testing.TB, name string, typ weights.DType, threads int) *Model {
+	t.Helper()
 	src, err := weights.Open(testutil.Model(t, name))
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +89,7 @@ func loadConverted(t testing.TB, name string, typ weights.DType) *Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(f, Options{Threads: 2})
+	m, err := Load(f, Options{Threads: threads})
 	if err != nil {
 		t.Fatal(err)
 	}
