@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -351,6 +352,55 @@ func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 	t.Logf("throughput %.0f tokens/s while the batches were full, %.0f over the whole burst, capacity %.0f", got, whole, capacity)
 	if got < 0.75*capacity || got > 1.1*capacity {
 		t.Errorf("throughput %.0f tokens/s, want about the full-batch capacity %.0f (the whole burst: %.0f)", got, capacity, whole)
+	}
+}
+
+// slowStartEngine is a sleepEngine whose first slow steps take four
+// times their cost: a shared machine's slow spell.
+type slowStartEngine struct {
+	sleepEngine
+	slow *atomic.Int32
+}
+
+func (e slowStartEngine) Step(ctx context.Context, members []sched.Member, out []sched.StepOut) error {
+	err := e.simEngine.Step(ctx, members, out)
+	d := e.last
+	if e.slow.Add(-1) >= 0 {
+		d *= 4
+	}
+	time.Sleep(d)
+	return err
+}
+
+// TestLiveCapacityTakesTheFastestBurst: a slow spell over the first
+// burst and part of the second does not lower the capacity, where the
+// first burst alone, or the mean or median of three, would.
+func TestLiveCapacityTakesTheFastestBurst(t *testing.T) {
+	cost := StepCosts{A: 2 * time.Millisecond, B: 250 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+	var burst []sched.Request
+	for range 32 {
+		burst = append(burst, sched.Request{Prompt: []int32{1}, MaxTokens: 40})
+	}
+	// About 40 full-batch steps per lane and burst: slow for 60 of them.
+	var slow [2]atomic.Int32
+	var lanes []sched.Lane
+	for i := range slow {
+		slow[i].Store(60)
+		lanes = append(lanes, sched.Lane{Engine: slowStartEngine{sleepEngine{newSimEngine(cost, nil)}, &slow[i]}})
+	}
+	s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: 8}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	got, err := LiveCapacity(context.Background(), s, burst, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := 2 * cost.Capacity(8)
+	t.Logf("capacity %.0f tokens/s measured, %.0f at full batch", got, capacity)
+	if got < 0.75*capacity || got > 1.1*capacity {
+		t.Errorf("capacity %.0f tokens/s, want about the full-batch %.0f: the fastest burst, not a slow one", got, capacity)
 	}
 }
 

@@ -34,7 +34,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"on a synthetic model of --sim-shape (or given by --sim-costs); the\n"+
 			"simulator charges the scheduler's own run time. Load 1.0 is the lanes'\n"+
 			"token capacity at full batch (the simulator's step costs; for the real\n"+
-			"engine, measured on a burst drawn from the workload) divided by the mean\n"+
+			"engine, the fastest of three bursts drawn from the workload) divided by the mean\n"+
 			"request length. Each real-engine row is the median of --repeat runs, the\n"+
 			"policies taking turns, since one run on a busy machine can be far off.\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.\n"+
@@ -322,7 +322,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		}
 		var capacity float64
 		if err := probe(func(s *sched.Scheduler) (err error) {
-			capacity, err = bench.LiveThroughput(ctx, s, burst)
+			capacity, err = bench.LiveCapacity(ctx, s, burst, 3)
 			return err
 		}); err != nil {
 			return nil, "", err
