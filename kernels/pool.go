@@ -22,9 +22,10 @@ import (
 // A decode step hands the workers a few hundred short tasks (one per
 // matrix, tens of microseconds each), so handing over must cost far less
 // than that: waking a parked goroutine costs tens to hundreds of
-// microseconds on a VM. Workers therefore spin, yielding, for a while
-// after each task before they park, and the caller spins for their
-// results the same way.
+// microseconds on a VM. Workers therefore spin for a while after each
+// task before they park (spinFor, spinLoads), and the caller spins for
+// their results (waitLoads). A job too small to pay for a hand-off runs
+// on the caller alone (RunJobWork).
 type Pool struct {
 	threads int
 	workers []*worker
@@ -112,7 +113,7 @@ func (w *worker) loop() {
 // await waits until seq moves past last (true) or the pool closes
 // (false): spinning first, then parked on wake.
 func (w *worker) await(last uint64) bool {
-	start := time.Now()
+	var start time.Time // read once a round of loads found nothing: most tasks come sooner
 	for {
 		for range spinLoads {
 			if w.seq.Load() != last {
@@ -122,7 +123,9 @@ func (w *worker) await(last uint64) bool {
 		if w.closed.Load() {
 			return false
 		}
-		if time.Since(start) > spinFor {
+		if start.IsZero() {
+			start = time.Now()
+		} else if time.Since(start) > spinFor {
 			break
 		}
 		runtime.Gosched()
