@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -402,6 +404,54 @@ func TestLiveCapacityTakesTheFastestBurst(t *testing.T) {
 	if got < 0.75*capacity || got > 1.1*capacity {
 		t.Errorf("capacity %.0f tokens/s, want about the full-batch %.0f: the fastest burst, not a slow one", got, capacity)
 	}
+}
+
+// TestAtCapacityRerunsWhenTheProbeWasLow: runs are repeated once, from
+// the second probe, only when it reads more than CapacityDrift above the
+// figure they used; a lower or close second probe keeps them, and a
+// third probe never starts a third round.
+func TestAtCapacityRerunsWhenTheProbeWasLow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		probes []float64
+		used   []float64 // the capacities runs was called with
+		want   Capacity
+	}{
+		{"steady", []float64{1000, 1050}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 1050}},
+		{"at the drift", []float64{1000, 1100}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 1100}},
+		{"slower after", []float64{1000, 700}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 700}},
+		{"low first probe", []float64{1000, 1300, 1290}, []float64{1000, 1300}, Capacity{First: 1000, Used: 1300, After: 1290, Rerun: true}},
+		{"rising twice", []float64{1000, 1300, 1700}, []float64{1000, 1300}, Capacity{First: 1000, Used: 1300, After: 1700, Rerun: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			probes := tc.probes
+			probe := func() (float64, error) {
+				if len(probes) == 0 {
+					t.Fatal("probed more often than the case allows")
+				}
+				c := probes[0]
+				probes = probes[1:]
+				return c, nil
+			}
+			var used []float64
+			got, err := AtCapacity(probe, func(c float64) error { used = append(used, c); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want || !slices.Equal(used, tc.used) || len(probes) != 0 {
+				t.Errorf("AtCapacity = %+v with runs at %v and %d probes left, want %+v with runs at %v and none left", got, used, len(probes), tc.want, tc.used)
+			}
+		})
+	}
+	t.Run("errors", func(t *testing.T) {
+		boom := errors.New("boom")
+		if _, err := AtCapacity(func() (float64, error) { return 0, boom }, func(float64) error { t.Error("ran after a failed probe"); return nil }); !errors.Is(err, boom) {
+			t.Errorf("probe error: got %v", err)
+		}
+		if _, err := AtCapacity(func() (float64, error) { return 1, nil }, func(float64) error { return boom }); !errors.Is(err, boom) {
+			t.Errorf("runs error: got %v", err)
+		}
+	})
 }
 
 func TestMedianRowTakesEachMeasuresMedian(t *testing.T) {
