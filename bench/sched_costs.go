@@ -15,14 +15,13 @@ import (
 type CostConfig struct {
 	Threads int
 	Batches []int // decode batch sizes to time (default 1, 2, 4, 8)
-	Reps    int   // timed steps per batch size (default 5; the median counts)
+	Reps    int   // timed steps per batch size (default 5; the fastest counts)
 	Context int   // KV context per sequence (default 512)
 }
 
 // MeasureStepCosts times the plain engine on the model in f: prefill
 // steps of a 64-token chunk and decode steps at each batch size, and fits
 // the step model A + B·members + C·prefill tokens the simulator uses.
-// Medians of Reps steps are fitted, so a noisy neighbour moves little.
 func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 	if len(cfg.Batches) == 0 {
 		cfg.Batches = []int{1, 2, 4, 8}
@@ -38,17 +37,32 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 		return StepCosts{}, err
 	}
 	defer m.Close()
-	maxB := slices.Max(cfg.Batches)
-	const chunk = 64
-	e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{MaxSeqs: maxB, Context: min(cfg.Context, m.Config().Context), PrefillChunk: chunk})
+	e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{MaxSeqs: slices.Max(cfg.Batches), Context: min(cfg.Context, m.Config().Context), PrefillChunk: costChunk})
 	if err != nil {
 		return StepCosts{}, err
 	}
-	prompt := make([]int32, chunk)
+	c, err := timeStepCosts(e, m.Config().Vocab, cfg)
+	c.Context = m.Config().Context
+	return c, err
+}
+
+// costChunk is the prompt MeasureStepCosts prefills per sequence, one
+// chunk.
+const costChunk = 64
+
+// timeStepCosts times e's steps for MeasureStepCosts and fits the step
+// model. Each batch size counts its fastest of cfg.Reps steps, and the
+// prefill its fastest chunk: a shared machine's slow spells and a cold
+// start only ever add time, and on stories260K medians of five put the
+// cost per member anywhere from 25 to 78 µs between calls where the
+// fastest steps gave 31-37.
+func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error) {
+	prompt := make([]int32, costChunk)
 	for i := range prompt {
-		prompt[i] = int32(1 + i%(m.Config().Vocab-1))
+		prompt[i] = int32(1 + i%(vocab-1))
 	}
 	ctx := context.Background()
+	maxB := slices.Max(cfg.Batches)
 	var members []sched.Member
 	var prefills []time.Duration
 	for range maxB {
@@ -77,25 +91,16 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 			d = append(d, time.Since(t0))
 		}
 		xs = append(xs, float64(n))
-		ys = append(ys, schedMedianSeconds(d))
+		ys = append(ys, slices.Min(d).Seconds())
 	}
 	a, b := schedLineFit(xs, ys)
 	if b <= 0 {
 		return StepCosts{}, fmt.Errorf("bench: decode step time does not grow with the batch (%v s at %v); the measurement is too noisy, retry on a quieter machine", ys, xs)
 	}
 	a = max(a, 0)
-	c := max((schedMedianSeconds(prefills)-a-b)/chunk, 0)
+	c := max((slices.Min(prefills).Seconds()-a-b)/costChunk, 0)
 	sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
-	return StepCosts{A: sec(a), B: sec(b), C: sec(c), MaxSeqs: 16, Context: m.Config().Context}, nil
-}
-
-// schedMedianSeconds is the median of durations, in seconds.
-func schedMedianSeconds(d []time.Duration) float64 {
-	s := make([]float64, len(d))
-	for i, x := range d {
-		s[i] = x.Seconds()
-	}
-	return Median(s)
+	return StepCosts{A: sec(a), B: sec(b), C: sec(c), MaxSeqs: 16}, nil
 }
 
 // schedLineFit is the least-squares line y = a + b·x.

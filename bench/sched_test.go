@@ -245,6 +245,54 @@ func TestMeasureStepCostsRealModel(t *testing.T) {
 	}
 }
 
+// spellEngine is a sleepEngine whose steps numbered in slow (from 0) take
+// four times as long: a cold start, or a slow spell of the machine.
+type spellEngine struct {
+	sleepEngine
+	slow map[int]bool
+	n    *int
+}
+
+func (e spellEngine) Step(ctx context.Context, members []sched.Member, out []sched.StepOut) error {
+	err := e.simEngine.Step(ctx, members, out)
+	d := e.last
+	if e.slow[*e.n] {
+		d *= 4
+	}
+	*e.n++
+	time.Sleep(d)
+	return err
+}
+
+// TestTimeStepCostsTakesTheFastestSteps: a slow first prefill, a slow
+// first decode step and a spell over three of batch 4's five steps leave
+// the fitted costs where the engine's are. Medians would read batch 4 at
+// four times its cost and the fit would be far off.
+func TestTimeStepCostsTakesTheFastestSteps(t *testing.T) {
+	cost := StepCosts{A: 4 * time.Millisecond, B: 2 * time.Millisecond, C: 100 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+	// Steps 0-7 prefill the 8 sequences; then five steps each at batch
+	// 1 (8-12), 2 (13-17), 4 (18-22) and 8 (23-27).
+	var n int
+	e := spellEngine{sleepEngine{newSimEngine(cost, nil)}, map[int]bool{0: true, 8: true, 19: true, 20: true, 21: true}, &n}
+	got, err := timeStepCosts(e, 512, CostConfig{Batches: []int{1, 2, 4, 8}, Reps: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 28 {
+		t.Fatalf("%d steps, want 28", n)
+	}
+	// The prefill's one sampled token is counted as a member's step, so
+	// the fit's C is the engine's less B spread over the chunk.
+	wantC := cost.C - cost.B/costChunk
+	t.Logf("fitted %v + %v/member + %v/prefill token, engine %v + %v + %v", got.A, got.B, got.C, cost.A, cost.B, wantC)
+	near := func(got, want time.Duration, tol float64) bool {
+		return math.Abs(float64(got-want)) <= tol*float64(want)
+	}
+	if !near(got.A, cost.A, 0.25) || !near(got.B, cost.B, 0.15) || !near(got.C, wantC, 0.5) {
+		t.Errorf("fitted %v + %v/member + %v/prefill token, want about %v + %v + %v", got.A, got.B, got.C, cost.A, cost.B, wantC)
+	}
+}
+
 func TestResponseFloorByHand(t *testing.T) {
 	// One lane, one member per step, 1 s per decoded token, free prefill:
 	// request i needs (tokens-1) seconds of lane time.
