@@ -25,12 +25,14 @@ import (
 // microseconds on a VM. Workers therefore spin for a while after each
 // task before they park (spinFor, spinLoads), and the caller spins for
 // their results (waitLoads). A job too small to pay for a hand-off runs
-// on the caller alone (RunJobWork).
+// on the caller alone, and one in between gets the worker count jobs of
+// its size have been fastest with (RunJobWork).
 type Pool struct {
 	threads int
 	workers []*worker
 	once    sync.Once
-	mm      matmulJob // MatMul's arguments (one caller at a time)
+	mm      matmulJob  // MatMul's arguments (one caller at a time)
+	tune    splitTuner // how many workers a job of each size gets
 }
 
 // A Job is work a Pool splits over row ranges. A pointer to a Job kept
@@ -88,7 +90,7 @@ func NewPool(threads int) *Pool {
 	if threads <= 0 {
 		threads = PhysicalCores()
 	}
-	p := &Pool{threads: threads, workers: make([]*worker, threads-1)}
+	p := &Pool{threads: threads, workers: make([]*worker, threads-1), tune: newSplitTuner(threads)}
 	for i := range p.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
 		p.workers[i] = w
@@ -198,20 +200,57 @@ func (p *Pool) RunAligned(n, align int, fn func(lo, hi int)) {
 // RunJob is RunAligned for a Job.
 func (p *Pool) RunJob(n, align int, job Job) { p.runJob(n, align, p.threads, job) }
 
-// minWork is the least work, in multiply-adds, worth a worker of its own.
-// Handing a task over and collecting it costs about half a microsecond
-// on a 2-vCPU VM, what a core spends on some eight thousand multiply-adds:
-// a 96×96 matrix times one vector took 0.75 µs on one thread and 1.09 µs
-// on two, a 256×96 one 1.91 µs and 1.50 µs. Without this every matrix of
-// a small model (a draft) was split, and two threads decoded the embedded
-// model slower than one.
-const minWork = 1 << 13
-
-// RunJobWork is RunJob for a job of about work multiply-adds in all: it
-// splits the job over no more workers than get minWork each, and runs a
-// small one on the caller alone. The split never changes a result.
+// RunJobWork is RunJob for a job of about work multiply-adds in all. It
+// runs a small job on the caller, a large one on every worker, and one in
+// between on the worker count that jobs of its size have been fastest
+// with on this host (splitTuner). The split never changes a result.
 func (p *Pool) RunJobWork(n, align int, work float64, job Job) {
-	p.runJob(n, align, int(max(1, min(float64(p.threads), work/minWork))), job)
+	p.byWork(work, func(workers int) { p.runJob(n, align, workers, job) })
+}
+
+// A SizedJob is a Job whose units depend on how many workers run it:
+// Units is called with that count before the job is split, and returns
+// n for [0,n). Attention cuts its head groups finer only when a second
+// worker will take part: cut for two threads, one thread made twice the
+// kernel calls, and the embedded model decoded 15-20% slower on a
+// two-thread pool that split nothing than on one thread.
+type SizedJob interface {
+	Job
+	Units(workers int) int
+}
+
+// RunSizedWork is RunJobWork for a SizedJob.
+func (p *Pool) RunSizedWork(align int, work float64, job SizedJob) {
+	p.byWork(work, func(workers int) { p.runJob(job.Units(workers), align, workers, job) })
+}
+
+// byWork calls run with the worker count for a job of work multiply-adds.
+func (p *Pool) byWork(work float64, run func(workers int)) {
+	switch {
+	case p.threads == 1 || work < tuneFloor:
+		run(1)
+	case work >= tuneCeiling:
+		run(p.threads)
+	default:
+		p.tune.run(work, run, p.wake)
+	}
+}
+
+// noJob is the empty task wake hands a parked worker.
+var noJob Job = funcJob(func(int, int) {})
+
+// wake readies the first workers-1 workers: a parked one gets an empty
+// task, and wake returns once each has run it.
+func (p *Pool) wake(workers int) {
+	ws := p.workers[:min(workers-1, len(p.workers))]
+	for _, w := range ws {
+		if w.sleeping.Load() {
+			w.post(task{job: noJob})
+		}
+	}
+	for _, w := range ws {
+		w.wait()
+	}
 }
 
 func (p *Pool) runJob(n, align, threads int, job Job) {

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,34 +54,85 @@ func TestPoolRun(t *testing.T) {
 	}
 }
 
-// TestRunJobWorkSizesTheSplit: a job gets one worker per minWork of its
-// work, at most the pool's threads, and still covers [0,n) exactly once.
+// TestRunJobWorkSizesTheSplit: a job below tuneFloor runs on the caller,
+// one of tuneCeiling or more on every worker its row groups allow, one in
+// between on one of the pool's worker counts; each covers [0,n) exactly
+// once.
 func TestRunJobWorkSizesTheSplit(t *testing.T) {
 	pool := NewPool(4)
 	defer pool.Close()
 	for _, tc := range []struct {
 		work   float64
 		n      int
-		chunks int
+		chunks []int // the counts allowed
 	}{
-		{0, 64, 1}, {minWork - 1, 64, 1}, {2*minWork - 1, 64, 1}, {2 * minWork, 64, 2},
-		{3.5 * minWork, 64, 3}, {1e12, 64, 4}, {1e12, 8, 2}, // 8 rows in groups of 4: two chunks at most
+		{0, 64, []int{1}}, {tuneFloor - 1, 64, []int{1}},
+		{tuneFloor, 64, []int{1, 2, 4}}, {tuneCeiling - 1, 64, []int{1, 2, 4}},
+		{tuneCeiling, 64, []int{4}}, {1e12, 64, []int{4}}, {1e12, 8, []int{2}}, // 8 rows in groups of 4: two chunks at most
 	} {
-		hits := make([]atomic.Int32, tc.n)
-		var calls atomic.Int32
-		pool.RunJobWork(tc.n, 4, tc.work, funcJob(func(lo, hi int) {
-			calls.Add(1)
-			for i := lo; i < hi; i++ {
-				hits[i].Add(1)
+		for range 3 * warmTries * len(pool.tune.options) { // every option of a tuned size
+			hits := make([]atomic.Int32, tc.n)
+			var calls atomic.Int32
+			pool.RunJobWork(tc.n, 4, tc.work, funcJob(func(lo, hi int) {
+				calls.Add(1)
+				for i := lo; i < hi; i++ {
+					hits[i].Add(1)
+				}
+			}))
+			if got := int(calls.Load()); !slices.Contains(tc.chunks, got) {
+				t.Fatalf("work %g over %d rows: %d chunks, want one of %v", tc.work, tc.n, got, tc.chunks)
 			}
-		}))
-		if got := int(calls.Load()); got != tc.chunks {
-			t.Errorf("work %g over %d rows: %d chunks, want %d", tc.work, tc.n, got, tc.chunks)
+			for i := range hits {
+				if h := hits[i].Load(); h != 1 {
+					t.Fatalf("work %g: index %d visited %d times", tc.work, i, h)
+				}
+			}
 		}
-		for i := range hits {
-			if h := hits[i].Load(); h != 1 {
-				t.Fatalf("work %g: index %d visited %d times", tc.work, i, h)
-			}
+	}
+	if got := NewPool(6); !slices.Equal(got.tune.options, []int{1, 2, 4, 6}) {
+		t.Errorf("a 6-thread pool chooses among %v worker counts, want [1 2 4 6]", got.tune.options)
+	} else {
+		got.Close()
+	}
+}
+
+// TestSplitTunerLearnsTheCheapestSplit drives a 4-thread pool's tuner
+// with a clock that charges each call what k workers would cost: the work
+// divided by k plus a hand-off for each worker beyond the caller. It
+// must settle on the cheapest count for each hand-off cost, move when the
+// host's hand-off changes under it, and once settled try the others
+// seldom (a try can cost a parked worker's wake-up); the wake-up before a
+// timed split is not part of its timing.
+func TestSplitTunerLearnsTheCheapestSplit(t *testing.T) {
+	const work = 1e5 // 10 µs on one thread at 0.1 ns per multiply-add
+	tuner := newSplitTuner(4)
+	var clock, handoff time.Duration
+	tuner.now = func() time.Duration { return clock }
+	// used runs calls and counts how many used each worker count.
+	used := func(calls int) map[int]int {
+		n := map[int]int{}
+		for range calls {
+			tuner.run(work, func(k int) {
+				clock += 10*time.Microsecond/time.Duration(k) + handoff*time.Duration(k-1)
+				n[k]++
+			}, func(int) { clock += time.Millisecond }) // a wake-up, outside the timing or it would hide every split
+		}
+		return n
+	}
+	const settle, measure = 3 * exploreMax, 2000
+	for _, step := range []struct {
+		handoff time.Duration
+		best    int // the cheapest count: 10/k + h(k-1) µs
+	}{
+		{6 * time.Microsecond, 1},  // 10, 11, 28 µs
+		{500 * time.Nanosecond, 4}, // 10, 5.5, 4 µs
+		{2 * time.Microsecond, 2},  // 10, 7, 8.5 µs
+		{6 * time.Microsecond, 1},  // back
+	} {
+		handoff = step.handoff
+		used(settle)
+		if got := used(measure); got[step.best] < measure*99/100 {
+			t.Errorf("hand-off %v: counts used %v in %d calls after %d to settle, want %d workers in at least 99%% of them", step.handoff, got, measure, settle, step.best)
 		}
 	}
 }

@@ -224,37 +224,22 @@ func (h *hostOps) storeKV(b *Batch, cache *kv.Cache, layer int) {
 // attention runs one layer's attention on the pool, a task per slot and
 // group of query heads that share a KV head (grouped-query attention:
 // head h reads KV head h/(Heads/KVHeads)), so a group reads its K and V
-// rows once. Groups are split while there are fewer tasks than the pool
-// has threads to keep busy.
+// rows once. Groups are split while there are fewer tasks than the
+// workers the pool gives the job (attendJob.Units).
 func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	m := h.m
 	cfg := m.cfg
 	bf := &m.buf
 	n := h.n
 	hd := cfg.HeadDim
-	group := cfg.Heads / cfg.KVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
-
 	maxLen := 0
 	for i := 0; i < n; i++ {
 		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
 	}
-	threads := max(1, m.pool.Threads())
-	heads := group // query heads per task
-	for heads%2 == 0 && n*cfg.Heads/heads < 2*threads {
-		heads /= 2
-	}
-	perSlot := cfg.Heads / heads
-	tasks := n * perSlot
-	// Each chunk owns one scores buffer; a few chunks per thread balance
-	// slots whose attention spans differ.
-	chunks := min(tasks, 4*threads)
-	span := heads * maxLen
-	bf.scores = grow(bf.scores, chunks*span)
-	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, heads: heads, perSlot: perSlot, tasks: tasks, chunks: chunks, span: span,
-		scale: scale, f16: cache.Config().Type == weights.F16}
+	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, n: n, maxLen: maxLen,
+		scale: float32(1 / math.Sqrt(float64(hd))), f16: cache.Config().Type == weights.F16}
 	// Scores and values: two multiply-adds per head, row and element.
-	m.pool.RunJobWork(chunks, 1, 2*float64(n*cfg.Heads*maxLen*hd), &h.att)
+	m.pool.RunSizedWork(1, 2*float64(n*cfg.Heads*maxLen*hd), &h.att)
 	h.att = attendJob{}
 }
 
@@ -262,13 +247,31 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 // and a group of heads each), kept in hostOps so a layer allocates
 // nothing.
 type attendJob struct {
-	m                                    *Model
-	b                                    *Batch
-	cache                                *kv.Cache
-	layer, heads, perSlot, tasks, chunks int
-	span                                 int
-	scale                                float32
-	f16                                  bool
+	m                                   *Model
+	b                                   *Batch
+	cache                               *kv.Cache
+	layer, n, maxLen                    int
+	heads, perSlot, tasks, chunks, span int // set by Units
+	scale                               float32
+	f16                                 bool
+}
+
+// Units cuts the layer into chunks for workers: head groups are halved
+// while there are fewer tasks than twice the workers, and each chunk
+// (a few per worker balance slots whose attention spans differ) owns a
+// scores buffer.
+func (j *attendJob) Units(workers int) int {
+	cfg := j.m.cfg
+	j.heads = cfg.Heads / cfg.KVHeads
+	for j.heads%2 == 0 && j.n*cfg.Heads/j.heads < 2*workers {
+		j.heads /= 2
+	}
+	j.perSlot = cfg.Heads / j.heads
+	j.tasks = j.n * j.perSlot
+	j.chunks = min(j.tasks, 4*workers)
+	j.span = j.heads * j.maxLen
+	j.m.buf.scores = grow(j.m.buf.scores, j.chunks*j.span)
+	return j.chunks
 }
 
 func (j *attendJob) Run(lo, hi int) {
