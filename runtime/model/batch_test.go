@@ -50,7 +50,7 @@ func newSeq(t testing.TB, c *kv.Cache) int {
 // and the logits of decoding next after them.
 func stepwise(t *testing.T, m *Model, tokens []int32, next int32) ([][]float32, []float32) {
 	t.Helper()
-	cache := newCache(t, m, 64)
+	cache := newCache(t, m, max(64, len(tokens)+1))
 	seq := newSeq(t, cache)
 	var b Batch
 	var out Logits
@@ -392,8 +392,12 @@ func TestForwardTreeRows(t *testing.T) {
 // TestThreadsKeepLogits: the thread count changes how work is split, not
 // the arithmetic. With eight threads one token's attention has fewer
 // groups of query heads sharing a KV head (stories260K: four of two) than
-// twice the threads, so the groups are split into single heads; the
-// logits must stay those of one thread, bit for bit, on every backend.
+// twice the workers, so the groups are split into single heads whenever
+// the pool gives it more than one. The pool times every worker count for
+// each size of job before it settles, and attention past 64 positions is
+// large enough to be split at all, so 160 positions run each count on
+// each size from 64 to 160; the logits must stay those of one thread,
+// bit for bit, on every backend.
 func TestThreadsKeepLogits(t *testing.T) {
 	f, err := weights.Open(testutil.Model(t, "stories260K.bin"))
 	if err != nil {
@@ -412,7 +416,10 @@ func TestThreadsKeepLogits(t *testing.T) {
 	if c := models[1].Config(); c.Heads/c.KVHeads < 2 {
 		t.Fatalf("setup: %d heads on %d KV heads share none", c.Heads, c.KVHeads)
 	}
-	prompt := []int32{1, 403, 407, 261, 378, 275, 266, 405, 29, 400, 395, 279}
+	prompt := []int32{1}
+	for len(prompt) < 160 {
+		prompt = append(prompt, 403, 407, 261, 378, 275, 266, 405, 29, 400, 395, 279)
+	}
 	backends(t, func(t *testing.T) {
 		steps1, next1 := stepwise(t, models[1], prompt, 300)
 		steps8, next8 := stepwise(t, models[8], prompt, 300)
