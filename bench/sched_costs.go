@@ -55,7 +55,7 @@ const costChunk = 64
 // prefill its fastest chunk: a shared machine's slow spells and a cold
 // start only ever add time, and on stories260K medians of five put the
 // cost per member anywhere from 25 to 78 µs between calls where the
-// fastest steps gave 31-37.
+// fastest steps gave 31-38.
 func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error) {
 	prompt := make([]int32, costChunk)
 	for i := range prompt {
