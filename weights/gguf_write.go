@@ -200,17 +200,17 @@ func (g *GGUFWriter) Close() error {
 // tensor i's bytes. The file appears under path only when complete
 // (it is written beside it and renamed), so a failure loses nothing.
 func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int, w io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	tmp, untrack, err := interrupt.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*") // a Ctrl-C leaves no half file
 	if err != nil {
 		return fmt.Errorf("write gguf: %w", err)
 	}
+	defer untrack() // after the removal below: tracked until it is gone
 	defer func() {
 		if err != nil {
 			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
-	defer interrupt.Track(tmp.Name())() // a Ctrl-C leaves no half file
 	g, err := NewGGUFWriter(tmp, md, tensors)
 	if err != nil {
 		return err

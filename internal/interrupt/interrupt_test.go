@@ -22,24 +22,7 @@ func TestInterruptRemovesTrackedPaths(t *testing.T) {
 		return
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptRemovesTrackedPaths$")
-	cmd.Env = append(os.Environ(), "INTERRUPT_CHILD_DIR="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("child: %q, %v", line, err)
-	}
-	cmd.Process.Signal(syscall.SIGINT)
-	err = cmd.Wait()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 130 {
-		t.Errorf("child ended with %v, want exit status 130", err)
-	}
+	interruptChild(t, startChild(t, "TestInterruptRemovesTrackedPaths", "INTERRUPT_CHILD_DIR="+dir))
 	for _, name := range []string{"model.gguf.tmp1", "bench"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left after the interrupt: %v", name, err)
@@ -64,6 +47,72 @@ func child(dir string) {
 	os.Stdout.WriteString("ready\n")
 	time.Sleep(time.Minute)
 	os.Exit(3) // not interrupted
+}
+
+// TestInterruptDuringCreateLeavesNothing interrupts a child that makes,
+// removes and untracks temporary files in a tight loop, at five moments:
+// wherever the signal lands, no file may be left. With the file made and
+// then tracked in two steps, one landing between them left it.
+func TestInterruptDuringCreateLeavesNothing(t *testing.T) {
+	if dir := os.Getenv("INTERRUPT_CREATE_DIR"); dir != "" {
+		createChild(dir)
+		return
+	}
+	for i := range 5 {
+		dir := t.TempDir()
+		cmd := startChild(t, "TestInterruptDuringCreateLeavesNothing", "INTERRUPT_CREATE_DIR="+dir)
+		time.Sleep(time.Duration(i) * 3 * time.Millisecond)
+		interruptChild(t, cmd)
+		if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+			t.Fatalf("interrupt %d: left %v", i, left)
+		}
+	}
+}
+
+// startChild runs this test binary's test with env added, and returns
+// once the child printed "ready".
+func startChild(t *testing.T, test, env string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	return cmd
+}
+
+// interruptChild sends the child SIGINT; it must exit with status 130.
+func interruptChild(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 130 {
+		t.Fatalf("child ended with %v, want exit status 130", err)
+	}
+}
+
+func createChild(dir string) {
+	Handle(os.Stderr)
+	for n := 0; ; n++ {
+		f, untrack, err := CreateTemp(dir, "model.gguf.tmp*")
+		if err != nil {
+			os.Exit(4)
+		}
+		f.Close()
+		os.Remove(f.Name())
+		untrack()
+		if n == 0 {
+			os.Stdout.WriteString("ready\n")
+		}
+	}
 }
 
 func TestStopEndsTheHandler(t *testing.T) {

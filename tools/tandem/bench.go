@@ -111,11 +111,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	} else {
 		tmp := *dir
 		if tmp == "" {
+			var untrack func()
 			var err error
-			if tmp, err = os.MkdirTemp("", "tandem-bench-"); err != nil {
+			if tmp, untrack, err = interrupt.Create(func() (string, error) { return os.MkdirTemp("", "tandem-bench-") }); err != nil {
 				return err
 			}
-			defer interrupt.Track(tmp)()
+			defer untrack()
 			defer os.RemoveAll(tmp)
 		}
 		for _, dt := range dts {

@@ -144,10 +144,10 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 	}
 	cleanup := none
 	if dir == "" {
-		if dir, err = os.MkdirTemp("", "tandem-bench-stream-"); err != nil {
+		var untrack func()
+		if dir, untrack, err = interrupt.Create(func() (string, error) { return os.MkdirTemp("", "tandem-bench-stream-") }); err != nil {
 			return nil, none, err
 		}
-		untrack := interrupt.Track(dir)
 		cleanup = func() { os.RemoveAll(dir); untrack() }
 	}
 	src, err := weights.Open(from)

@@ -59,7 +59,7 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	}
 
 	out := pos[1]
-	tmp, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	tmp, untrack, err := interrupt.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
 	if err != nil {
 		cause := err // the temporary name means nothing to the user
 		if u := errors.Unwrap(err); u != nil {
@@ -67,8 +67,8 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("cannot write %s: %w", out, cause)
 	}
+	defer untrack()             // after the removal: tracked until it is gone
 	defer os.Remove(tmp.Name()) // no-op after the rename
-	defer interrupt.Track(tmp.Name())()
 	bar := progress.New(stderr, "convert", 0)
 	opt.Progress = func(done, total uint64) {
 		bar.SetTotal(total)
