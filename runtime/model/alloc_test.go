@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -70,14 +71,30 @@ func TestDecodeAllocatesNothing(t *testing.T) {
 }
 
 // BenchmarkDecodeStep times one decode step of stories260K (a model the
-// size of a draft) on one and two threads for a batch of sequences 128
-// tokens in, dropping the step's rows after each so every iteration
-// attends over the same length.
+// size of a draft) and of the embedded target on one and two threads for
+// a batch of sequences 128 tokens in, dropping the step's rows after each
+// so every iteration attends over the same length.
 func BenchmarkDecodeStep(b *testing.B) {
 	for _, threads := range []int{1, 2} {
 		m := loadConvertedThreads(b, "stories260K.bin", weights.F32, threads)
 		for _, seqs := range []int{1, 8} {
 			b.Run(fmt.Sprintf("threads=%d/seqs=%d", threads, seqs), func(b *testing.B) {
+				benchDecodeStep(b, m, seqs)
+			})
+		}
+	}
+	// The embedded target (Q8_0, dim 192), what generate and serve run
+	// with no files: small enough that the pool's hand-off, attention's
+	// per-call costs and how little a batch saves with the weights in
+	// cache all show.
+	for _, threads := range []int{1, 2} {
+		f, err := defaultmodel.Target()
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := loadThreads(b, f, threads)
+		for _, seqs := range []int{1, 4, 8} {
+			b.Run(fmt.Sprintf("embedded/threads=%d/seqs=%d", threads, seqs), func(b *testing.B) {
 				benchDecodeStep(b, m, seqs)
 			})
 		}

@@ -89,6 +89,13 @@ func loadConvertedThreads(t testing.TB, name string, typ weights.DType, threads 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return loadThreads(t, f, threads)
+}
+
+// loadThreads loads f computing on threads threads, closed when the test
+// ends.
+func loadThreads(t testing.TB, f *weights.File, threads int) *Model {
+	t.Helper()
 	m, err := Load(f, Options{Threads: threads})
 	if err != nil {
 		t.Fatal(err)
