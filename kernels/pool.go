@@ -60,9 +60,16 @@ type worker struct {
 	t        task
 	seq      atomic.Uint64
 	done     atomic.Uint64
-	sleeping atomic.Bool
+	sleeping atomic.Bool // set under park, read without it as a hint
 	closed   atomic.Bool
-	wake     chan struct{} // a token for a parked worker
+	// park guards parking: a worker checks seq and waits on wake under
+	// it, and post signals under it. A flag and a token channel instead
+	// (the worker set the flag and then read seq, post bumped seq and then
+	// read the flag) needed those two stores ordered before the loads
+	// that follow them; the arm64 tests under qemu once hung there, the
+	// worker parked with a task posted.
+	park sync.Mutex
+	wake *sync.Cond
 }
 
 // spinFor bounds a worker's spin between tasks: far longer than the gap
@@ -92,7 +99,8 @@ func NewPool(threads int) *Pool {
 	}
 	p := &Pool{threads: threads, workers: make([]*worker, threads-1), tune: newSplitTuner(threads)}
 	for i := range p.workers {
-		w := &worker{wake: make(chan struct{}, 1)}
+		w := &worker{}
+		w.wake = sync.NewCond(&w.park)
 		p.workers[i] = w
 		go w.loop()
 	}
@@ -132,14 +140,16 @@ func (w *worker) await(last uint64) bool {
 		}
 		runtime.Gosched()
 	}
+	w.park.Lock()
+	defer w.park.Unlock()
 	w.sleeping.Store(true)
-	for w.seq.Load() == last { // re-checked after sleeping is set: no lost wake-up
+	defer w.sleeping.Store(false)
+	for w.seq.Load() == last {
 		if w.closed.Load() {
 			return false
 		}
-		<-w.wake
+		w.wake.Wait()
 	}
-	w.sleeping.Store(false)
 	return true
 }
 
@@ -147,12 +157,11 @@ func (w *worker) await(last uint64) bool {
 func (w *worker) post(t task) {
 	w.t = t
 	w.seq.Add(1)
-	if w.sleeping.Load() {
-		select {
-		case w.wake <- struct{}{}:
-		default: // a token is already waiting
-		}
-	}
+	// Always under park, however likely the worker is spinning: an
+	// uncontended lock costs tens of nanoseconds, a lost wake-up a hang.
+	w.park.Lock()
+	w.wake.Signal()
+	w.park.Unlock()
 }
 
 // wait returns when the worker has finished its latest task.
@@ -176,10 +185,9 @@ func (p *Pool) Close() {
 	p.once.Do(func() {
 		for _, w := range p.workers {
 			w.closed.Store(true)
-			select {
-			case w.wake <- struct{}{}:
-			default:
-			}
+			w.park.Lock()
+			w.wake.Signal()
+			w.park.Unlock()
 		}
 	})
 }
