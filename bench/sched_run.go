@@ -135,24 +135,24 @@ type Capacity struct {
 // probe's fastest burst is the better figure, and overload stays
 // overload.
 func AtCapacity(probe func() (float64, error), runs func(capacity float64) error) (Capacity, error) {
-	c, err := probe()
-	if err != nil {
-		return Capacity{}, err
+	var res Capacity
+	var err error
+	if res.First, err = probe(); err != nil {
+		return res, err
 	}
-	res := Capacity{First: c}
-	for {
-		res.Used = c
-		if err := runs(c); err != nil {
-			return res, err
-		}
-		if res.After, err = probe(); err != nil {
-			return res, err
-		}
-		if res.Rerun || res.After <= c*(1+CapacityDrift) {
-			return res, nil
-		}
-		res.Rerun, c = true, res.After
+	res.Used = res.First
+	if err := runs(res.Used); err != nil {
+		return res, err
 	}
+	if res.After, err = probe(); err != nil || res.After <= res.Used*(1+CapacityDrift) {
+		return res, err
+	}
+	res.Rerun, res.Used = true, res.After
+	if err := runs(res.Used); err != nil {
+		return res, err
+	}
+	res.After, err = probe()
+	return res, err
 }
 
 // LiveThroughput measures what a running scheduler decodes, in tokens per
