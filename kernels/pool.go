@@ -60,7 +60,7 @@ type worker struct {
 	t        task
 	seq      atomic.Uint64
 	done     atomic.Uint64
-	sleeping atomic.Bool // set under park, read without it as a hint
+	sleeping atomic.Bool // set under park; readyWorkers reads it without, as a hint
 	closed   atomic.Bool
 	// park guards parking: a worker checks seq and waits on wake under
 	// it, and post signals under it. A flag and a token channel instead
@@ -240,16 +240,16 @@ func (p *Pool) byWork(work float64, run func(workers int)) {
 	case work >= tuneCeiling:
 		run(p.threads)
 	default:
-		p.tune.run(work, run, p.wake)
+		p.tune.run(work, run, p.readyWorkers)
 	}
 }
 
-// noJob is the empty task wake hands a parked worker.
+// noJob is the empty task readyWorkers hands a parked worker.
 var noJob Job = funcJob(func(int, int) {})
 
-// wake readies the first workers-1 workers: a parked one gets an empty
-// task, and wake returns once each has run it.
-func (p *Pool) wake(workers int) {
+// readyWorkers readies the first workers-1 workers: a parked one gets an
+// empty task, and readyWorkers returns once each has run it.
+func (p *Pool) readyWorkers(workers int) {
 	ws := p.workers[:min(workers-1, len(p.workers))]
 	for _, w := range ws {
 		if w.sleeping.Load() {

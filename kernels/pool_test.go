@@ -96,6 +96,32 @@ func TestRunJobWorkSizesTheSplit(t *testing.T) {
 	}
 }
 
+// unitsJob is a SizedJob that records the worker counts Units was given
+// and the chunks it ran.
+type unitsJob struct {
+	workers []int
+	chunks  atomic.Int32
+}
+
+func (j *unitsJob) Units(workers int) int { j.workers = append(j.workers, workers); return 64 }
+func (j *unitsJob) Run(lo, hi int)        { j.chunks.Add(1) }
+
+// TestRunSizedWorkSizesTheJobForItsWorkers: Units learns the worker
+// count the job then runs on, before it is split.
+func TestRunSizedWorkSizesTheJobForItsWorkers(t *testing.T) {
+	pool := NewPool(4)
+	defer pool.Close()
+	for _, work := range []float64{tuneFloor - 1, tuneFloor, tuneCeiling / 2, tuneCeiling} {
+		for range warmTries * len(pool.tune.options) {
+			var j unitsJob
+			pool.RunSizedWork(4, work, &j)
+			if len(j.workers) != 1 || int(j.chunks.Load()) != j.workers[0] {
+				t.Fatalf("work %g: Units given %v, %d chunks run; want one count, and that many chunks", work, j.workers, j.chunks.Load())
+			}
+		}
+	}
+}
+
 // TestSplitTunerLearnsTheCheapestSplit drives a 4-thread pool's tuner
 // with a clock that charges each call what k workers would cost: the work
 // divided by k plus a hand-off for each worker beyond the caller. It
@@ -134,6 +160,39 @@ func TestSplitTunerLearnsTheCheapestSplit(t *testing.T) {
 		if got := used(measure); got[step.best] < measure*99/100 {
 			t.Errorf("hand-off %v: counts used %v in %d calls after %d to settle, want %d workers in at least 99%% of them", step.handoff, got, measure, settle, step.best)
 		}
+	}
+}
+
+// TestSplitTunerWarmUpKeepsTheFastestTry: a slow first try of the
+// cheapest count (a preempted caller) must not hide it: the warm-up
+// keeps each count's fastest try, so the first call after it uses the
+// cheapest count, not one 64 calls later when it is tried again.
+func TestSplitTunerWarmUpKeepsTheFastestTry(t *testing.T) {
+	tuner := newSplitTuner(2) // counts 1 and 2
+	var clock time.Duration
+	tuner.now = func() time.Duration { return clock }
+	splits := 0
+	used := 0
+	run := func() {
+		tuner.run(1e5, func(k int) {
+			used = k
+			if k == 1 {
+				clock += 10 * time.Microsecond
+				return
+			}
+			if splits++; splits == 1 {
+				clock += 100 * time.Microsecond // the slow first try
+				return
+			}
+			clock += 6 * time.Microsecond
+		}, func(int) {})
+	}
+	for range warmTries * len(tuner.options) {
+		run()
+	}
+	run()
+	if used != 2 {
+		t.Errorf("the first call after the warm-up used %d workers, want 2 (6 µs against 10; only its first try was slow)", used)
 	}
 }
 

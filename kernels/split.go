@@ -79,20 +79,22 @@ func newSplitTuner(threads int) splitTuner {
 
 // run calls split with the worker count jobs of work's size have been
 // cheapest with, timing some calls to keep learning. Before a timed call
-// with helpers it calls wake with the count, so that the timing is of
+// with helpers it calls ready with the count, so that the timing is of
 // helpers already running: a tuner that chose the caller alone leaves
 // them parked, and timing their wake-ups (tens of microseconds against
 // one or two for the job) made every later try of a split look dear, a
 // trap the embedded model's decode fell into on a VM whose hand-off had
 // become cheap again (143 µs a step, where splitting every matrix gave
 // 111).
-func (s *splitTuner) run(work float64, split, wake func(workers int)) {
+func (s *splitTuner) run(work float64, split, ready func(workers int)) {
 	c := &s.classes[bits.Len64(uint64(work))]
 	c.calls++
 	c.since++
 	i, timed, exploring := c.best, c.calls%timeEvery == 0, false
-	if j := c.leastTried(len(s.options)); c.tries[j] < warmTries {
-		i, timed = j, true // the counts in turn until each has warmTries
+	// Every warm-up call is timed and tries the least tried count, so
+	// the warm-up is the first warmTries calls per count.
+	if c.calls <= uint32(warmTries*len(s.options)) {
+		i, timed = c.leastTried(len(s.options)), true
 	} else if c.since >= max(c.period, exploreMin) && len(s.options) > 1 {
 		k := int(c.explored) % (len(s.options) - 1)
 		i, timed, exploring = (c.best+1+k)%len(s.options), true, true // the others in turn
@@ -104,7 +106,7 @@ func (s *splitTuner) run(work float64, split, wake func(workers int)) {
 		return
 	}
 	if s.options[i] > 1 {
-		wake(s.options[i])
+		ready(s.options[i])
 	}
 	t0 := s.now()
 	split(s.options[i])
