@@ -389,6 +389,27 @@ func TestForwardTreeRows(t *testing.T) {
 	}
 }
 
+// TestAttentionCutsHeadsForItsWorkers: attention splits a group of query
+// heads only for the workers the pool gives it, not for the pool's
+// threads: on one worker an eight-thread model keeps stories260K's pairs
+// of heads whole (half the kernel calls), on eight it cuts them.
+func TestAttentionCutsHeadsForItsWorkers(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m := loadThreads(t, f, 8)
+	c := m.Config()
+	j := attendJob{m: m, n: 1, maxLen: 16}
+	if j.Units(1); j.heads != c.Heads/c.KVHeads {
+		t.Errorf("one worker: %d query heads a task, want the group of %d", j.heads, c.Heads/c.KVHeads)
+	}
+	if j.Units(8); j.heads != 1 {
+		t.Errorf("eight workers: %d query heads a task, want 1", j.heads)
+	}
+}
+
 // TestThreadsKeepLogits: the thread count changes how work is split, not
 // the arithmetic. With eight threads one token's attention has fewer
 // groups of query heads sharing a KV head (stories260K: four of two) than
