@@ -652,9 +652,9 @@ func checkAttention(t *testing.T, s *Stream, rng *rand.Rand, f16 bool, heads, kv
 			qh := q[(i*heads+h)*hd : (i*heads+h+1)*hd]
 			off := (h / group) * hd
 			if f16 {
-				kernels.AttentionF16(want, qh, c.host.K16(sl.seq, layer), c.host.V16(sl.seq, layer), kvd, off, sl.prefix, sl.anc, scale, scores)
+				kernels.AttentionF16(want, qh, c.host.K16(sl.seq, layer), c.host.V16(sl.seq, layer), 1, kvd, off, sl.prefix, sl.anc, scale, scores)
 			} else {
-				kernels.Attention(want, qh, c.host.K(sl.seq, layer), c.host.V(sl.seq, layer), kvd, off, sl.prefix, sl.anc, scale, scores)
+				kernels.Attention(want, qh, c.host.K(sl.seq, layer), c.host.V(sl.seq, layer), 1, kvd, off, sl.prefix, sl.anc, scale, scores)
 			}
 			tol := attentionBound(c.host, sl.seq, layer, f16, qh, kvd, off, sl.prefix, sl.anc, scale)
 			for d := range want {
