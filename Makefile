@@ -5,7 +5,7 @@ FUZZTIME ?= 20s
 # Android build uses the pure-Go kernels).
 PURE_GO_PKGS = ./kernels/... ./runtime/... ./tools/...
 
-.PHONY: build test bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-deps cuda-ptx
+.PHONY: build test bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-check cuda-deps cuda-dev-deps debian-nonfree cuda-ptx
 
 build:
 	$(GO) build -o bin/tandem ./tools/tandem
@@ -112,12 +112,32 @@ cuda:
 	@mkdir -p bin/cuda
 	$(GO) test -tags cuda -c -o bin/cuda/ $(CUDA_TEST_PKGS)
 
+# cuda-check compiles everything behind the cuda tag without a GPU: go vet
+# with the tag, the tagged test binaries and the CLI, into a temporary
+# folder. CI runs it, so the GPU code cannot drift from the CPU code it
+# shares between sessions that have a GPU to run it on. It needs cuda.h
+# and the driver stub (Debian's nvidia-cuda-dev; cuda-dev-deps installs it).
+cuda-check:
+	@test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h || $(MAKE) cuda-dev-deps
+	$(GO) vet -tags cuda ./...
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+		$(GO) test -tags cuda -c -o "$$d/" $(CUDA_TEST_PKGS) && \
+		$(GO) build -tags cuda -o "$$d/tandem-cuda" ./tools/tandem
+	@echo "cuda-check: the cuda-tagged code vets, and its tests and CLI build"
+
 # cuda-deps enables Debian's contrib and non-free components and installs
-# nvcc (CUDA 11.8 in bookworm) and the driver API headers and stubs.
-cuda-deps:
+# nvcc (CUDA 11.8 in bookworm) and the driver API headers and stubs;
+# cuda-dev-deps only the headers and stubs (enough to build, not for
+# cuda-ptx).
+cuda-deps: debian-nonfree
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-toolkit nvidia-cuda-dev
+
+cuda-dev-deps: debian-nonfree
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-dev >/dev/null
+
+debian-nonfree:
 	sed -i 's/^Components: main$$/Components: main contrib non-free/' /etc/apt/sources.list.d/debian.sources
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nvidia-cuda-toolkit nvidia-cuda-dev
+	apt-get update -q >/dev/null
 
 # cuda-ptx regenerates the embedded PTX of kernels/cuda for every
 # architecture in CUDA_ARCHS (kernels/cuda.Archs) and records the digest
