@@ -14,9 +14,10 @@ import (
 // CostConfig configures MeasureStepCosts.
 type CostConfig struct {
 	Threads int
-	Batches []int // decode batch sizes to time (default 1, 2, 4, 8)
-	Reps    int   // timed steps per batch size (default 5; the fastest counts)
-	Context int   // KV context per sequence (default 512)
+	Device  string // where the model computes: "" (the CPU) or "cuda[:N]" (a build with -tags cuda)
+	Batches []int  // decode batch sizes to time (default 1, 2, 4, 8)
+	Reps    int    // timed steps per batch size (default 5; the fastest counts)
+	Context int    // KV context per sequence (default 512)
 }
 
 // MeasureStepCosts times the plain engine on the model in f: prefill
@@ -32,7 +33,7 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 	if cfg.Context <= 0 {
 		cfg.Context = 512
 	}
-	m, err := model.Load(f, model.Options{Threads: cfg.Threads})
+	m, err := model.Load(f, model.Options{Threads: cfg.Threads, Device: cfg.Device})
 	if err != nil {
 		return StepCosts{}, err
 	}

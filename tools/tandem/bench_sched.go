@@ -62,7 +62,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	requests := fs.Int("requests", 600, "requests per real-engine run")
 	repeat := fs.Int("repeat", 3, "real-engine runs per setting and policy; the rows are their medians")
 	simRequests := fs.Int("sim-requests", 600, "requests per simulated run")
-	lanesFlag := fs.String("lanes", "1,1", "threads per lane (the simulator uses as many lanes)")
+	lanesFlag := fs.String("lanes", "1,1", "the real engine's lanes: threads per CPU lane, or cuda / cuda:N for a GPU lane (a build with -tags cuda), comma separated (the simulator uses as many lanes)")
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
@@ -91,7 +91,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 		}
 		vars = append(vars, x)
 	}
-	threads, err := cpuLaneThreads("bench sched", *lanesFlag)
+	specs, err := parseLanes(*lanesFlag)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	var rows []bench.SchedRow
 	var notes []string
 	if *real {
-		r, note, err := cfg.real(ctx, *modelPath, *tokPath, *calib, threads, *requests)
+		r, note, err := cfg.real(ctx, *modelPath, *tokPath, *calib, specs, *requests)
 		if err != nil {
 			return err
 		}
@@ -123,7 +123,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		r, err := cfg.sim(costs, len(threads), *simRequests, *ablate)
+		r, err := cfg.sim(costs, len(specs), *simRequests, *ablate)
 		if err != nil {
 			return err
 		}
@@ -232,7 +232,7 @@ func (b schedBench) rate(load float64, lanes []bench.StepCosts, adv float64, v b
 	return load * capacity / meanTokens(sample)
 }
 
-func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, threads []int, n int) ([]bench.SchedRow, string, error) {
+func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, specs []sched.LaneSpec, n int) ([]bench.SchedRow, string, error) {
 	f, err := openModel(modelPath)
 	if err != nil {
 		return nil, "", err
@@ -246,25 +246,26 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	if err != nil {
 		return nil, "", err
 	}
+	// Each lane's costs first: a lane this build or machine cannot run
+	// fails before the calibration's minutes.
+	costs, err := laneStepCosts(f, specs, b.maxBatch, b.stderr)
+	if err != nil {
+		return nil, "", err
+	}
 	if calPath == "" {
 		// Calibrated in memory only: a benchmark writes nothing beside
 		// the model (run tandem calibrate to keep one).
 		fmt.Fprintln(b.stderr, "no calibration for this model: calibrating in memory (tandem calibrate saves one)")
 		cal, err := calibrate(ctx, f, tok, bench.CalibrationPrompts(300, bench.VarianceNormal, 448, b.seed+1000),
-			calibrateOptions{threads: onePerCore(), temperature: 0.8, seed: b.seed, epochs: 1500, maxTokens: 448, modelPath: modelPath}, b.stderr)
+			calibrateOptions{lanes: calibrationLanes(specs), temperature: 0.8, seed: b.seed, epochs: 1500, maxTokens: 448, modelPath: modelPath}, b.stderr)
 		if err != nil {
 			return nil, "", err
 		}
 		est = sched.NewEstimator(cal)
 		calPath = fmt.Sprintf("calibrated now (validation MAE %.1f tokens, fallback %.1f)", cal.Validation.MAE, cal.Validation.FallbackMAE)
 	}
-	fmt.Fprintf(b.stderr, "measuring step costs of %s with %d thread(s)\n", filepath.Base(f.Path), threads[0])
-	cost, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads[0], Batches: []int{1, 2, 4, b.maxBatch}})
-	if err != nil {
-		return nil, "", err
-	}
-	ctxLen := min(512, cost.Context)
-	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(threads...), MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
+	ctxLen := min(512, costs[0].Context)
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: specs, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
 	if err != nil {
 		return nil, "", err
 	}
@@ -296,8 +297,8 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			return bench.Run{}, err
 		}
 		defer s.Shutdown(context.Background())
-		for i := range lanes {
-			s.SeedCost(i, cost.A, cost.B, cost.C)
+		for i, c := range costs {
+			s.SeedCost(i, c.A, c.B, c.C)
 		}
 		return bench.RunLive(ctx, s, reqs, encode, stops)
 	}
@@ -383,10 +384,48 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		}
 		capacities = append(capacities, capNote)
 	}
-	note := fmt.Sprintf("%s: %d lane(s) of %v threads; %s; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %v + %v/member + %v/prefill token; estimator %s",
-		name, len(lanes), threads, runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), cost.A.Round(time.Microsecond), cost.B.Round(time.Microsecond),
-		cost.C.Round(100*time.Nanosecond), calPath)
+	var inIsolation []string
+	for i, c := range costs {
+		inIsolation = append(inIsolation, fmt.Sprintf("%s %v + %v/member + %v/prefill token", lanes[i].Name,
+			c.A.Round(time.Microsecond), c.B.Round(time.Microsecond), c.C.Round(100*time.Nanosecond)))
+	}
+	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
+		name, describeLanes(lanes, specs), runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), strings.Join(inIsolation, ", "), calPath)
 	return rows, note, nil
+}
+
+// laneStepCosts measures the step costs of each lane's device and
+// threads (once for lanes that are alike): they seed the lanes' cost
+// models, which a GPU lane and a CPU lane need apart.
+func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr io.Writer) ([]bench.StepCosts, error) {
+	costs := make([]bench.StepCosts, len(specs))
+	for i, sp := range specs {
+		if j := slices.Index(specs, sp); j < i {
+			costs[i] = costs[j]
+			continue
+		}
+		where, threads := fmt.Sprintf("%d thread(s)", sp.Threads), sp.Threads
+		if sp.GPU() {
+			where, threads = sp.Device, 1 // as sched.LoadLanes runs a GPU lane's host side
+		}
+		fmt.Fprintf(stderr, "measuring step costs of %s on %s\n", filepath.Base(f.Path), where)
+		c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Device: sp.Device, Batches: []int{1, 2, 4, maxBatch}})
+		if err != nil {
+			return nil, fmt.Errorf("lane %d (%s): %w", i, where, err)
+		}
+		costs[i] = c
+	}
+	return costs, nil
+}
+
+// calibrationLanes are the lanes an in-memory calibration generates on:
+// the benchmark's own when one is a GPU (the GPU is the fast way), else
+// one CPU lane per core.
+func calibrationLanes(specs []sched.LaneSpec) []sched.LaneSpec {
+	if slices.ContainsFunc(specs, sched.LaneSpec.GPU) {
+		return specs
+	}
+	return onePerCore()
 }
 
 func runsNote(n int) string {

@@ -44,7 +44,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	maxTokens := fs.Int("max-tokens", 448, "cap on every generation")
 	temp := fs.Float64("temperature", 0.8, "sampling temperature of the generations (0: greedy)")
 	seed := fs.Uint64("seed", 1, "corpus, sampling and training seed")
-	lanes := fs.String("lanes", "", "threads per CPU lane, comma separated (default: one lane per physical core, 1 thread each)")
+	lanes := fs.String("lanes", "", "lanes that generate: threads per CPU lane, or cuda / cuda:N for a GPU lane (a build with -tags cuda), comma separated (default: one CPU lane per physical core, 1 thread each)")
 	epochs := fs.Int("epochs", 1500, "MLP training epochs")
 	out := fs.String("out", "", "where to write the calibration (default: beside the model)")
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -53,12 +53,12 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || *temp < 0 {
 		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive, --temperature >= 0", errUsage)
 	}
-	threads, err := cpuLaneThreads("calibrate", *lanes)
-	if err != nil {
-		return err
-	}
-	if *lanes == "" {
-		threads = onePerCore()
+	specs := onePerCore()
+	if *lanes != "" {
+		var err error
+		if specs, err = parseLanes(*lanes); err != nil {
+			return err
+		}
 	}
 	f, err := openModel(*modelPath)
 	if err != nil {
@@ -93,7 +93,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	start := time.Now()
-	cal, err := calibrate(ctx, f, tok, prompts, calibrateOptions{threads: threads, temperature: *temp, seed: *seed, epochs: *epochs,
+	cal, err := calibrate(ctx, f, tok, prompts, calibrateOptions{lanes: specs, temperature: *temp, seed: *seed, epochs: *epochs,
 		maxTokens: *maxTokens, modelPath: *modelPath}, stderr)
 	if err != nil {
 		return err
@@ -199,7 +199,7 @@ func readPrompts(path string, maxTokens int) ([]bench.WorkRequest, error) {
 }
 
 type calibrateOptions struct {
-	threads     []int
+	lanes       []sched.LaneSpec
 	temperature float64
 	seed        uint64
 	epochs      int
@@ -211,7 +211,7 @@ type calibrateOptions struct {
 // the scheduler, batched, on every lane) and fits the estimator to the
 // output lengths; a fifth of the prompts is held out for validation.
 func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, prompts []bench.WorkRequest, opt calibrateOptions, stderr io.Writer) (*sched.Calibration, error) {
-	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(opt.threads...), MaxSeqs: 16, KVType: weights.F32})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: opt.lanes, MaxSeqs: 16, KVType: weights.F32})
 	if err != nil {
 		return nil, err
 	}
@@ -319,12 +319,12 @@ func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, p
 
 // onePerCore is a lane of one thread per physical core: the most
 // throughput for many independent generations.
-func onePerCore() []int {
-	t := make([]int, kernels.PhysicalCores())
-	for i := range t {
-		t[i] = 1
+func onePerCore() []sched.LaneSpec {
+	ones := make([]int, kernels.PhysicalCores())
+	for i := range ones {
+		ones[i] = 1
 	}
-	return t
+	return sched.CPULaneSpecs(ones...)
 }
 
 // stopTokens are EOS and BOS (llama2.c models end a story with BOS).

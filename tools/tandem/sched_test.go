@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
@@ -51,6 +53,22 @@ func TestCalibrate(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "calibrate", "--n", "0"); code != 2 {
 		t.Errorf("--n 0: exit %d, want 2", code)
+	}
+	if code, _, stderr := tandem(t, "calibrate", "--lanes", "0,1"); code != 2 || !strings.Contains(stderr, "cuda / cuda:N") {
+		t.Errorf("--lanes 0,1: exit %d, want 2 and what a lane is: %s", code, stderr)
+	}
+}
+
+// TestCalibrationLanes: bench sched calibrates in memory on its own lanes
+// when one is a GPU, else on a CPU lane per core.
+func TestCalibrationLanes(t *testing.T) {
+	gpu := []sched.LaneSpec{{Device: "cuda"}, {Threads: 4}}
+	if got := calibrationLanes(gpu); !slices.Equal(got, gpu) {
+		t.Errorf("with a GPU lane: %v", got)
+	}
+	got := calibrationLanes([]sched.LaneSpec{{Threads: 4}})
+	if len(got) != kernels.PhysicalCores() || slices.ContainsFunc(got, func(l sched.LaneSpec) bool { return l.GPU() || l.Threads != 1 }) {
+		t.Errorf("CPU lanes only: %v, want one 1-thread lane per core", got)
 	}
 }
 

@@ -241,23 +241,6 @@ func parseLanes(s string) ([]sched.LaneSpec, error) {
 	return out, nil
 }
 
-// cpuLaneThreads reads --lanes for a command that measures CPU lanes
-// only (calibrate, bench sched): the threads of each lane.
-func cpuLaneThreads(cmd, s string) ([]int, error) {
-	lanes, err := parseLanes(s)
-	if err != nil {
-		return nil, err
-	}
-	threads := make([]int, len(lanes))
-	for i, l := range lanes {
-		if l.GPU() {
-			return nil, fmt.Errorf("%w: --lanes %q: tandem %s measures CPU lanes only; give thread counts (tandem serve takes GPU lanes)", errUsage, s, cmd)
-		}
-		threads[i] = l.Threads
-	}
-	return threads, nil
-}
-
 // describeLanes says what each lane runs on: "cuda0 on cuda, cpu1 with 4
 // threads".
 func describeLanes(lanes []sched.Lane, specs []sched.LaneSpec) string {

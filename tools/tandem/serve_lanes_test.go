@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -46,16 +47,6 @@ func TestParseLanes(t *testing.T) {
 	}
 }
 
-// TestCPULaneThreads: calibrate and bench sched take CPU lanes only.
-func TestCPULaneThreads(t *testing.T) {
-	if got, err := cpuLaneThreads("calibrate", "2,1"); err != nil || !slices.Equal(got, []int{2, 1}) {
-		t.Errorf("2,1: %v, %v", got, err)
-	}
-	if _, err := cpuLaneThreads("calibrate", "cuda,1"); err == nil || !strings.Contains(err.Error(), "CPU lanes only") {
-		t.Errorf("cuda,1: %v, want a refusal", err)
-	}
-}
-
 // TestServeGPULaneWithoutCUDA: serve with a GPU lane in a build without
 // -tags cuda exits with the model's error saying to rebuild, not a
 // panic. (A cuda build serves it; runtime/sched's cuda tests cover that.)
@@ -74,5 +65,17 @@ func TestServeGPULaneWithoutCUDA(t *testing.T) {
 	code, _, stderr := tandem(t, "serve", "--addr", "127.0.0.1:0", "--model", path, "--lanes", "cuda,1")
 	if code == 0 || !strings.Contains(stderr, "lane cuda0") || !strings.Contains(stderr, "-tags cuda") {
 		t.Errorf("serve --lanes cuda,1: exit %d, stderr %q", code, stderr)
+	}
+	// bench sched measures the GPU lane's costs first, so it fails at
+	// once (no calibration is given: one would take minutes) and names
+	// the lane.
+	code, _, stderr = tandem(t, "bench", "sched", "--model", path, "--lanes", "1,cuda", "--sim-shape", "", "--loads", "1")
+	if code == 0 || !strings.Contains(stderr, "lane 1 (cuda)") || !strings.Contains(stderr, "-tags cuda") || strings.Contains(stderr, "calibrating") {
+		t.Errorf("bench sched --lanes 1,cuda: exit %d, stderr %q", code, stderr)
+	}
+	// calibrate loads its lanes before it generates anything.
+	code, _, stderr = tandem(t, "calibrate", "--model", path, "--lanes", "cuda", "--out", filepath.Join(t.TempDir(), "c.json"))
+	if code != 1 || !strings.Contains(stderr, "lane cuda0") || !strings.Contains(stderr, "-tags cuda") {
+		t.Errorf("calibrate --lanes cuda: exit %d, stderr %q", code, stderr)
 	}
 }
