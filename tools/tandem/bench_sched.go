@@ -27,9 +27,10 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 		"Benchmarks the request scheduler: Poisson arrivals stepping from light load\n"+
 			"to overload, a mix of planners (short, tight deadlines), chats, background\n"+
 			"summaries (min_tokens) and a share of adversarial long-output prompts,\n"+
-			"under the policies FIFO, least-uncertainty-first (luf), earliest-deadline-\n"+
-			"first (edf), RT-LM as published (rtlm, raw counts) and tandem's. It runs\n"+
-			"the real engine on --model (lanes of --lanes threads), and the same\n"+
+			"under the policies FIFO, least-uncertainty-first (luf),\n"+
+			"earliest-deadline-first (edf), RT-LM as published (rtlm, raw counts) and\n"+
+			"tandem's. It runs the real engine on --model (--lanes: CPU lanes of so many\n"+
+			"threads, or a GPU lane, cuda, in a build with -tags cuda), and the same\n"+
 			"scheduler in a discrete-event simulator whose per-step costs are measured\n"+
 			"on a synthetic model of --sim-shape (or given by --sim-costs); the\n"+
 			"simulator charges the scheduler's own run time. Load 1.0 is the lanes'\n"+
