@@ -187,6 +187,9 @@ func (s *Scheduler) take(l *lane, cands []*task, free int, now time.Time) (left 
 		if free == 0 {
 			break
 		}
+		if s.feat.routing && !s.offloadPays(l, t) {
+			continue
+		}
 		if s.feat.admission && !s.admissible(l, t, now) {
 			refused = true
 			s.stats.deferred++
@@ -294,6 +297,58 @@ func (s *Scheduler) drain(i int) time.Duration {
 		return 0
 	}
 	return time.Duration(s.qtokens[i] / r * float64(time.Second))
+}
+
+// slowLane is how many times longer a lane's time per token at full
+// batch may be than the fastest lane's before offloadPays weighs what it
+// takes: lanes within it (alike CPU lanes; a phone's big and little
+// cores) serve whatever routing and their queues give them.
+const slowLane = 1.5
+
+// offloadPays reports whether lane l should serve t rather than leave it
+// to the fastest lane: always on a lane within slowLane of the fastest,
+// else only when t's predicted tokens left take no longer on l than they
+// would on the fastest lane after its backlog. A CPU lane many times
+// slower than a GPU lane beside it then takes short requests while the
+// GPU is backed up, not the long ones routing would send it: in the
+// simulator, with a second lane 29 times slower at full batch, the long
+// answers it was given set tandem's p99 at 35% above FIFO's at 20%
+// adversarial prompts (docs/scheduling.md, "Lanes that differ").
+func (s *Scheduler) offloadPays(l *lane, t *task) bool {
+	n := s.cfg.MaxBatch
+	f := s.lanes[0]
+	for _, o := range s.lanes[1:] {
+		if o.cost.perToken(n) < f.cost.perToken(n) {
+			f = o
+		}
+	}
+	mine, theirs := l.cost.perToken(n).Seconds(), f.cost.perToken(n).Seconds()
+	if mine <= slowLane*theirs {
+		return true
+	}
+	left := remaining(t)
+	return left*mine <= s.backlog(f).Seconds()+left*theirs
+}
+
+// backlog is how long a request would wait for lane l: nothing while it
+// has a free slot and nothing waits, else the predicted tokens waiting in
+// every queue and left to its running members, at its full-batch rate.
+func (s *Scheduler) backlog(l *lane) time.Duration {
+	var work float64
+	for _, q := range s.qtokens {
+		work += q
+	}
+	if work == 0 && len(l.running) < s.cfg.MaxBatch {
+		return 0
+	}
+	for _, t := range l.running {
+		work += remaining(t)
+	}
+	r := l.cost.rate(s.cfg.MaxBatch)
+	if r <= 0 {
+		return 0
+	}
+	return time.Duration(work / r * float64(time.Second))
 }
 
 // topK returns the k most urgent waiting requests in p that this lane

@@ -415,6 +415,48 @@ func TestSecondaryLaneFillsFreeSlotsFromThePrimary(t *testing.T) {
 	}
 }
 
+// TestSlowLaneTakesOnlyWhatPays: a secondary lane 30 times slower than
+// the primary (a CPU lane beside a GPU) is not routed long requests, and
+// takes only what it would finish before the primary could: nothing while
+// the primary is free, short requests once it is backed up, never the
+// long one. A lane about as fast as the primary takes whatever routing
+// and its free slots give it (TestSecondaryLaneFillsFreeSlotsFromThePrimary).
+func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	e1.stepA, e1.stepB = 30*time.Millisecond, 30*time.Millisecond
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, e0, e1)
+	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
+	s.SeedCost(1, 30*time.Millisecond, 30*time.Millisecond, 10*time.Microsecond)
+	serveShortOnPrimary(t, s)
+	ids := func(st *Step) []string {
+		var got []string
+		if st != nil {
+			for _, tk := range st.tasks {
+				got = append(got, tk.id)
+			}
+		}
+		return got
+	}
+	submit(t, s, Request{ID: "alone", Prompt: prompt(2), MaxTokens: 2})
+	if got := ids(s.Begin(1)); len(got) != 0 {
+		t.Fatalf("the slow lane took %v while the primary was free", got)
+	}
+	submit(t, s, Request{ID: "long", Prompt: prompt(30), MaxTokens: 400})
+	if q := s.tasks["long"].qi; q != 0 {
+		t.Errorf("the long request went to queue %d, want the primary's: the slow lane would take 30 times as long", q)
+	}
+	// 100 short requests back the primary up by about 0.3 s: two tokens
+	// on the slow lane (0.18 s at a batch of 2) beat that wait, the long
+	// request's 30 (2.7 s) do not.
+	for i := range 100 {
+		submit(t, s, Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 2})
+	}
+	got := ids(s.Begin(1))
+	if len(got) != 2 || slices.Contains(got, "long") {
+		t.Errorf("the slow lane runs %v, want two short requests and not the long one", got)
+	}
+}
+
 // TestNewRequestWakesAnIdleLane: a request routed to a busy lane's queue
 // wakes the other lanes too, so an idle one serves it instead of
 // sleeping until the busy lane next plans.
