@@ -55,13 +55,25 @@ func TestWorkloadShape(t *testing.T) {
 	}
 }
 
+// simLane is the lane simRun's lanes are made of.
+var simLane = StepCosts{Name: "test", A: 100 * time.Millisecond, B: 20 * time.Millisecond, C: time.Millisecond, MaxSeqs: 16, Context: 2048}
+
 func simRun(t *testing.T, p sched.Policy, load float64) Run {
 	t.Helper()
-	c := StepCosts{Name: "test", A: 100 * time.Millisecond, B: 20 * time.Millisecond, C: time.Millisecond, MaxSeqs: 16, Context: 2048}
-	lanes := []StepCosts{c, c}
+	return simRunLanes(t, p, load, []StepCosts{simLane, simLane})
+}
+
+// simRunLanes simulates p on lanes at load (1.0: the lanes' capacity at
+// full batch together).
+func simRunLanes(t *testing.T, p sched.Policy, load float64, lanes []StepCosts) Run {
+	t.Helper()
 	mean := 60.0 // about the workload's mean output at 20% adversarial
-	rate := load * 2 * c.Capacity(8) / mean
-	reqs := Workload(WorkloadConfig{Requests: 200, Rate: rate, Adversarial: 0.1, Variance: VarianceNormal, TokenTime: c.TokenTime(), MaxTokens: 1900, Seed: 5})
+	var capacity float64
+	for _, l := range lanes {
+		capacity += l.Capacity(8)
+	}
+	rate := load * capacity / mean
+	reqs := Workload(WorkloadConfig{Requests: 200, Rate: rate, Adversarial: 0.1, Variance: VarianceNormal, TokenTime: lanes[0].TokenTime(), MaxTokens: 1900, Seed: 5})
 	run, err := Simulate(reqs, SimConfig{Sched: sched.Config{Policy: p, MaxQueue: 500}, Lanes: lanes})
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +82,39 @@ func simRun(t *testing.T, p sched.Policy, load float64) Run {
 		t.Fatalf("%v: %d of %d requests finished", p, len(run.Outcomes), len(reqs))
 	}
 	return run
+}
+
+// TestTandemKeepsLongRequestsOffASlowLane: beside a lane about 30 times
+// slower at full batch (a CPU lane beside a GPU lane), tandem gives the
+// slow lane only requests it finishes before the fast lane could, none of
+// the longest tenth, and in overload its p99 response time is below
+// FIFO's, which runs whatever comes next on whichever lane has room.
+func TestTandemKeepsLongRequestsOffASlowLane(t *testing.T) {
+	slow := simLane
+	slow.A, slow.B = 3*simLane.A, 45*simLane.B
+	lanes := []StepCosts{simLane, slow}
+	fifo, tandem := Summarize(simRunLanes(t, sched.FIFO, 1.5, lanes)), simRunLanes(t, sched.Tandem, 1.5, lanes)
+	var scores []float64
+	for _, o := range tandem.Outcomes {
+		scores = append(scores, o.Result.Score)
+	}
+	slices.Sort(scores)
+	long := scores[len(scores)*9/10]
+	onSlow := 0
+	for _, o := range tandem.Outcomes {
+		if o.Result.Lane == 1 {
+			onSlow++
+			if o.Result.Score >= long {
+				t.Errorf("request %s (score %.0f, the longest tenth from %.0f) ran on the slow lane", o.Req.ID, o.Result.Score, long)
+			}
+		}
+	}
+	if onSlow == 0 {
+		t.Errorf("the slow lane served nothing: it should take short requests while the fast lane is backed up")
+	}
+	if row := Summarize(tandem); row.P99 >= fifo.P99 {
+		t.Errorf("p99 %v with a slow lane, FIFO %v: want below FIFO's", row.P99, fifo.P99)
+	}
 }
 
 func TestSimulatorRunsTheRealScheduler(t *testing.T) {
@@ -306,54 +351,78 @@ func TestResponseFloorByHand(t *testing.T) {
 	}
 	// q = 1: all four must finish; by 6 s 65 s of work arrived, so the
 	// last one ends at 65 s at best, 59 s after it arrived.
-	if got := ResponseFloor(reqs, lane, 1, 1, 1, none); got != 59*time.Second {
+	if got := ResponseFloor(reqs, []StepCosts{lane}, 1, 1, none); got != 59*time.Second {
 		t.Errorf("max response floor %v, want 59s", got)
 	}
 	// q = 0 lets the slowest 3 of 4 go: the bound drops to the time the
 	// shortest request needs for its own tokens.
-	if got := ResponseFloor(reqs, lane, 1, 1, 0, none); got != 5*time.Second {
+	if got := ResponseFloor(reqs, []StepCosts{lane}, 1, 0, none); got != 5*time.Second {
 		t.Errorf("min response floor %v, want 5s", got)
 	}
 	// Two lanes halve the work's span (69 s by 6 s: 28.5 s), and then the
 	// longest request's own 30 tokens plus a 1 s prefill bind instead.
 	one := func(string) int { return 1 }
 	lane.C = time.Second
-	if got := ResponseFloor(reqs, lane, 2, 1, 1, one); got != 31*time.Second {
+	if got := ResponseFloor(reqs, []StepCosts{lane, lane}, 1, 1, one); got != 31*time.Second {
 		t.Errorf("two-lane floor %v, want 31s", got)
 	}
 	// With a per-step cost, a full batch shares it: 8 members pay A/8 each.
 	lane = StepCosts{A: 8 * time.Second, B: time.Second}
-	if got := ResponseFloor(reqs[:1], lane, 1, 8, 1, none); got != 8*time.Second+10*9*time.Second {
+	if got := ResponseFloor(reqs[:1], []StepCosts{lane}, 8, 1, none); got != 8*time.Second+10*9*time.Second {
 		t.Errorf("one request's floor %v, want its own 98s", got)
 	}
 	burst := make([]WorkRequest, 16)
 	for i := range burst {
 		burst[i] = WorkRequest{Natural: 11, MaxTokens: 11}
 	}
-	if got := ResponseFloor(burst, lane, 1, 8, 1, none); got != 16*10*2*time.Second {
+	if got := ResponseFloor(burst, []StepCosts{lane}, 8, 1, none); got != 16*10*2*time.Second {
 		t.Errorf("a burst's floor %v, want 320s (16 × 10 tokens × (8/8+1) s)", got)
+	}
+	// Lanes that differ add their rates: a lane at 1 s a token beside one
+	// at 3 s decode 4/3 tokens a second together, so the 65 s of work that
+	// arrived by 6 s takes 48.75 s (the fast lane 48.75 tokens, the slow
+	// 16.25), 42.75 s after the last arrival. Each request's own tokens
+	// count on the faster lane: 30 s for the longest.
+	fast, slow := StepCosts{B: time.Second}, StepCosts{B: 3 * time.Second}
+	if got := ResponseFloor(reqs, []StepCosts{fast, slow}, 1, 1, none); got != 42750*time.Millisecond {
+		t.Errorf("a fast and a slow lane: floor %v, want 42.75s", got)
+	}
+	if got := ResponseFloor(reqs, []StepCosts{slow, fast}, 1, 0, none); got != 5*time.Second {
+		t.Errorf("a slow and a fast lane, q = 0: floor %v, want the shortest request's 5s on the fast lane", got)
+	}
+	// Prefill counts at the lowest ratio of prefill to decode time among
+	// the lanes: both prefill a token in 1 s, a third of the slow lane's
+	// decoded token and all of the fast lane's, so a prompt token is worth
+	// a third of a decoded one: (65 + 4/3) tokens at 4/3 a second.
+	fast.C, slow.C = time.Second, time.Second
+	if got, want := ResponseFloor(reqs, []StepCosts{fast, slow}, 1, 1, one), time.Duration((65+4.0/3)/(4.0/3)*float64(time.Second))-6*time.Second; got != want {
+		t.Errorf("with prefill: floor %v, want %v", got, want)
 	}
 }
 
 func TestResponseFloorHoldsForEveryPolicy(t *testing.T) {
 	// The floor is a bound on every schedule: no simulated policy may
 	// beat it, at light load or in overload.
-	c := StepCosts{Name: "test", A: 100 * time.Millisecond, B: 20 * time.Millisecond, C: time.Millisecond, MaxSeqs: 16, Context: 2048}
-	for _, load := range []float64{0.3, 1.5} {
-		for _, p := range sched.Policies() {
-			run := simRun(t, p, load)
-			reqs := make([]WorkRequest, len(run.Outcomes))
-			for i, o := range run.Outcomes {
-				reqs[i] = o.Req
-			}
-			floor := ResponseFloor(reqs, c, 2, 8, 0.99, nil)
-			maxFloor := ResponseFloor(reqs, c, 2, 8, 1, nil)
-			row := Summarize(run)
-			if floor <= 0 || row.P99 < floor {
-				t.Errorf("%v at load %.1f: p99 %v below the floor %v", p, load, row.P99, floor)
-			}
-			if maxFloor < floor || row.Max < maxFloor {
-				t.Errorf("%v at load %.1f: slowest response %v below its floor %v (p99 floor %v)", p, load, row.Max, maxFloor, floor)
+	// Two alike lanes, and a lane three times slower beside a fast one.
+	slow := simLane
+	slow.A, slow.B, slow.C = 3*slow.A, 3*slow.B, 3*slow.C
+	for _, lanes := range [][]StepCosts{{simLane, simLane}, {simLane, slow}} {
+		for _, load := range []float64{0.3, 1.5} {
+			for _, p := range sched.Policies() {
+				run := simRunLanes(t, p, load, lanes)
+				reqs := make([]WorkRequest, len(run.Outcomes))
+				for i, o := range run.Outcomes {
+					reqs[i] = o.Req
+				}
+				floor := ResponseFloor(reqs, lanes, 8, 0.99, nil)
+				maxFloor := ResponseFloor(reqs, lanes, 8, 1, nil)
+				row := Summarize(run)
+				if floor <= 0 || row.P99 < floor {
+					t.Errorf("%v on %d lanes %v at load %.1f: p99 %v below the floor %v", p, len(lanes), lanes[1].B, load, row.P99, floor)
+				}
+				if maxFloor < floor || row.Max < maxFloor {
+					t.Errorf("%v on lanes %v at load %.1f: slowest response %v below its floor %v (p99 floor %v)", p, lanes[1].B, load, row.Max, maxFloor, floor)
+				}
 			}
 		}
 	}

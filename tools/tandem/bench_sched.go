@@ -51,7 +51,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	real := fs.Bool("real", true, "run the real engine")
 	simShape := fs.String("sim-shape", "tinyllama-1.1b", "shape whose step costs the simulator uses ('' skips the simulator)")
 	simType := fs.String("sim-type", "q4_0", "weight type of the synthetic model")
-	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C = per step, per decoding member, per prefill token (skips measuring)")
+	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C = per step, per decoding member, per prefill token (skips measuring); A,B,C/A,B,C/... gives each simulated lane its own, the first the primary (a GPU lane beside a CPU lane, say)")
 	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs")
 	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare; tandem-shed, tandem-admit and tandem-route are tandem without that part")
 	loads := fs.String("loads", "0.3,0.6,0.9,1.2,1.6", "offered loads (1.0: the measured capacity)")
@@ -124,7 +124,10 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		r, err := cfg.sim(costs, len(specs), *simRequests, *ablate)
+		if len(costs) == 1 {
+			costs = slices.Repeat(costs, len(specs))
+		}
+		r, err := cfg.sim(costs, *simRequests, *ablate)
 		if err != nil {
 			return err
 		}
@@ -439,27 +442,39 @@ func runsNote(n int) string {
 // simStepCosts parses --sim-costs or measures the step costs of a
 // synthetic model of shape (written to a temporary directory and
 // removed).
-func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) (bench.StepCosts, string, error) {
+func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) ([]bench.StepCosts, string, error) {
 	if given != "" {
-		ms, err := parseFloats("--sim-costs", given, 0, 1e6)
-		if err != nil || len(ms) != 3 || ms[0]+ms[1] <= 0 {
-			return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C, with a step of one member (A+B) above 0", errUsage, given)
+		var costs []bench.StepCosts
+		var notes []string
+		for _, lane := range strings.Split(given, "/") {
+			ms, err := parseFloats("--sim-costs", lane, 0, 1e6)
+			if err != nil || len(ms) != 3 || ms[0]+ms[1] <= 0 {
+				return nil, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C per lane (lanes separated by /), with a step of one member (A+B) above 0", errUsage, given)
+			}
+			d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+			c := bench.StepCosts{Name: "sim", A: d(ms[0]), B: d(ms[1]), C: d(ms[2]), MaxSeqs: 16, Context: 2048}
+			costs = append(costs, c)
+			notes = append(notes, fmt.Sprintf("%v + %v/member + %v/prefill token", c.A, c.B, c.C))
 		}
-		d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
-		c := bench.StepCosts{Name: "sim", A: d(ms[0]), B: d(ms[1]), C: d(ms[2]), MaxSeqs: 16, Context: 2048}
-		return c, fmt.Sprintf("sim: given step costs %v + %v/member + %v/prefill token", c.A, c.B, c.C), nil
+		if len(costs) == 1 {
+			return costs, "sim: given step costs " + notes[0], nil
+		}
+		for i := range notes {
+			notes[i] = fmt.Sprintf("lane %d %s", i, notes[i])
+		}
+		return costs, "sim: given step costs " + strings.Join(notes, ", "), nil
 	}
 	sh, err := weights.LookupShape(shape)
 	if err != nil {
-		return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-shape: %v", errUsage, err)
+		return nil, "", fmt.Errorf("%w: --sim-shape: %v", errUsage, err)
 	}
 	dt, err := weights.ParseDType(typ)
 	if err != nil {
-		return bench.StepCosts{}, "", fmt.Errorf("%w: --sim-type: %v", errUsage, err)
+		return nil, "", fmt.Errorf("%w: --sim-type: %v", errUsage, err)
 	}
 	dir, err := os.MkdirTemp("", "tandem-bench-sched-")
 	if err != nil {
-		return bench.StepCosts{}, "", err
+		return nil, "", err
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, fmt.Sprintf("%s-%s.gguf", sh.Name, strings.ToLower(dt.String())))
@@ -468,31 +483,34 @@ func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) (benc
 		Progress: func(done, total uint64) { bar.SetTotal(total); bar.Set(done) }})
 	bar.Done()
 	if err != nil {
-		return bench.StepCosts{}, "", err
+		return nil, "", err
 	}
 	f, err := weights.Open(path)
 	if err != nil {
-		return bench.StepCosts{}, "", err
+		return nil, "", err
 	}
 	defer f.Close()
 	fmt.Fprintf(stderr, "measuring step costs of %s with %d thread(s)\n", filepath.Base(path), threads)
 	c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Batches: []int{1, 2, 4, 8}, Reps: 3})
 	if err != nil {
-		return bench.StepCosts{}, "", err
+		return nil, "", err
 	}
 	c.Name = "sim " + sh.Name
-	return c, fmt.Sprintf("%s (%s): measured step = %v + %v/member + %v/prefill token with %d thread(s) (one sequence: %.2f tok/s)",
+	return []bench.StepCosts{c}, fmt.Sprintf("%s (%s): measured step = %v + %v/member + %v/prefill token with %d thread(s) (one sequence: %.2f tok/s)",
 		c.Name, strings.ToLower(dt.String()), c.A.Round(time.Millisecond), c.B.Round(time.Microsecond), c.C.Round(time.Microsecond), threads,
 		1/c.TokenTime().Seconds()), nil
 }
 
-func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]bench.SchedRow, error) {
+// sim runs the policies in the simulator on lanes of these step costs;
+// the first lane's sets the workload's deadlines (its time per token
+// alone) and context.
+func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.SchedRow, error) {
+	cost := costs[0]
 	if cost.Name == "" {
 		cost.Name = "sim"
 	}
-	lanes := make([]bench.StepCosts, nLanes)
+	lanes := slices.Clone(costs)
 	for i := range lanes {
-		lanes[i] = cost
 		lanes[i].Name = fmt.Sprintf("%s lane %d", cost.Name, i)
 	}
 	pols := b.policies
@@ -518,8 +536,8 @@ func (b schedBench) sim(cost bench.StepCosts, nLanes, n int, ablate bool) ([]ben
 				rate := b.rate(load, lanes, adv, v, cost.TokenTime())
 				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
 					TokenTime: cost.TokenTime(), MaxTokens: cost.Context - 64, Seed: b.seed})
-				floor := bench.ResponseFloor(reqs, cost, nLanes, b.maxBatch, 0.99, nil)
-				maxFloor := bench.ResponseFloor(reqs, cost, nLanes, b.maxBatch, 1, nil)
+				floor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 0.99, nil)
+				maxFloor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 1, nil)
 				for _, p := range pols {
 					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
 						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})
