@@ -59,6 +59,25 @@ func TestCalibrate(t *testing.T) {
 	}
 }
 
+// TestBenchSchedSimLanesThatDiffer: --sim-costs with a triple per lane
+// simulates lanes of those costs (the floors included), and a lane's
+// triple that is not three numbers is a usage error naming the form.
+func TestBenchSchedSimLanesThatDiffer(t *testing.T) {
+	code, stdout, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1/150,300,3", "--sim-requests", "40",
+		"--loads", "1.5", "--adversarial", "0.2", "--policies", "tandem,fifo", "--ablate=false")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"lane 0 50ms + 10ms/member + 1ms/prefill token, lane 1 150ms + 300ms/member + 3ms/prefill token", "| sim |", "p99 FIFO → tandem"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1/150,300"); code != 2 || !strings.Contains(stderr, "lanes separated by /") {
+		t.Errorf("a lane of two numbers: exit %d, %q", code, stderr)
+	}
+}
+
 // TestCalibrationLanes: bench sched calibrates in memory on its own lanes
 // when one is a GPU, else on a CPU lane per core.
 func TestCalibrationLanes(t *testing.T) {
