@@ -187,7 +187,7 @@ func (s *Scheduler) take(l *lane, cands []*task, free int, now time.Time) (left 
 		if free == 0 {
 			break
 		}
-		if s.feat.routing && !s.offloadPays(l, t) {
+		if s.feat.routing && !s.offloadPays(l, t, 0) {
 			continue
 		}
 		if s.feat.admission && !s.admissible(l, t, now) {
@@ -305,16 +305,17 @@ func (s *Scheduler) drain(i int) time.Duration {
 // cores) serve whatever routing and their queues give them.
 const slowLane = 1.5
 
-// offloadPays reports whether lane l should serve t rather than leave it
-// to the fastest lane: always on a lane within slowLane of the fastest,
-// else only when t's predicted tokens left take no longer on l than they
-// would on the fastest lane after its backlog. A CPU lane many times
+// offloadPays reports whether lane l should serve t, starting after wait,
+// rather than leave it to the fastest lane: always on a lane within
+// slowLane of the fastest, else only when t's predicted tokens left take
+// no longer on l, after wait, than they would on the fastest lane after
+// its backlog. A CPU lane many times
 // slower than a GPU lane beside it then takes short requests while the
 // GPU is backed up, not the long ones routing would send it: in the
 // simulator, with a second lane 29 times slower at full batch, the long
 // answers it was given set tandem's p99 at 35% above FIFO's at 20%
 // adversarial prompts (docs/scheduling.md, "Lanes that differ").
-func (s *Scheduler) offloadPays(l *lane, t *task) bool {
+func (s *Scheduler) offloadPays(l *lane, t *task, wait time.Duration) bool {
 	n := s.cfg.MaxBatch
 	f := s.lanes[0]
 	for _, o := range s.lanes[1:] {
@@ -327,7 +328,22 @@ func (s *Scheduler) offloadPays(l *lane, t *task) bool {
 		return true
 	}
 	left := remaining(t)
-	return left*mine <= s.backlog(f).Seconds()+left*theirs
+	return wait.Seconds()+left*mine <= s.backlog(f).Seconds()+left*theirs
+}
+
+// queueWait is how long a request routed to lane l's queue would wait
+// for l alone: that queue's predicted tokens and those left to its running
+// members, at its full-batch rate.
+func (s *Scheduler) queueWait(l *lane) time.Duration {
+	work := s.qtokens[l.idx]
+	for _, t := range l.running {
+		work += remaining(t)
+	}
+	r := l.cost.rate(s.cfg.MaxBatch)
+	if r <= 0 {
+		return 0
+	}
+	return time.Duration(work / r * float64(time.Second))
 }
 
 // backlog is how long a request would wait for lane l: nothing while it

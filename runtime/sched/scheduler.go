@@ -391,13 +391,13 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 }
 
 // route picks t's queue: the secondary lane's for a score above the τ
-// quantile when that lane would serve it (offloadPays), the primary's
-// otherwise, or -1 with one shared queue.
+// quantile when that lane would serve it after its own queue
+// (offloadPays), the primary's otherwise, or -1 with one shared queue.
 func (s *Scheduler) route(t *task) {
 	t.lane = -1
 	if len(s.queues) > 1 {
 		t.lane = 0
-		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) && s.offloadPays(s.lanes[1], t) {
+		if t.score > s.quant.at(s.cfg.TauQuantile, t.score) && s.offloadPays(s.lanes[1], t, s.queueWait(s.lanes[1])) {
 			t.lane = 1
 		}
 	}

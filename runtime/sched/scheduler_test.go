@@ -457,6 +457,30 @@ func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
 	}
 }
 
+// TestRoutingWeighsTheSlowLanesOwnQueue: long requests go to a secondary
+// lane twice as slow as the primary while it would finish them sooner than
+// the primary after its backlog, and stop going there once its own queue
+// would make them wait longer than that.
+func TestRoutingWeighsTheSlowLanesOwnQueue(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, e0, e1)
+	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
+	s.SeedCost(1, 2*time.Millisecond, 2*time.Millisecond, 10*time.Microsecond)
+	serveShortOnPrimary(t, s)
+	for i := range 100 {
+		submit(t, s, Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 2})
+	}
+	var queues []int
+	for i := range 10 {
+		id := "long" + strconv.Itoa(i)
+		submit(t, s, Request{ID: id, Prompt: prompt(30), MaxTokens: 400})
+		queues = append(queues, s.tasks[id].qi)
+	}
+	if queues[0] != 1 || !slices.Contains(queues, 0) {
+		t.Errorf("long requests went to queues %v: want the first to the slow lane's and later ones to the primary's once the slow lane's queue is long", queues)
+	}
+}
+
 // TestNewRequestWakesAnIdleLane: a request routed to a busy lane's queue
 // wakes the other lanes too, so an idle one serves it instead of
 // sleeping until the busy lane next plans.
