@@ -148,3 +148,35 @@ func TestBatchShrinksForDeadlinesAFullBatchCannotKeep(t *testing.T) {
 		t.Errorf("batch of %d without admission control, want 8", n)
 	}
 }
+
+// TestMuchSlowerLaneKeepsItsFullBatch: beside a lane twice as fast, a
+// lane leaves deadlines to the fast one and keeps its full batch, while
+// the fast lane cuts its batch for them; with lanes alike in speed both
+// cut, and without routing (which weighs the lanes' speeds) both cut too.
+func TestMuchSlowerLaneKeepsItsFullBatch(t *testing.T) {
+	caps := func(t *testing.T, cfg Config, slowB time.Duration) (fast, slow int) {
+		t.Helper()
+		e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+		e0.stepA, e0.stepB, e0.stepC = 0, time.Millisecond, 0
+		e1.stepA, e1.stepB, e1.stepC = 0, slowB, 0
+		cfg.MaxBatch, cfg.MaxQueue = 8, 100
+		s, clock := newManual(t, cfg, nil, e0, e1)
+		s.SeedCost(0, 0, time.Millisecond, 0)
+		s.SeedCost(1, 0, slowB, 0)
+		// 10 tokens in 80 ms: a step may take 4 ms a member, so 4 members
+		// on the fast lane and 2 on one twice as slow.
+		st := submit(t, s, Request{Prompt: prompt(10), MaxTokens: 10, Deadline: 80 * time.Millisecond})
+		drive(t, s, 1000)
+		collect(t, st)
+		return s.batchCap(s.lanes[0], clock.Now()), s.batchCap(s.lanes[1], clock.Now())
+	}
+	if fast, slow := caps(t, Config{}, 2*time.Millisecond); fast != 4 || slow != 8 {
+		t.Errorf("batch caps %d and %d beside a lane twice as slow, want 4 and the slow lane's full 8", fast, slow)
+	}
+	if fast, slow := caps(t, Config{}, 1200*time.Microsecond); fast != 4 || slow != 3 {
+		t.Errorf("batch caps %d and %d with lanes alike in speed, want 4 and 3", fast, slow)
+	}
+	if fast, slow := caps(t, Config{Ablate: Ablation{NoRouting: true}}, 2*time.Millisecond); fast != 4 || slow != 2 {
+		t.Errorf("batch caps %d and %d without routing, want 4 and 2", fast, slow)
+	}
+}

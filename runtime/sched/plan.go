@@ -316,6 +316,19 @@ const slowLane = 1.5
 // answers it was given set tandem's p99 at 35% above FIFO's at 20%
 // adversarial prompts (docs/scheduling.md, "Lanes that differ").
 func (s *Scheduler) offloadPays(l *lane, t *task, wait time.Duration) bool {
+	f, slow := s.muchSlower(l)
+	if !slow {
+		return true
+	}
+	n := s.cfg.MaxBatch
+	mine, theirs := l.cost.perToken(n).Seconds(), f.cost.perToken(n).Seconds()
+	left := remaining(t)
+	return wait.Seconds()+left*mine <= s.backlog(f).Seconds()+left*theirs
+}
+
+// muchSlower reports whether l's time per token at full batch is more
+// than slowLane times the fastest lane's, and returns the fastest lane.
+func (s *Scheduler) muchSlower(l *lane) (fastest *lane, slow bool) {
 	n := s.cfg.MaxBatch
 	f := s.lanes[0]
 	for _, o := range s.lanes[1:] {
@@ -323,12 +336,7 @@ func (s *Scheduler) offloadPays(l *lane, t *task, wait time.Duration) bool {
 			f = o
 		}
 	}
-	mine, theirs := l.cost.perToken(n).Seconds(), f.cost.perToken(n).Seconds()
-	if mine <= slowLane*theirs {
-		return true
-	}
-	left := remaining(t)
-	return wait.Seconds()+left*mine <= s.backlog(f).Seconds()+left*theirs
+	return f, l.cost.perToken(n).Seconds() > slowLane*f.cost.perToken(n).Seconds()
 }
 
 // queueWait is how long a request routed to lane l's queue would wait
