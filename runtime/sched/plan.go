@@ -183,11 +183,15 @@ func (s *Scheduler) take(l *lane, cands []*task, free int, now time.Time) (left 
 	if s.feat.consolidation {
 		cands = s.consolidate(cands)
 	}
+	var off offloadCheck // every candidate pays on a lane alike in speed
+	if s.feat.routing {
+		off = s.offload(l)
+	}
 	for _, t := range cands {
 		if free == 0 {
 			break
 		}
-		if s.feat.routing && !s.offloadPays(l, t, 0) {
+		if !off.pays(t, 0) {
 			continue
 		}
 		if s.feat.admission && !s.admissible(l, t, now) {
@@ -309,21 +313,40 @@ const slowLane = 1.5
 // rather than leave it to the fastest lane: always on a lane within
 // slowLane of the fastest, else only when t's predicted tokens left take
 // no longer on l, after wait, than they would on the fastest lane after
-// its backlog. A CPU lane many times
-// slower than a GPU lane beside it then takes short requests while the
-// GPU is backed up, not the long ones routing would send it: in the
-// simulator, with a second lane 29 times slower at full batch, the long
-// answers it was given set tandem's p99 at 35% above FIFO's at 20%
-// adversarial prompts (docs/scheduling.md, "Lanes that differ").
+// its backlog. A CPU lane many times slower than a GPU lane beside it then
+// takes short requests while the GPU is backed up, not the long ones
+// routing would send it: in the simulator, with a second lane 29 times
+// slower at full batch, the long answers it was given set tandem's p99 at
+// 35% above FIFO's at 20% adversarial prompts (docs/scheduling.md, "Lanes
+// that differ").
 func (s *Scheduler) offloadPays(l *lane, t *task, wait time.Duration) bool {
+	return s.offload(l).pays(t, wait)
+}
+
+// offloadCheck is offloadPays for one lane, with what it reads of the
+// lanes worked out once: take asks it of every candidate.
+type offloadCheck struct {
+	slow         bool
+	mine, theirs float64 // seconds per token at full batch, on l and on the fastest lane
+	fastBacklog  float64 // seconds
+}
+
+func (s *Scheduler) offload(l *lane) offloadCheck {
 	f, slow := s.muchSlower(l)
 	if !slow {
-		return true
+		return offloadCheck{}
 	}
 	n := s.cfg.MaxBatch
-	mine, theirs := l.cost.perToken(n).Seconds(), f.cost.perToken(n).Seconds()
+	return offloadCheck{slow: true, mine: l.cost.perToken(n).Seconds(), theirs: f.cost.perToken(n).Seconds(),
+		fastBacklog: s.backlog(f).Seconds()}
+}
+
+func (c offloadCheck) pays(t *task, wait time.Duration) bool {
+	if !c.slow {
+		return true
+	}
 	left := remaining(t)
-	return wait.Seconds()+left*mine <= s.backlog(f).Seconds()+left*theirs
+	return wait.Seconds()+left*c.mine <= c.fastBacklog+left*c.theirs
 }
 
 // muchSlower reports whether l's time per token at full batch is more
@@ -343,28 +366,27 @@ func (s *Scheduler) muchSlower(l *lane) (fastest *lane, slow bool) {
 // for l alone: that queue's predicted tokens and those left to its running
 // members, at its full-batch rate.
 func (s *Scheduler) queueWait(l *lane) time.Duration {
-	work := s.qtokens[l.idx]
-	for _, t := range l.running {
-		work += remaining(t)
-	}
-	r := l.cost.rate(s.cfg.MaxBatch)
-	if r <= 0 {
-		return 0
-	}
-	return time.Duration(work / r * float64(time.Second))
+	return s.workTime(l, s.qtokens[l.idx])
 }
 
 // backlog is how long a request would wait for lane l: nothing while it
 // has a free slot and nothing waits, else the predicted tokens waiting in
 // every queue and left to its running members, at its full-batch rate.
 func (s *Scheduler) backlog(l *lane) time.Duration {
-	var work float64
+	var queued float64
 	for _, q := range s.qtokens {
-		work += q
+		queued += q
 	}
-	if work == 0 && len(l.running) < s.cfg.MaxBatch {
+	if queued == 0 && len(l.running) < s.cfg.MaxBatch {
 		return 0
 	}
+	return s.workTime(l, queued)
+}
+
+// workTime is how long lane l takes, at its full-batch rate, for queued
+// predicted tokens on top of those left to its running members.
+func (s *Scheduler) workTime(l *lane, queued float64) time.Duration {
+	work := queued
 	for _, t := range l.running {
 		work += remaining(t)
 	}
