@@ -5,7 +5,7 @@ FUZZTIME ?= 20s
 # Android build uses the pure-Go kernels).
 PURE_GO_PKGS = ./kernels/... ./runtime/... ./tools/...
 
-.PHONY: build test bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-check cuda-deps cuda-dev-deps debian-nonfree cuda-ptx
+.PHONY: build test bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-check cuda-build cuda-deps cuda-dev-deps debian-nonfree cuda-ptx
 
 build:
 	$(GO) build -o bin/tandem ./tools/tandem
@@ -105,12 +105,10 @@ mobile-check:
 # test binaries into bin/cuda/ (run them on a machine with an NVIDIA GPU;
 # see README, "CUDA (Jetson GPU)"). Without a GPU they skip.
 CUDA_TEST_PKGS = ./kernels/cuda ./runtime/model ./runtime/sched
+CUDA_HEADERS = test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h
 cuda:
-	@test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h || $(MAKE) cuda-deps
-	$(GO) vet -tags cuda ./...
-	$(GO) build -tags cuda -o bin/tandem-cuda ./tools/tandem
-	@mkdir -p bin/cuda
-	$(GO) test -tags cuda -c -o bin/cuda/ $(CUDA_TEST_PKGS)
+	@$(CUDA_HEADERS) || $(MAKE) cuda-deps
+	$(MAKE) --no-print-directory cuda-build CUDA_OUT=bin
 
 # cuda-check compiles everything behind the cuda tag without a GPU: go vet
 # with the tag, the tagged test binaries and the CLI, into a temporary
@@ -118,12 +116,17 @@ cuda:
 # shares between sessions that have a GPU to run it on. It needs cuda.h
 # and the driver stub (Debian's nvidia-cuda-dev; cuda-dev-deps installs it).
 cuda-check:
-	@test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h || $(MAKE) cuda-dev-deps
-	$(GO) vet -tags cuda ./...
-	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
-		$(GO) test -tags cuda -c -o "$$d/" $(CUDA_TEST_PKGS) && \
-		$(GO) build -tags cuda -o "$$d/tandem-cuda" ./tools/tandem
+	@$(CUDA_HEADERS) || $(MAKE) cuda-dev-deps
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(MAKE) --no-print-directory cuda-build CUDA_OUT="$$d"
 	@echo "cuda-check: the cuda-tagged code vets, and its tests and CLI build"
+
+# cuda-build is what cuda and cuda-check share: vet with the tag, then
+# CUDA_OUT/tandem-cuda and the tagged test binaries in CUDA_OUT/cuda/.
+cuda-build:
+	$(GO) vet -tags cuda ./...
+	$(GO) build -tags cuda -o $(CUDA_OUT)/tandem-cuda ./tools/tandem
+	@mkdir -p $(CUDA_OUT)/cuda
+	$(GO) test -tags cuda -c -o $(CUDA_OUT)/cuda/ $(CUDA_TEST_PKGS)
 
 # cuda-deps enables Debian's contrib and non-free components and installs
 # nvcc (CUDA 11.8 in bookworm) and the driver API headers and stubs;
