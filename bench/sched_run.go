@@ -161,13 +161,19 @@ func AtCapacity(probe func() (float64, error), runs func(capacity float64) error
 // smaller batches, which is not their capacity). The real-engine runs
 // take their offered loads from it, with a burst drawn from the workload
 // itself: its prompts and answer lengths, and so its context lengths,
-// set what a step costs.
+// set what a step costs. Once the queue has run dry, the requests still
+// running are cancelled, not waited for: on a slow lane (a CPU beside a
+// GPU, decoding a 1B model at a few tokens a second) their tails took
+// minutes per burst and measured nothing. It returns when every stream
+// of the burst has ended, so the lanes are free for what comes next.
 func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Request) (float64, error) {
 	before := s.Stats().Tokens
 	start := time.Now()
+	burstCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var streams []*sched.Stream
 	for _, r := range burst {
-		st, err := s.Submit(ctx, r)
+		st, err := s.Submit(burstCtx, r)
 		if err != nil {
 			return 0, err
 		}
@@ -193,14 +199,17 @@ func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Reque
 			if err != nil {
 				return 0, err
 			}
-			st := s.Stats()
 			if full <= 0 { // drained before the first look: the whole burst
-				full, fullTokens = time.Since(start), st.Tokens-before
+				full, fullTokens = time.Since(start), s.Stats().Tokens-before
 			}
 			return float64(fullTokens) / full.Seconds(), nil
 		case <-tick.C:
-			if st := s.Stats(); st.Waiting > 0 {
+			st := s.Stats()
+			switch {
+			case st.Waiting > 0:
 				full, fullTokens = time.Since(start), st.Tokens-before
+			case full > 0:
+				cancel() // dry: the rest is the tail
 			}
 		}
 	}

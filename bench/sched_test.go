@@ -438,16 +438,18 @@ func (e sleepEngine) Step(ctx context.Context, members []sched.Member, out []sch
 	return err
 }
 
-func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
-	// Two lanes of 2 ms + 0.25 ms per member: 8 members decode 2000
-	// tokens/s per lane, one alone 444.
-	cost := StepCosts{A: 2 * time.Millisecond, B: 250 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+// burstWithTail is 32 requests of 40 tokens and, last in, one of tail
+// tokens, on two lanes of 2 ms + 0.25 ms per member: 8 members decode
+// 2000 tokens/s per lane, one alone 444.
+func burstWithTail(t *testing.T, tail int) (*sched.Scheduler, []sched.Request, StepCosts) {
+	t.Helper()
+	cost := StepCosts{A: 2 * time.Millisecond, B: 250 * time.Microsecond, MaxSeqs: 16, Context: 4096}
 	var burst []sched.Request
 	natural := map[string]int{}
 	for i := range 33 {
 		n := 40
 		if i == 32 {
-			n = 200 // last in: it drains alone for most of its length
+			n = tail
 		}
 		id := fmt.Sprint(i)
 		natural[id] = n
@@ -458,19 +460,48 @@ func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Shutdown(context.Background())
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return s, burst, cost
+}
+
+func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
+	s, burst, cost := burstWithTail(t, 200) // the last drains alone for most of its length
 	start := time.Now()
 	got, err := LiveThroughput(context.Background(), s, burst)
 	if err != nil {
 		t.Fatal(err)
 	}
 	whole := float64(s.Stats().Tokens) / time.Since(start).Seconds()
-	// The whole burst averages about 2200 tokens/s: the long request's
-	// drain would pull a plain average that far below capacity.
+	// The long request's drain, alone at the end, would pull a plain
+	// average over the whole burst to about 2200 tokens/s (LiveThroughput
+	// now cancels that tail: TestLiveThroughputCancelsTheTail).
 	capacity := 2 * cost.Capacity(8)
 	t.Logf("throughput %.0f tokens/s while the batches were full, %.0f over the whole burst, capacity %.0f", got, whole, capacity)
 	if got < 0.75*capacity || got > 1.1*capacity {
 		t.Errorf("throughput %.0f tokens/s, want about the full-batch capacity %.0f (the whole burst: %.0f)", got, capacity, whole)
+	}
+}
+
+// TestLiveThroughputCancelsTheTail: once the queue has run dry the
+// requests still running are cancelled, and the call returns with the
+// lanes free; the throughput is still that of the full batches.
+func TestLiveThroughputCancelsTheTail(t *testing.T) {
+	s, burst, cost := burstWithTail(t, 4000) // about 9 s alone: far longer than the full batches last
+	got, err := LiveThroughput(context.Background(), s, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Cancelled == 0 || st.Completed+st.Cancelled != uint64(len(burst)) {
+		t.Errorf("%d completed and %d cancelled of %d: want the long tail cancelled and every stream ended", st.Completed, st.Cancelled, len(burst))
+	}
+	for _, l := range st.Lanes {
+		if l.Running != 0 {
+			t.Errorf("lane %s still runs %d requests after the burst", l.Name, l.Running)
+		}
+	}
+	if capacity := 2 * cost.Capacity(8); got < 0.75*capacity || got > 1.1*capacity {
+		t.Errorf("throughput %.0f tokens/s, want about the full-batch capacity %.0f", got, capacity)
 	}
 }
 
