@@ -231,3 +231,59 @@ func (q *quantiles) at(p, def float64) float64 {
 	}
 	return quantileSorted(q.sorted, p)
 }
+
+// workSplit finds the requests a much slower second lane should serve:
+// the shortest predicted answers without deadlines, up to a share of all
+// the work predicted recently. It keeps a window of the last scores, and
+// those of requests without deadlines sorted.
+type workSplit struct {
+	win   []float64 // ring of the last scores, oldest at next once full
+	dl    []bool    // whether win's request had a deadline
+	next  int
+	free  []float64 // the scores in win without deadlines, sorted
+	total float64   // the sum of win
+	adds  int
+}
+
+func (w *workSplit) add(score float64, deadline bool) {
+	if len(w.win) < quantileWindow {
+		w.win, w.dl = append(w.win, score), append(w.dl, deadline)
+	} else {
+		old, oldDL := w.win[w.next], w.dl[w.next]
+		w.win[w.next], w.dl[w.next] = score, deadline
+		w.next = (w.next + 1) % quantileWindow
+		w.total -= old
+		if !oldDL {
+			i, _ := slices.BinarySearch(w.free, old)
+			w.free = slices.Delete(w.free, i, i+1)
+		}
+	}
+	w.total += score
+	if w.adds++; w.adds%quantileWindow == 0 {
+		// Sums and differences drift; a window's worth of adds is cheap
+		// to add up again.
+		w.total = 0
+		for _, x := range w.win {
+			w.total += x
+		}
+	}
+	if !deadline {
+		i, _ := slices.BinarySearch(w.free, score)
+		w.free = slices.Insert(w.free, i, score)
+	}
+}
+
+// below returns the largest score such that requests without deadlines
+// scored up to it carry no more than share of the window's predicted work
+// (every request's, deadlines included): those are the slow lane's. It
+// is -1 (none) when even the smallest carries more.
+func (w *workSplit) below(share float64) float64 {
+	goal, acc, lim := share*w.total, 0.0, -1.0
+	for _, x := range w.free {
+		if acc += x; acc > goal {
+			break
+		}
+		lim = x
+	}
+	return lim
+}

@@ -349,3 +349,31 @@ func TestFeaturesPinned(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkSplitBelow works the slow lane's share through by hand, and
+// checks that scores leaving the window leave the split.
+func TestWorkSplitBelow(t *testing.T) {
+	var w workSplit
+	if got := w.below(0.5); got != -1 {
+		t.Errorf("empty window: below = %v, want -1", got)
+	}
+	for _, x := range []float64{4, 1, 3, 2} {
+		w.add(x, false)
+	}
+	w.add(10, true) // counts in the work, never in the slow lane's part
+	// Total 20; the free scores 1, 2, 3, 4 add up to 1, 3, 6, 10.
+	for _, c := range []struct{ share, want float64 }{
+		{0.04, -1}, {0.05, 1}, {0.25, 2}, {0.3, 3}, {0.5, 4}, {0.9, 4},
+	} {
+		if got := w.below(c.share); got != c.want {
+			t.Errorf("share %v: below = %v, want %v", c.share, got, c.want)
+		}
+	}
+	// A window's worth of 100s pushes every earlier score out.
+	for range quantileWindow {
+		w.add(100, false)
+	}
+	if got, want := w.below(0.5), 100.0; got != want || len(w.free) != quantileWindow || w.total != 100*quantileWindow {
+		t.Errorf("after the window turned over: below = %v (want %v), %d free scores, total %v", got, want, len(w.free), w.total)
+	}
+}

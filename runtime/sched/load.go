@@ -120,7 +120,7 @@ func (s *Scheduler) batchCap(l *lane, now time.Time) int {
 		return s.cfg.MaxBatch
 	}
 	// A lane much slower than the fastest leaves deadlines to it (it takes
-	// only what it finishes sooner, offloadPays): a batch cut short for
+	// only what it finishes sooner, offloadCheck): a batch cut short for
 	// them there only lengthens every wait. With a lane three times slower
 	// beside the fast one, dropping that cut took the p99 cut against FIFO
 	// at 20% adversarial prompts from 8-16% to 19-21% (docs/scheduling.md).

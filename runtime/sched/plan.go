@@ -191,7 +191,7 @@ func (s *Scheduler) take(l *lane, cands []*task, free int, now time.Time) (left 
 		if free == 0 {
 			break
 		}
-		if !off.pays(t, 0) {
+		if !off.pays(t) {
 			continue
 		}
 		if s.feat.admission && !s.admissible(l, t, now) {
@@ -304,27 +304,21 @@ func (s *Scheduler) drain(i int) time.Duration {
 }
 
 // slowLane is how many times longer a lane's time per token at full
-// batch may be than the fastest lane's before offloadPays weighs what it
+// batch may be than the fastest lane's before offloadCheck weighs what it
 // takes: lanes within it (alike CPU lanes; a phone's big and little
 // cores) serve whatever routing and their queues give them.
 const slowLane = 1.5
 
-// offloadPays reports whether lane l should serve t, starting after wait,
-// rather than leave it to the fastest lane: always on a lane within
-// slowLane of the fastest, else only when t's predicted tokens left take
-// no longer on l, after wait, than they would on the fastest lane after
+// offloadCheck says whether lane l should serve t rather than leave it to
+// the fastest lane: always on a lane within slowLane of the fastest, else
+// only when t's predicted tokens left take no longer on l than they would on the fastest lane after
 // its backlog. A CPU lane many times slower than a GPU lane beside it then
-// takes short requests while the GPU is backed up, not the long ones
-// routing would send it: in the simulator, with a second lane 29 times
-// slower at full batch, the long answers it was given set tandem's p99 at
-// 35% above FIFO's at 20% adversarial prompts (docs/scheduling.md, "Lanes
-// that differ").
-func (s *Scheduler) offloadPays(l *lane, t *task, wait time.Duration) bool {
-	return s.offload(l).pays(t, wait)
-}
-
-// offloadCheck is offloadPays for one lane, with what it reads of the
-// lanes worked out once: take asks it of every candidate.
+// takes short requests while the GPU is backed up, not long ones: in the
+// simulator, with a second lane 29 times slower at full batch, the long
+// answers it served set tandem's p99 at 35% above FIFO's at 20%
+// adversarial prompts (docs/scheduling.md, "Lanes that differ"). take
+// asks it of every candidate, so what it reads of the lanes is worked
+// out once (offload).
 type offloadCheck struct {
 	slow         bool
 	mine, theirs float64 // seconds per token at full batch, on l and on the fastest lane
@@ -341,12 +335,12 @@ func (s *Scheduler) offload(l *lane) offloadCheck {
 		fastBacklog: s.backlog(f).Seconds()}
 }
 
-func (c offloadCheck) pays(t *task, wait time.Duration) bool {
+func (c offloadCheck) pays(t *task) bool {
 	if !c.slow {
 		return true
 	}
 	left := remaining(t)
-	return wait.Seconds()+left*c.mine <= c.fastBacklog+left*c.theirs
+	return left*c.mine <= c.fastBacklog+left*c.theirs
 }
 
 // muchSlower reports whether l's time per token at full batch is more
@@ -360,13 +354,6 @@ func (s *Scheduler) muchSlower(l *lane) (fastest *lane, slow bool) {
 		}
 	}
 	return f, l.cost.perToken(n).Seconds() > slowLane*f.cost.perToken(n).Seconds()
-}
-
-// queueWait is how long a request routed to lane l's queue would wait
-// for l alone: that queue's predicted tokens and those left to its running
-// members, at its full-batch rate.
-func (s *Scheduler) queueWait(l *lane) time.Duration {
-	return s.workTime(l, s.qtokens[l.idx])
 }
 
 // backlog is how long a request would wait for lane l: nothing while it

@@ -4,7 +4,8 @@
 // A request's path: Submit scores its prompt (the uncertainty estimate u,
 // a predicted output length: linguistic features and prompt length
 // through a small MLP, see Estimator), routes it to a lane (long requests
-// to the secondary lane, see Config.TauQuantile) and queues it. Each lane
+// to the secondary lane, see Config.TauQuantile; short ones, when the
+// secondary is much slower) and queues it. Each lane
 // is a goroutine that repeats one step: plan (drop cancelled work, shed
 // optional tokens under overload, take waiting requests into the batch in
 // priority order with dynamic consolidation and admission control, up to
@@ -124,7 +125,10 @@ type Config struct {
 	// 2 decode steps at the lane's measured speed).
 	MinSlack time.Duration
 	// TauQuantile (k): requests scored above this quantile of recent
-	// scores go to the secondary lane (default 0.9).
+	// scores go to the secondary lane (default 0.9). A secondary lane more
+	// than 1.5 times slower than the primary at full batch is routed the
+	// shortest requests without deadlines instead, up to its share of the
+	// work.
 	TauQuantile float64
 	// MaxQueue bounds the waiting requests; Submit fails with
 	// ErrQueueFull beyond it (default 256).

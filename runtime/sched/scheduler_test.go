@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -457,27 +458,39 @@ func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
 	}
 }
 
-// TestRoutingWeighsTheSlowLanesOwnQueue: long requests go to a secondary
-// lane twice as slow as the primary while it would finish them sooner than
-// the primary after its backlog, and stop going there once its own queue
-// would make them wait longer than that.
-func TestRoutingWeighsTheSlowLanesOwnQueue(t *testing.T) {
-	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
-	s, _ := newManual(t, Config{MaxBatch: 2}, nil, e0, e1)
-	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
-	s.SeedCost(1, 2*time.Millisecond, 2*time.Millisecond, 10*time.Microsecond)
-	serveShortOnPrimary(t, s)
-	for i := range 100 {
-		submit(t, s, Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 2})
-	}
-	var queues []int
-	for i := range 10 {
-		id := "long" + strconv.Itoa(i)
-		submit(t, s, Request{ID: id, Prompt: prompt(30), MaxTokens: 400})
-		queues = append(queues, s.tasks[id].qi)
-	}
-	if queues[0] != 1 || !slices.Contains(queues, 0) {
-		t.Errorf("long requests went to queues %v: want the first to the slow lane's and later ones to the primary's once the slow lane's queue is long", queues)
+// TestMuchSlowerLaneIsRoutedTheShortest: a second lane three times slower
+// than the primary is routed the shortest requests without deadlines, up
+// to its quarter of the predicted work, and never a long one or one with
+// a deadline; a second lane as fast as the primary is routed the long
+// ones (the τ quantile).
+func TestMuchSlowerLaneIsRoutedTheShortest(t *testing.T) {
+	for _, slower := range []time.Duration{3, 1} {
+		s, _ := newManual(t, Config{MaxBatch: 2}, nil, newFakeEngine(nil), newFakeEngine(nil))
+		s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
+		s.SeedCost(1, slower*time.Millisecond, slower*time.Millisecond, 10*time.Microsecond)
+		serveShortOnPrimary(t, s)
+		var work [2]float64
+		for i := range 40 {
+			r := Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2 + i%3), MaxTokens: 8}
+			switch {
+			case i%4 == 3:
+				r.ID, r.Prompt, r.MaxTokens = "long"+strconv.Itoa(i), prompt(30), 400
+			case i%4 == 2:
+				r.ID, r.Deadline = "deadline"+strconv.Itoa(i), time.Second
+			}
+			submit(t, s, r)
+			tk := s.tasks[r.ID]
+			work[tk.qi] += tk.score
+			switch {
+			case slower == 1 && r.ID == "long3" && tk.qi != 1:
+				t.Errorf("alike lanes: the first long request went to queue %d, want the second lane's", tk.qi)
+			case slower > 1 && tk.qi == 1 && (strings.HasPrefix(r.ID, "long") || r.Deadline > 0):
+				t.Errorf("%s went to the slow lane's queue", r.ID)
+			}
+		}
+		if share := work[1] / (work[0] + work[1]); slower > 1 && (share < 0.1 || share > 0.3) {
+			t.Errorf("the slow lane was routed %.0f%% of the predicted work, want about its quarter", 100*share)
+		}
 	}
 }
 
