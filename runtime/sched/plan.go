@@ -304,16 +304,18 @@ func (s *Scheduler) drain(i int) time.Duration {
 }
 
 // slowLane is how many times longer a lane's time per token at full
-// batch may be than the fastest lane's before offloadCheck weighs what it
-// takes: lanes within it (alike CPU lanes; a phone's big and little
-// cores) serve whatever routing and their queues give them.
+// batch may be than the fastest lane's before it counts as much slower:
+// routing then sends it the short requests (route), offloadCheck weighs
+// what it takes, and it keeps its full batch (batchCap). Lanes within it
+// (alike CPU lanes) serve whatever routing and their queues give them.
 const slowLane = 1.5
 
 // offloadCheck says whether lane l should serve t rather than leave it to
 // the fastest lane: always on a lane within slowLane of the fastest, else
-// only when t's predicted tokens left take no longer on l than they would on the fastest lane after
-// its backlog. A CPU lane many times slower than a GPU lane beside it then
-// takes short requests while the GPU is backed up, not long ones: in the
+// only when t's predicted tokens left take no longer on l than they would
+// on the fastest lane after its backlog. A CPU lane many times slower
+// than a GPU lane beside it then takes short requests while the GPU is
+// backed up, not long ones: in the
 // simulator, with a second lane 29 times slower at full batch, the long
 // answers it served set tandem's p99 at 35% above FIFO's at 20%
 // adversarial prompts (docs/scheduling.md, "Lanes that differ"). take
