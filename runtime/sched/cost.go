@@ -20,6 +20,9 @@ type costModel struct {
 	// for a speculative one), averaged the same way.
 	tokPerStep float64
 	unsolved   int // observations since the last solve
+	// known: the fit comes from observed steps or seeded costs, not the
+	// prior alone.
+	known bool
 }
 
 const (
@@ -47,6 +50,7 @@ func newCostModel() *costModel {
 func (m *costModel) seed(a, b, c float64) {
 	m.fit = [3]float64{a, b, c}
 	m.prior = m.fit
+	m.known = true
 }
 
 func (m *costModel) observe(sc stepCost, tokens int) {
@@ -118,6 +122,7 @@ func (m *costModel) solve() {
 	fit[1] = math.Max(costMinB, fit[1])
 	fit[2] = math.Max(0, fit[2])
 	m.fit = fit
+	m.known = true
 }
 
 // step predicts the duration of a step with decode decoding members and

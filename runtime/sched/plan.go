@@ -347,13 +347,22 @@ func (c offloadCheck) pays(t *task) bool {
 
 // muchSlower reports whether l's time per token at full batch is more
 // than slowLane times the fastest lane's, and returns the fastest lane.
+// Only lanes whose costs are known (measured or seeded) are compared: the
+// prior a lane starts from is far slower than any real engine, and a lane
+// that had not run yet counted as much slower, so it was routed only
+// short requests and took only what paid, and at light load never ran
+// to learn otherwise.
 func (s *Scheduler) muchSlower(l *lane) (fastest *lane, slow bool) {
 	n := s.cfg.MaxBatch
 	f := s.lanes[0]
-	for _, o := range s.lanes[1:] {
-		if o.cost.perToken(n) < f.cost.perToken(n) {
-			f = o
+	known := false
+	for _, o := range s.lanes {
+		if o.cost.known && (!known || o.cost.perToken(n) < f.cost.perToken(n)) {
+			f, known = o, true
 		}
+	}
+	if !known || !l.cost.known {
+		return f, false
 	}
 	return f, l.cost.perToken(n).Seconds() > slowLane*f.cost.perToken(n).Seconds()
 }

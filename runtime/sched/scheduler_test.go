@@ -494,6 +494,28 @@ func TestMuchSlowerLaneIsRoutedTheShortest(t *testing.T) {
 	}
 }
 
+// TestUnmeasuredLaneIsNotMuchSlower: a lane whose costs are still the
+// prior (it has not run, nor been seeded) is not taken for a much slower
+// one beside a measured lane; once its costs are known it is compared.
+func TestUnmeasuredLaneIsNotMuchSlower(t *testing.T) {
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, newFakeEngine(nil), newFakeEngine(nil))
+	s.SeedCost(0, 10*time.Microsecond, 30*time.Microsecond, time.Microsecond)
+	slow := func() []bool {
+		var got []bool
+		for _, l := range s.Stats().Lanes {
+			got = append(got, l.MuchSlower)
+		}
+		return got
+	}
+	if got := slow(); got[0] || got[1] {
+		t.Errorf("much slower: %v, want neither while lane 1 is unmeasured", got)
+	}
+	s.SeedCost(1, 30*time.Microsecond, 90*time.Microsecond, time.Microsecond)
+	if got := slow(); got[0] || !got[1] {
+		t.Errorf("much slower: %v, want lane 1 once its costs say three times slower", got)
+	}
+}
+
 // TestNewRequestWakesAnIdleLane: a request routed to a busy lane's queue
 // wakes the other lanes too, so an idle one serves it instead of
 // sleeping until the busy lane next plans.

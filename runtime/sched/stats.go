@@ -75,14 +75,19 @@ type Stats struct {
 
 // LaneStats describes one lane.
 type LaneStats struct {
-	Name       string
-	Running    int
-	Waiting    int // in the lane's own queue (routed policies)
-	Parked     int // parked sequences holding KV here
-	Sequences  int // allocated sequences
-	MaxSeqs    int
-	KVBytes    int64 // KV memory of the allocated sequences
-	Steps      uint64
+	Name      string
+	Running   int
+	Waiting   int // in the lane's own queue (routed policies)
+	Parked    int // parked sequences holding KV here
+	Sequences int // allocated sequences
+	MaxSeqs   int
+	KVBytes   int64 // KV memory of the allocated sequences
+	Steps     uint64
+	Tokens    uint64 // generated on this lane
+	// MuchSlower: the lane's time per token at full batch is over 1.5
+	// times the fastest lane's, so routing sends it short requests
+	// without deadlines instead of long ones (see Config.TauQuantile).
+	MuchSlower bool
 	EngineWall time.Duration
 	// SchedulerWall is the wall time of the lane's locked sections
 	// (delivering its steps and planning the next).
@@ -117,13 +122,14 @@ func (s *Scheduler) Stats() Stats {
 		st.SchedulerWall += l.schedWall
 		st.EngineWall += l.engineWall
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,
-			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps,
+			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps, Tokens: l.tokens,
 			EngineWall: l.engineWall, SchedulerWall: l.schedWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
 			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, Context: l.info.Context,
 			SeqBytes: l.info.SeqBytes, BatchCap: s.batchCap(l, s.cfg.Now())}
 		if len(s.queues) > 1 {
 			ls.Waiting = len(s.queues[i])
 		}
+		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)
 	}
 	return st
