@@ -98,6 +98,14 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_kv_bytes", "KV memory of the allocated sequences per lane.", func(l sched.LaneStats) float64 { return float64(l.KVBytes) }},
 		{"tandem_lane_step_seconds", "Predicted step time at the current batch (the lane's cost model).", func(l sched.LaneStats) float64 { return l.StepTime.Seconds() }},
 		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
+		{"tandem_lane_waiting", "Requests waiting in each lane's own queue (with two or more lanes; routing picks the queue).", func(l sched.LaneStats) float64 { return float64(l.Waiting) }},
+		{"tandem_lane_tokens_generated_total", "Generated tokens per lane.", func(l sched.LaneStats) float64 { return float64(l.Tokens) }},
+		{"tandem_lane_much_slower", "1 for a lane over 1.5 times slower per token than the fastest: it is routed short requests without deadlines, not long ones.", func(l sched.LaneStats) float64 {
+			if l.MuchSlower {
+				return 1
+			}
+			return 0
+		}},
 		{"tandem_lane_scheduler_seconds_total", "Wall time of each lane's scheduler sections (delivering a step and planning the next); tandem_scheduler_seconds_total less their sum is the intake's.", func(l sched.LaneStats) float64 { return l.SchedulerWall.Seconds() }},
 	} {
 		kind := "gauge"

@@ -509,6 +509,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		`tandem_lane_utilization{lane="cpu0"}`, `tandem_lane_utilization{lane="cpu1"}`, "tandem_tokens_per_second",
 		`tandem_memory_bytes{kind="kv"}`, `tandem_memory_bytes{kind="go_heap"}`, "tandem_tokens_generated_total 5",
 		`tandem_requests_finished_total{outcome="completed"} 1`, "tandem_offered_load ", `tandem_lane_batch_cap{lane="cpu0"}`,
+		`tandem_lane_waiting{lane="cpu1"} 0`, `tandem_lane_much_slower{lane="cpu0"} 0`, `tandem_lane_much_slower{lane="cpu1"} 0`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
@@ -539,6 +540,10 @@ func TestMetricsAndHealth(t *testing.T) {
 	l1, ok1 := values[`tandem_lane_scheduler_seconds_total{lane="cpu1"}`]
 	if !ok0 || !ok1 || l0+l1 <= 0 || l0+l1 >= total {
 		t.Errorf("scheduler seconds: total %g, lanes %g and %g (listed: %v, %v); want lanes > 0 and below the total", total, l0, l1, ok0, ok1)
+	}
+	// The lanes' tokens add up to the total.
+	if t0, t1 := values[`tandem_lane_tokens_generated_total{lane="cpu0"}`], values[`tandem_lane_tokens_generated_total{lane="cpu1"}`]; t0+t1 != values["tandem_tokens_generated_total"] {
+		t.Errorf("lane tokens %g + %g, want the total %g", t0, t1, values["tandem_tokens_generated_total"])
 	}
 	resp, err = http.Get(fx.http.URL + "/healthz")
 	if err != nil {
