@@ -204,6 +204,7 @@ func (e *Engine) Stats() string {
 	for _, l := range st.Lanes {
 		lj := laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
+			Tokens: l.Tokens, MuchSlower: l.MuchSlower,
 			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
 		if se := e.spec[l.Name]; se != nil {
 			ss := se.Stats()
@@ -250,18 +251,22 @@ type statsJSON struct {
 }
 
 type laneJSON struct {
-	Name      string  `json:"name"`
-	Threads   int     `json:"threads"`
-	Running   int     `json:"running"`
-	Waiting   int     `json:"waiting"`
-	Parked    int     `json:"parked"`
-	Sequences int     `json:"sequences"`
-	MaxSeqs   int     `json:"max_seqs"`
-	KVBytes   int64   `json:"kv_bytes"`
-	Steps     uint64  `json:"steps"`
-	BusyMs    float64 `json:"busy_ms"`
-	StepMs    float64 `json:"step_ms"`
-	TokenMs   float64 `json:"token_ms"`
+	Name      string `json:"name"`
+	Threads   int    `json:"threads"`
+	Running   int    `json:"running"`
+	Waiting   int    `json:"waiting"`
+	Parked    int    `json:"parked"`
+	Sequences int    `json:"sequences"`
+	MaxSeqs   int    `json:"max_seqs"`
+	KVBytes   int64  `json:"kv_bytes"`
+	Steps     uint64 `json:"steps"`
+	Tokens    uint64 `json:"tokens"`
+	// MuchSlower: over 1.5 times slower per token than the fastest lane
+	// (little cores beside big ones), so it is routed short requests.
+	MuchSlower bool    `json:"much_slower"`
+	BusyMs     float64 `json:"busy_ms"`
+	StepMs     float64 `json:"step_ms"`
+	TokenMs    float64 `json:"token_ms"`
 	// Spec is what the draft saved, on a speculative lane.
 	Spec *specJSON `json:"speculative,omitempty"`
 }

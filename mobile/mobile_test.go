@@ -146,6 +146,13 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if strings.Contains(tc.name, "streamed") && (!strings.HasPrefix(st.Memory, "streamed") || len(st.Lanes) != 2) {
 				t.Errorf("stats: memory %q, %d lanes", st.Memory, len(st.Lanes))
 			}
+			var laneTokens uint64
+			for _, l := range st.Lanes {
+				laneTokens += l.Tokens
+			}
+			if laneTokens != st.Tokens || st.Tokens < uint64(n) {
+				t.Errorf("stats: the lanes generated %d tokens, the engine %d, the request %d", laneTokens, st.Tokens, n)
+			}
 			if strings.Contains(cfg, `"draft"`) {
 				var passes, tokens int
 				for _, l := range st.Lanes {
