@@ -58,7 +58,8 @@ type Engine struct {
 //	             grow too far), "min", or a size like "512MiB"
 //	threads      kernel threads of one lane (0: all physical cores)
 //	lanes        threads per lane, e.g. [3,1]: the first lane is the
-//	             primary, later ones take long requests (not with threads)
+//	             primary, the second takes long requests, or short ones
+//	             when it is much slower (not with threads)
 //	context      tokens per sequence (0: the model's)
 //	max_seqs     sequence slots per lane (default 8)
 //	max_batch    sequences a lane decodes together (default 4)

@@ -33,9 +33,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"scheduled by the uncertainty-aware scheduler over one or more lanes, each\n"+
 			"with its own copy of the model and KV cache: a CPU lane computes on its own\n"+
 			"threads, a GPU lane (--lanes cuda or cuda:N, a binary built with -tags cuda)\n"+
-			"on an NVIDIA GPU. The first lane is the primary; later lanes take long\n"+
-			"requests (--lanes cuda,4: the GPU serves, 4 CPU threads take the long\n"+
-			"ones; see README, \"CUDA\"). With no --model it serves the\n"+
+			"on an NVIDIA GPU. The first lane is the primary; the second takes the\n"+
+			"requests predicted to be long, or, when it is over 1.5 times slower per\n"+
+			"token (--lanes cuda,4: 4 CPU threads beside the GPU; --lanes 4,2 on big\n"+
+			"and little cores), short ones without deadlines, up to its share of the\n"+
+			"work (see README, \"Serving\"). With no --model it serves the\n"+
 			"embedded default model. The uncertainty estimator is read from\n"+
 			"MODEL.calib.json when it exists (see tandem calibrate). SIGINT or SIGTERM\n"+
 			"drain in-flight requests for --drain-timeout, then cancel the rest.\n"+
@@ -53,7 +55,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	sf := addSpecFlags(fs)
 	modeFlag := fs.String("mode", "tree", "with --draft: tree (token tree), sd (classic speculative decoding) or bild (Big-Little, lossy)")
-	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, later ones take long requests (default: one CPU lane on all physical cores)")
+	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, the second takes long requests, or short ones when it is much slower (default: one CPU lane on all physical cores)")
 	name := fs.String("name", "", "model id in the API (default: the model file's name)")
 	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
 	calib := fs.String("calibration", "", "uncertainty calibration file (default: MODEL.calib.json when it exists)")
