@@ -217,11 +217,21 @@ func (q *quantiles) add(x float64) {
 		old := q.win[q.next]
 		q.win[q.next] = x
 		q.next = (q.next + 1) % quantileWindow
-		i, _ := slices.BinarySearch(q.sorted, old)
-		q.sorted = slices.Delete(q.sorted, i, i+1)
+		q.sorted = removeSorted(q.sorted, old)
 	}
-	i, _ := slices.BinarySearch(q.sorted, x)
-	q.sorted = slices.Insert(q.sorted, i, x)
+	q.sorted = insertSorted(q.sorted, x)
+}
+
+// insertSorted and removeSorted keep s sorted as x comes and goes (x is
+// in s when removed).
+func insertSorted(s []float64, x float64) []float64 {
+	i, _ := slices.BinarySearch(s, x)
+	return slices.Insert(s, i, x)
+}
+
+func removeSorted(s []float64, x float64) []float64 {
+	i, _ := slices.BinarySearch(s, x)
+	return slices.Delete(s, i, i+1)
 }
 
 // at returns the p-quantile of the window, or def when nothing was seen.
@@ -237,39 +247,24 @@ func (q *quantiles) at(p, def float64) float64 {
 // the work predicted recently. It keeps a window of the last scores, and
 // those of requests without deadlines sorted.
 type workSplit struct {
-	win   []float64 // ring of the last scores, oldest at next once full
-	dl    []bool    // whether win's request had a deadline
-	next  int
-	free  []float64 // the scores in win without deadlines, sorted
-	total float64   // the sum of win
-	adds  int
+	win  []float64 // ring of the last scores, oldest at next once full
+	dl   []bool    // whether win's request had a deadline
+	next int
+	free []float64 // the scores in win without deadlines, sorted
 }
 
 func (w *workSplit) add(score float64, deadline bool) {
 	if len(w.win) < quantileWindow {
 		w.win, w.dl = append(w.win, score), append(w.dl, deadline)
 	} else {
-		old, oldDL := w.win[w.next], w.dl[w.next]
+		if !w.dl[w.next] {
+			w.free = removeSorted(w.free, w.win[w.next])
+		}
 		w.win[w.next], w.dl[w.next] = score, deadline
 		w.next = (w.next + 1) % quantileWindow
-		w.total -= old
-		if !oldDL {
-			i, _ := slices.BinarySearch(w.free, old)
-			w.free = slices.Delete(w.free, i, i+1)
-		}
-	}
-	w.total += score
-	if w.adds++; w.adds%quantileWindow == 0 {
-		// Sums and differences drift; a window's worth of adds is cheap
-		// to add up again.
-		w.total = 0
-		for _, x := range w.win {
-			w.total += x
-		}
 	}
 	if !deadline {
-		i, _ := slices.BinarySearch(w.free, score)
-		w.free = slices.Insert(w.free, i, score)
+		w.free = insertSorted(w.free, score)
 	}
 }
 
@@ -278,7 +273,11 @@ func (w *workSplit) add(score float64, deadline bool) {
 // (every request's, deadlines included): those are the slow lane's. It
 // is -1 (none) when even the smallest carries more.
 func (w *workSplit) below(share float64) float64 {
-	goal, acc, lim := share*w.total, 0.0, -1.0
+	var total float64
+	for _, x := range w.win {
+		total += x
+	}
+	goal, acc, lim := share*total, 0.0, -1.0
 	for _, x := range w.free {
 		if acc += x; acc > goal {
 			break

@@ -373,7 +373,12 @@ func TestWorkSplitBelow(t *testing.T) {
 	for range quantileWindow {
 		w.add(100, false)
 	}
-	if got, want := w.below(0.5), 100.0; got != want || len(w.free) != quantileWindow || w.total != 100*quantileWindow {
-		t.Errorf("after the window turned over: below = %v (want %v), %d free scores, total %v", got, want, len(w.free), w.total)
+	// Only 100s are left, in the work and among the free scores: one of
+	// them is exactly 1/quantileWindow of it, and any less share is none.
+	if got, want := w.below(0.5), 100.0; got != want || len(w.free) != quantileWindow {
+		t.Errorf("after the window turned over: below = %v (want %v), %d free scores", got, want, len(w.free))
+	}
+	if one, none := w.below(1.0/quantileWindow), w.below(0.999/quantileWindow); one != 100 || none != -1 {
+		t.Errorf("after the window turned over: below(1/%d) = %v, want 100; just under it %v, want -1", quantileWindow, one, none)
 	}
 }

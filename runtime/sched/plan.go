@@ -315,12 +315,11 @@ const slowLane = 1.5
 // only when t's predicted tokens left take no longer on l than they would
 // on the fastest lane after its backlog. A CPU lane many times slower
 // than a GPU lane beside it then takes short requests while the GPU is
-// backed up, not long ones: in the
-// simulator, with a second lane 29 times slower at full batch, the long
-// answers it served set tandem's p99 at 35% above FIFO's at 20%
-// adversarial prompts (docs/scheduling.md, "Lanes that differ"). take
-// asks it of every candidate, so what it reads of the lanes is worked
-// out once (offload).
+// backed up, not long ones: in the simulator, with a second lane 29
+// times slower at full batch, the long answers it served set tandem's
+// p99 at 35% above FIFO's at 20% adversarial prompts (docs/scheduling.md,
+// "Lanes that differ"). take asks it of every candidate, so what it
+// reads of the lanes is worked out once (offload).
 type offloadCheck struct {
 	slow         bool
 	mine, theirs float64 // seconds per token at full batch, on l and on the fastest lane
