@@ -153,6 +153,9 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if laneTokens != st.Tokens || st.Tokens < uint64(n) {
 				t.Errorf("stats: the lanes generated %d tokens, the engine %d, the request %d", laneTokens, st.Tokens, n)
 			}
+			if js := e.Stats(); strings.Contains(tc.name, "streamed") && strings.Count(js, `"much_slower":false`) != 2 {
+				t.Errorf("stats: want much_slower false on both alike lanes: %s", js)
+			}
 			if strings.Contains(cfg, `"draft"`) {
 				var passes, tokens int
 				for _, l := range st.Lanes {
