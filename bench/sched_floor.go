@@ -1,9 +1,12 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
 // ResponseFloor is a lower bound on the q-quantile of response time that
@@ -81,4 +84,70 @@ func ResponseFloor(reqs []WorkRequest, lanes []StepCosts, batch int, q float64, 
 	slices.Sort(own)
 	best = math.Max(best, own[n-1-k])
 	return time.Duration(best * float64(time.Second))
+}
+
+// MeasuredWork returns reqs with each Natural set to the answer the real
+// model gave it in runs, so that ResponseFloor can bound the real engine,
+// whose answer lengths are the model's rather than the workload's. A
+// request's length is the fewest tokens it generated in a run that ended
+// it by a stop token or its budget; where every run shed or cancelled it,
+// the most it got in any, which can only undercount its work and so
+// keeps the floor a bound. Every run must hold every request.
+func MeasuredWork(reqs []WorkRequest, runs []Run) ([]WorkRequest, error) {
+	type measured struct{ complete, partial int }
+	byID := make(map[string]*measured, len(reqs))
+	for _, r := range reqs {
+		byID[r.ID] = &measured{complete: -1}
+	}
+	for _, run := range runs {
+		if len(run.Outcomes) != len(reqs) {
+			return nil, fmt.Errorf("bench: a %s run holds %d outcomes for %d requests", run.Policy, len(run.Outcomes), len(reqs))
+		}
+		for _, o := range run.Outcomes {
+			m := byID[o.Req.ID]
+			if m == nil {
+				return nil, fmt.Errorf("bench: a %s run holds request %q, which is not in the workload", run.Policy, o.Req.ID)
+			}
+			switch n := o.Result.TotalGenerated; o.Result.Reason {
+			case sched.ReasonStop, sched.ReasonLength:
+				if m.complete < 0 || n < m.complete {
+					m.complete = n
+				}
+			default:
+				m.partial = max(m.partial, n)
+			}
+		}
+	}
+	out := slices.Clone(reqs)
+	for i := range out {
+		m := byID[out[i].ID]
+		out[i].Natural = m.partial
+		if m.complete >= 0 {
+			out[i].Natural = m.complete
+		}
+	}
+	return out, nil
+}
+
+// CapacityLanes turns a live capacity (tokens per second with every lane
+// at full batch, measured on the workload) into step costs for
+// ResponseFloor: each lane gets a share in proportion to its full-batch
+// rate in isolation, charged per member (B) with no per-step part, and
+// prefill folded into that rate as the capacity measured it. Lanes
+// sharing a machine and long contexts make the live figure slower than
+// the lanes alone, and it is the live one the runs are loaded from.
+func CapacityLanes(capacity float64, isolated []StepCosts, batch int) []StepCosts {
+	var total float64
+	for _, l := range isolated {
+		total += l.Capacity(batch)
+	}
+	out := make([]StepCosts, len(isolated))
+	for i, l := range isolated {
+		share := 1 / float64(len(isolated))
+		if total > 0 && !math.IsInf(total, 1) {
+			share = l.Capacity(batch) / total
+		}
+		out[i] = StepCosts{Name: l.Name, B: time.Duration(float64(time.Second) / (capacity * share)), MaxSeqs: l.MaxSeqs, Context: l.Context}
+	}
+	return out
 }

@@ -625,3 +625,116 @@ func TestMedianRowTakesEachMeasuresMedian(t *testing.T) {
 		t.Errorf("median of none: %+v", m)
 	}
 }
+
+// TestMeasuredWorkRecoversTheAnswers: from a simulated FIFO run, which
+// sheds nothing, and a tandem run, which sheds, MeasuredWork finds each
+// request's answer as the simulator's model ended it, so the floor from
+// the measured work is the floor from the workload itself.
+func TestMeasuredWorkRecoversTheAnswers(t *testing.T) {
+	fifo := simRun(t, sched.FIFO, 1.5)
+	tandem := simRun(t, sched.Tandem, 1.5)
+	if Summarize(tandem).ShedTokens == 0 {
+		t.Fatal("tandem shed nothing: the test needs shed requests")
+	}
+	reqs := make([]WorkRequest, len(fifo.Outcomes))
+	for i, o := range fifo.Outcomes {
+		reqs[i] = o.Req
+	}
+	got, err := MeasuredWork(reqs, []Run{tandem, fifo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range got {
+		if want := min(reqs[i].Natural, reqs[i].MaxTokens); r.Natural != want {
+			t.Errorf("request %s: measured %d tokens, the model's answer is %d", r.ID, r.Natural, want)
+		}
+	}
+	lanes := []StepCosts{simLane, simLane}
+	if a, b := ResponseFloor(got, lanes, 8, 1, nil), ResponseFloor(reqs, lanes, 8, 1, nil); a != b {
+		t.Errorf("floor from the measured work %v, from the workload %v", a, b)
+	}
+}
+
+func TestMeasuredWorkUndercountsWhatNoRunFinished(t *testing.T) {
+	reqs := []WorkRequest{{ID: "a", Natural: 99}, {ID: "b", Natural: 99}, {ID: "c", Natural: 99}}
+	run := func(a, b, c sched.Reason, na, nb, nc int) Run {
+		return Run{Policy: "p", Outcomes: []Outcome{
+			{Req: reqs[2], Result: sched.Result{Reason: c, TotalGenerated: nc}}, // any order
+			{Req: reqs[0], Result: sched.Result{Reason: a, TotalGenerated: na}},
+			{Req: reqs[1], Result: sched.Result{Reason: b, TotalGenerated: nb}},
+		}}
+	}
+	runs := []Run{
+		run(sched.ReasonStop, sched.ReasonShed, sched.ReasonCancelled, 12, 5, 7),
+		run(sched.ReasonStop, sched.ReasonShed, sched.ReasonShed, 11, 8, 3),
+		run(sched.ReasonShed, sched.ReasonLength, sched.ReasonShed, 4, 30, 2),
+	}
+	got, err := MeasuredWork(reqs, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a: the fewer of its finished answers; b: its one finished answer,
+	// not its longer shed ones; c: never finished, the most it got.
+	for i, want := range []int{11, 30, 7} {
+		if got[i].Natural != want {
+			t.Errorf("request %s: %d tokens, want %d", got[i].ID, got[i].Natural, want)
+		}
+	}
+	if reqs[0].Natural != 99 {
+		t.Error("MeasuredWork changed its argument")
+	}
+	if _, err := MeasuredWork(reqs, []Run{{Policy: "p", Outcomes: runs[0].Outcomes[:2]}}); err == nil {
+		t.Error("a run missing a request: no error")
+	}
+	other := runs[0]
+	other.Outcomes = slices.Clone(other.Outcomes)
+	other.Outcomes[0].Req.ID = "z"
+	if _, err := MeasuredWork(reqs, []Run{other}); err == nil {
+		t.Error("a run holding another workload's request: no error")
+	}
+}
+
+// TestCapacityLanesSpreadTheLiveRate: the lanes' full-batch rates add up
+// to the live capacity, shared as the lanes' rates in isolation are.
+func TestCapacityLanesSpreadTheLiveRate(t *testing.T) {
+	fast := StepCosts{Name: "gpu", A: 8 * time.Millisecond, B: time.Millisecond, MaxSeqs: 16, Context: 512}
+	slow := StepCosts{Name: "cpu", A: 24 * time.Millisecond, B: 3 * time.Millisecond, MaxSeqs: 16, Context: 512}
+	got := CapacityLanes(2000, []StepCosts{fast, slow}, 8)
+	if len(got) != 2 || got[0].Name != "gpu" || got[1].Context != 512 {
+		t.Fatalf("lanes %+v", got)
+	}
+	// Alone at batch 8 they decode 2000 and 666.7 tokens/s: three to one.
+	for i, want := range []float64{1500, 500} {
+		if got[i].A != 0 || got[i].C != 0 || math.Abs(got[i].Capacity(8)-want) > 0.01 {
+			t.Errorf("lane %d: %+v decodes %.2f tokens/s at full batch, want %v from the per-member cost alone", i, got[i], got[i].Capacity(8), want)
+		}
+	}
+}
+
+// TestLiveMeanTokensCountsTheModelsAnswers: the mean is of where the
+// model ended each answer, or its budget did, not of the budgets asked.
+func TestLiveMeanTokensCountsTheModelsAnswers(t *testing.T) {
+	cost := StepCosts{A: time.Microsecond, B: time.Microsecond, MaxSeqs: 16, Context: 4096}
+	natural := map[string]int{"a": 10, "b": 20, "c": 30, "d": 50}
+	budget := map[string]int{"a": 100, "b": 100, "c": 100, "d": 5}
+	var reqs []sched.Request
+	for _, id := range []string{"a", "b", "c", "d"} {
+		reqs = append(reqs, sched.Request{ID: id, Prompt: []int32{1, 2}, MaxTokens: budget[id], StopTokens: []int32{simEOS}})
+	}
+	lanes := []sched.Lane{{Engine: newSimEngine(cost, natural)}, {Engine: newSimEngine(cost, natural)}}
+	s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: 8}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	got, err := LiveMeanTokens(context.Background(), s, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := float64(10+20+30+5) / 4; got != want {
+		t.Errorf("mean %v tokens, want %v", got, want)
+	}
+	if _, err := LiveMeanTokens(context.Background(), s, nil); err == nil {
+		t.Error("no requests: no error")
+	}
+}

@@ -279,7 +279,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	// anything else runs on them (a scheduler holds its engines until its
 	// Shutdown has freed their last sequences).
 	probe := func(measure func(*sched.Scheduler) error) error {
-		s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: 1024}, est, lanes...)
+		s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: max(1024, n+1)}, est, lanes...)
 		if err != nil {
 			return err
 		}
@@ -294,6 +294,23 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		return nil, "", err
 	}
 	stops := stopTokens(tok)
+	// asRequests turns workload requests into bursts: no arrival times,
+	// deadlines or scores, only what sets their work.
+	asRequests := func(work []bench.WorkRequest) ([]sched.Request, error) {
+		out := make([]sched.Request, len(work))
+		for i, r := range work {
+			p, err := encode(r.Prompt)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stops}
+		}
+		return out, nil
+	}
+	promptTokens := func(prompt string) int {
+		ids, _ := encode(prompt) // every prompt was encoded once already, without error
+		return len(ids)
+	}
 	// runPolicy runs reqs under p on a fresh scheduler over the lanes.
 	runPolicy := func(p policyVariant, reqs []bench.WorkRequest) (bench.Run, error) {
 		s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
@@ -319,13 +336,9 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		// and so its context lengths), every lane at full batch: load 1.0.
 		sample := bench.Workload(bench.WorkloadConfig{Requests: 8 * len(lanes) * b.maxBatch, Adversarial: adv, Variance: v,
 			TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed + 7})
-		burst := make([]sched.Request, len(sample))
-		for i, r := range sample {
-			p, err := encode(r.Prompt)
-			if err != nil {
-				return nil, "", err
-			}
-			burst[i] = sched.Request{Prompt: p, MaxTokens: r.MaxTokens, StopTokens: stops}
+		burst, err := asRequests(sample)
+		if err != nil {
+			return nil, "", err
 		}
 		probeCapacity := func() (capacity float64, err error) {
 			err = probe(func(s *sched.Scheduler) (err error) {
@@ -334,28 +347,46 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			})
 			return capacity, err
 		}
+		// Where the model ends this workload's answers sets the work it
+		// offers: the arrival rates come from their mean length.
+		work := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: 1, Adversarial: adv, Variance: v,
+			TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed})
+		whole, err := asRequests(work)
+		if err != nil {
+			return nil, "", err
+		}
+		var answerLen float64
+		if err := probe(func(s *sched.Scheduler) (err error) {
+			answerLen, err = bench.LiveMeanTokens(ctx, s, whole)
+			return err
+		}); err != nil {
+			return nil, "", err
+		}
 		var shareRows []bench.SchedRow
+		// Each load's workload and runs, kept for its floors.
+		type loadRuns struct {
+			reqs []bench.WorkRequest
+			rows []int // its rows in shareRows
+			runs []bench.Run
+		}
+		var byLoad []loadRuns
 		runShare := func(capacity float64) error {
-			shareRows = shareRows[:0]
-			// One lane of the live capacity, so rate() sums it back.
-			costs := make([]bench.StepCosts, len(lanes))
-			for i := range costs {
-				per := time.Duration(float64(b.maxBatch) / (capacity / float64(len(lanes))) * float64(time.Second))
-				costs[i] = bench.StepCosts{A: per, MaxSeqs: 16, Context: ctxLen}
-			}
+			shareRows, byLoad = shareRows[:0], byLoad[:0]
 			for _, load := range b.loads {
-				rate := b.rate(load, costs, adv, v, tokTime)
+				rate := load * capacity / answerLen
 				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
 					TokenTime: tokTime, MaxTokens: ctxLen - 64, Seed: b.seed})
 				// Policies take turns, so a slow spell of the machine
 				// falls on all of them rather than on one policy's runs.
 				runs := make([][]bench.SchedRow, len(b.policies))
+				lr := loadRuns{reqs: reqs}
 				for range b.repeat {
 					for i, p := range b.policies {
 						run, err := runPolicy(p, reqs)
 						if err != nil {
 							return err
 						}
+						lr.runs = append(lr.runs, run)
 						row := bench.Summarize(run)
 						row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
 						runs[i] = append(runs[i], row)
@@ -364,8 +395,10 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 					}
 				}
 				for _, r := range runs {
+					lr.rows = append(lr.rows, len(shareRows))
 					shareRows = append(shareRows, bench.MedianRow(r))
 				}
+				byLoad = append(byLoad, lr)
 			}
 			return nil
 		}
@@ -380,11 +413,26 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if err != nil {
 			return nil, "", err
 		}
+		// The floors at the fastest capacity probed around the runs, for
+		// the answers the model gave.
+		floorLanes := bench.CapacityLanes(max(c.Used, c.After), costs, b.maxBatch)
+		for _, lr := range byLoad {
+			work, err := bench.MeasuredWork(lr.reqs, lr.runs)
+			if err != nil {
+				return nil, "", err
+			}
+			floor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 0.99, promptTokens)
+			maxFloor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 1, promptTokens)
+			for _, i := range lr.rows {
+				shareRows[i].P99Floor, shareRows[i].MaxFloor = floor, maxFloor
+			}
+		}
 		rows = append(rows, shareRows...)
-		capNote := fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (%.0f after its runs)", c.Used, 100*adv, c.After)
+		capNote := fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (%.0f after its runs; answers %.1f tokens on average, the workload asks %.1f)",
+			c.Used, 100*adv, c.After, answerLen, meanTokens(work))
 		if c.Rerun {
-			capNote = fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (runs redone: the first probe read %.0f; %.0f after them)",
-				c.Used, 100*adv, c.First, c.After)
+			capNote = fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (runs redone: the first probe read %.0f; %.0f after them; answers %.1f tokens on average, the workload asks %.1f)",
+				c.Used, 100*adv, c.First, c.After, answerLen, meanTokens(work))
 		}
 		capacities = append(capacities, capNote)
 	}
@@ -393,7 +441,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		inIsolation = append(inIsolation, fmt.Sprintf("%s %v + %v/member + %v/prefill token", lanes[i].Name,
 			c.A.Round(time.Microsecond), c.B.Round(time.Microsecond), c.C.Round(100*time.Nanosecond)))
 	}
-	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
+	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches; the floors assume the higher probe and the answers the model gave) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
 		name, describeLanes(lanes, specs), runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), strings.Join(inIsolation, ", "), calPath)
 	return rows, note, nil
 }
