@@ -127,9 +127,10 @@ func TestBatchShrinksForDeadlinesAFullBatchCannotKeep(t *testing.T) {
 		}
 		return len(st.tasks)
 	}
-	// 40 ms for 10 tokens is 4 ms a token: half of it fits a step of 2.
-	if n := run(t, Config{}, 40*time.Millisecond, 0); n != 2 {
-		t.Errorf("batch of %d after a request due in 4 ms a token, want 2", n)
+	// 40 ms for 10 tokens is 4 ms a token: three quarters of it
+	// (deadlineShare) fits a step of 3.
+	if n := run(t, Config{}, 40*time.Millisecond, 0); n != 3 {
+		t.Errorf("batch of %d after a request due in 4 ms a token, want 3", n)
 	}
 	if n := run(t, Config{}, 0, 0); n != 8 {
 		t.Errorf("batch of %d without deadlines, want 8", n)
@@ -163,20 +164,21 @@ func TestMuchSlowerLaneKeepsItsFullBatch(t *testing.T) {
 		s, clock := newManual(t, cfg, nil, e0, e1)
 		s.SeedCost(0, 0, time.Millisecond, 0)
 		s.SeedCost(1, 0, slowB, 0)
-		// 10 tokens in 80 ms: a step may take 4 ms a member, so 4 members
-		// on the fast lane and 2 on one twice as slow.
+		// 10 tokens in 80 ms: a step may take three quarters of 8 ms
+		// (deadlineShare), so 6 members on the fast lane and 3 on one
+		// twice as slow.
 		st := submit(t, s, Request{Prompt: prompt(10), MaxTokens: 10, Deadline: 80 * time.Millisecond})
 		drive(t, s, 1000)
 		collect(t, st)
 		return s.batchCap(s.lanes[0], clock.Now()), s.batchCap(s.lanes[1], clock.Now())
 	}
-	if fast, slow := caps(t, Config{}, 2*time.Millisecond); fast != 4 || slow != 8 {
-		t.Errorf("batch caps %d and %d beside a lane twice as slow, want 4 and the slow lane's full 8", fast, slow)
+	if fast, slow := caps(t, Config{}, 2*time.Millisecond); fast != 6 || slow != 8 {
+		t.Errorf("batch caps %d and %d beside a lane twice as slow, want 6 and the slow lane's full 8", fast, slow)
 	}
-	if fast, slow := caps(t, Config{}, 1200*time.Microsecond); fast != 4 || slow != 3 {
-		t.Errorf("batch caps %d and %d with lanes alike in speed, want 4 and 3", fast, slow)
+	if fast, slow := caps(t, Config{}, 1200*time.Microsecond); fast != 6 || slow != 5 {
+		t.Errorf("batch caps %d and %d with lanes alike in speed, want 6 and 5", fast, slow)
 	}
-	if fast, slow := caps(t, Config{Ablate: Ablation{NoRouting: true}}, 2*time.Millisecond); fast != 4 || slow != 2 {
-		t.Errorf("batch caps %d and %d without routing, want 4 and 2", fast, slow)
+	if fast, slow := caps(t, Config{Ablate: Ablation{NoRouting: true}}, 2*time.Millisecond); fast != 6 || slow != 3 {
+		t.Errorf("batch caps %d and %d without routing, want 6 and 3", fast, slow)
 	}
 }

@@ -562,9 +562,11 @@ func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
 	s, _ := newManual(t, Config{MaxBatch: 4}, nil, e)
 	s.SeedCost(0, 0, 10*time.Millisecond, 0)
 	// 20 tokens at 10 ms per member-step: alone it needs 200 ms, with a
-	// second member 400 ms. The deadline is 300 ms.
+	// second member 400 ms. The deadline is 260 ms: 13 ms a token, below
+	// what batchCap plans for (10 ms ÷ deadlineShare), so the batch stays
+	// at 4 and admission control alone must hold the second request back.
 	// The uncalibrated estimate is the prompt length: 20, right here.
-	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 260 * time.Millisecond})
 	st := s.Begin(0)
 	st.Run(context.Background())
 	s.End(st)
@@ -588,7 +590,7 @@ func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
 	e2 := newFakeEngine(nil)
 	e2.stepA, e2.stepB = 0, 10*time.Millisecond
 	s2, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoAdmission: true, NoShedding: true}}, nil, e2)
-	u2 := submit(t, s2, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
+	u2 := submit(t, s2, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 260 * time.Millisecond})
 	st = s2.Begin(0)
 	st.Run(context.Background())
 	s2.End(st)
@@ -994,9 +996,10 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	// urgent one preempts them all (five slots held), and a second
 	// urgent one needs a slot while the first runs: a preempted request
 	// gives its sequence up and is rebuilt by prefill later, its tokens
-	// unchanged. (The second is due in 80 ms a token, loose enough that
-	// batchCap keeps batches of four; a tighter one would keep the batch
-	// too small to need the slot.)
+	// unchanged. (The first is due in 13 ms a token, below what batchCap
+	// plans for, and the second in 80 ms a token, loose enough: batchCap
+	// keeps batches of four. A deadline between would keep the batch too
+	// small to need the slot.)
 	e := newFakeEngine(nil)
 	e.stepA, e.stepB, e.maxSeqs = 0, 10*time.Millisecond, 5
 	s, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoShedding: true}}, nil, e)
@@ -1008,7 +1011,7 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	for range 5 {
 		stepLane(s, 0)
 	}
-	u1 := submit(t, s, Request{ID: "u1", Prompt: prompt(10), MaxTokens: 10, Deadline: 150 * time.Millisecond})
+	u1 := submit(t, s, Request{ID: "u1", Prompt: prompt(10), MaxTokens: 10, Deadline: 130 * time.Millisecond})
 	stepLane(s, 0)
 	stepLane(s, 0)
 	u2 := submit(t, s, Request{ID: "u2", Prompt: prompt(10), MaxTokens: 10, Deadline: 800 * time.Millisecond})
