@@ -278,12 +278,17 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	// probe measures on a FIFO scheduler over the lanes, shut down before
 	// anything else runs on them (a scheduler holds its engines until its
 	// Shutdown has freed their last sequences).
-	probe := func(measure func(*sched.Scheduler) error) error {
-		s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: max(1024, n+1)}, est, lanes...)
+	probeOn := func(on []sched.Lane, measure func(*sched.Scheduler) error) error {
+		s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: b.maxBatch, MaxQueue: max(1024, n+1)}, est, on...)
 		if err != nil {
 			return err
 		}
 		return errors.Join(measure(s), s.Shutdown(context.Background()))
+	}
+	probe := func(measure func(*sched.Scheduler) error) error { return probeOn(lanes, measure) }
+	var lengthLanes []sched.Lane
+	for _, i := range fastLanes(costs, b.maxBatch) {
+		lengthLanes = append(lengthLanes, lanes[i])
 	}
 	ids, _ := encode("Once upon a time")
 	var tokTime time.Duration
@@ -356,7 +361,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			return nil, "", err
 		}
 		var answerLen float64
-		if err := probe(func(s *sched.Scheduler) (err error) {
+		if err := probeOn(lengthLanes, func(s *sched.Scheduler) (err error) {
 			answerLen, err = bench.LiveMeanTokens(ctx, s, whole)
 			return err
 		}); err != nil {
@@ -444,6 +449,24 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches; the floors assume the higher probe and the answers the model gave) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
 		name, describeLanes(lanes, specs), runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), strings.Join(inIsolation, ", "), calPath)
 	return rows, note, nil
+}
+
+// fastLanes are the lanes whose full-batch rate is within 1.5× of the
+// fastest's (those the scheduler counts alike). The answers' lengths are
+// the model's on any lane, and are measured on these: a CPU lane beside
+// a GPU would take minutes over its share of a whole workload.
+func fastLanes(costs []bench.StepCosts, batch int) []int {
+	var fastest float64
+	for _, c := range costs {
+		fastest = max(fastest, c.Capacity(batch))
+	}
+	var out []int
+	for i, c := range costs {
+		if 1.5*c.Capacity(batch) >= fastest {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // laneStepCosts measures the step costs of each lane's device and

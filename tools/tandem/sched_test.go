@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/sched"
@@ -157,5 +159,27 @@ func TestBenchSchedSmall(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
 		t.Errorf("--repeat 0: exit %d", code)
+	}
+}
+
+// TestFastLanes: a GPU lane beside a CPU lane measures the answers alone;
+// lanes alike in speed (within 1.5×) all do.
+func TestFastLanes(t *testing.T) {
+	gpu := bench.StepCosts{A: 8 * time.Millisecond, B: 500 * time.Microsecond}
+	cpu := bench.StepCosts{A: 30 * time.Millisecond, B: 40 * time.Millisecond}
+	big := bench.StepCosts{A: time.Millisecond, B: 10 * time.Millisecond}
+	little := bench.StepCosts{A: time.Millisecond, B: 14 * time.Millisecond}
+	for _, c := range []struct {
+		costs []bench.StepCosts
+		want  []int
+	}{
+		{[]bench.StepCosts{gpu, cpu}, []int{0}},
+		{[]bench.StepCosts{cpu, gpu}, []int{1}},
+		{[]bench.StepCosts{big, little, big}, []int{0, 1, 2}},
+		{[]bench.StepCosts{big, cpu}, []int{0}},
+	} {
+		if got := fastLanes(c.costs, 8); !slices.Equal(got, c.want) {
+			t.Errorf("fastLanes(%v) = %v, want %v", c.costs, got, c.want)
+		}
 	}
 }
