@@ -37,9 +37,12 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"token capacity at full batch (the simulator's step costs; for the real\n"+
 			"engine, the fastest of three bursts drawn from the workload, probed again\n"+
 			"after the runs, which are redone once when that reads over 10% higher)\n"+
-			"divided by the mean request length. Each real-engine row is the median of\n"+
-			"--repeat runs, the policies taking turns, since one run on a busy machine\n"+
-			"can be far off.\n"+
+			"divided by the mean request length (for the real engine, the mean answer\n"+
+			"the model gives the workload, served once as a burst before the runs).\n"+
+			"Each real-engine row is the median of --repeat runs, the policies taking\n"+
+			"turns, since one run on a busy machine can be far off. The goal table\n"+
+			"bounds every policy's p99 and slowest response (for the real engine at the\n"+
+			"most the lanes decoded at any batch cap, with the model's own answers).\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.\n"+
 			"With the defaults it takes about half an hour on two cores; --loads 1.6\n"+
 			"--policies tandem,fifo --ablate=false gives the goal rows in a few minutes.", stdout, stderr,
