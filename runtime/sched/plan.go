@@ -303,15 +303,16 @@ func (s *Scheduler) drain(i int) time.Duration {
 	return time.Duration(s.qtokens[i] / r * float64(time.Second))
 }
 
-// slowLane is how many times longer a lane's time per token at full
-// batch may be than the fastest lane's before it counts as much slower:
+// SlowLane is how many times longer a lane's time per token at full
+// batch may be than the fastest lane's before it counts as much slower
+// (the benchmark measures answer lengths only on lanes within it):
 // routing then sends it the short requests (route), offloadCheck weighs
 // what it takes, and it keeps its full batch (batchCap). Lanes within it
 // (alike CPU lanes) serve whatever routing and their queues give them.
-const slowLane = 1.5
+const SlowLane = 1.5
 
 // offloadCheck says whether lane l should serve t rather than leave it to
-// the fastest lane: always on a lane within slowLane of the fastest, else
+// the fastest lane: always on a lane within SlowLane of the fastest, else
 // only when t's predicted tokens left take no longer on l than they would
 // on the fastest lane after its backlog. A CPU lane many times slower
 // than a GPU lane beside it then takes short requests while the GPU is
@@ -345,7 +346,7 @@ func (c offloadCheck) pays(t *task) bool {
 }
 
 // muchSlower reports whether l's time per token at full batch is more
-// than slowLane times the fastest lane's, and returns the fastest lane.
+// than SlowLane times the fastest lane's, and returns the fastest lane.
 // Only lanes whose costs are known (measured or seeded) are compared: the
 // prior a lane starts from is far slower than any real engine, and a lane
 // that had not run yet counted as much slower, so it was routed only
@@ -363,27 +364,20 @@ func (s *Scheduler) muchSlower(l *lane) (fastest *lane, slow bool) {
 	if !known || !l.cost.known {
 		return f, false
 	}
-	return f, l.cost.perToken(n).Seconds() > slowLane*f.cost.perToken(n).Seconds()
+	return f, l.cost.perToken(n).Seconds() > SlowLane*f.cost.perToken(n).Seconds()
 }
 
 // backlog is how long a request would wait for lane l: nothing while it
 // has a free slot and nothing waits, else the predicted tokens waiting in
 // every queue and left to its running members, at its full-batch rate.
 func (s *Scheduler) backlog(l *lane) time.Duration {
-	var queued float64
+	var work float64
 	for _, q := range s.qtokens {
-		queued += q
+		work += q
 	}
-	if queued == 0 && len(l.running) < s.cfg.MaxBatch {
+	if work == 0 && len(l.running) < s.cfg.MaxBatch {
 		return 0
 	}
-	return s.workTime(l, queued)
-}
-
-// workTime is how long lane l takes, at its full-batch rate, for queued
-// predicted tokens on top of those left to its running members.
-func (s *Scheduler) workTime(l *lane, queued float64) time.Duration {
-	work := queued
 	for _, t := range l.running {
 		work += remaining(t)
 	}

@@ -395,7 +395,7 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 }
 
 // route picks t's queue, or -1 with one shared queue. When the second
-// lane is within slowLane of the primary's speed, a score above the τ
+// lane is within SlowLane of the primary's speed, a score above the τ
 // quantile goes to the second lane's queue, the rest to the primary's:
 // long generations then do not hold up short ones. When it is much
 // slower (little cores beside big ones, a CPU beside a GPU), that would
