@@ -738,3 +738,30 @@ func TestLiveMeanTokensCountsTheModelsAnswers(t *testing.T) {
 		t.Error("no requests: no error")
 	}
 }
+
+// TestFastestCapacityProbesSmallerBatches: every power of two below the
+// cap is probed once, and the fastest wins, full batch included.
+func TestFastestCapacityProbesSmallerBatches(t *testing.T) {
+	read := map[int]float64{1: 5, 2: 9, 4: 7}
+	var probed []int
+	probe := func(mb int) (float64, error) {
+		probed = append(probed, mb)
+		return read[mb], nil
+	}
+	if best, batch, err := FastestCapacity(8, 8, probe); err != nil || best != 9 || batch != 2 {
+		t.Errorf("FastestCapacity = %v at %d (%v), want 9 at 2", best, batch, err)
+	}
+	if !slices.Equal(probed, []int{1, 2, 4}) {
+		t.Errorf("probed caps %v, want 1, 2, 4", probed)
+	}
+	if best, batch, _ := FastestCapacity(10, 6, probe); best != 10 || batch != 6 {
+		t.Errorf("full batch fastest: %v at %d, want 10 at 6", best, batch)
+	}
+	if best, batch, _ := FastestCapacity(10, 1, probe); best != 10 || batch != 1 {
+		t.Errorf("a cap of 1: %v at %d, want the full batch's 10 at 1", best, batch)
+	}
+	fail := errors.New("lane down")
+	if _, _, err := FastestCapacity(10, 8, func(int) (float64, error) { return 0, fail }); !errors.Is(err, fail) {
+		t.Errorf("probe error %v, want %v", err, fail)
+	}
+}

@@ -315,10 +315,6 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		}
 		return out, nil
 	}
-	promptTokens := func(prompt string) int {
-		ids, _ := encode(prompt) // every prompt was encoded once already, without error
-		return len(ids)
-	}
 	// runPolicy runs reqs under p on a fresh scheduler over the lanes.
 	runPolicy := func(p policyVariant, reqs []bench.WorkRequest) (bench.Run, error) {
 		s, err := sched.New(sched.Config{Policy: p.policy, Ablate: p.ablate, MaxBatch: b.maxBatch, MaxQueue: n + 1}, est, lanes...)
@@ -422,23 +418,16 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			return nil, "", err
 		}
 		// The floors at the most the lanes decoded at any batch cap, for
-		// the answers the model gave. The full batch is not always the
-		// fastest: on the 5.5 MiB model eight long contexts spill their KV
-		// out of L3, and tandem's runs at 3 members a step decoded more
-		// than the full-batch probe, so floors from it were above tandem's
-		// p99. One burst per smaller cap (powers of two).
-		best, bestBatch := max(c.Used, c.After), b.maxBatch
-		for mb := 1; mb < b.maxBatch; mb *= 2 {
-			var got float64
-			if err := probeOn(lanes, mb, func(s *sched.Scheduler) (err error) {
+		// the answers the model gave.
+		best, bestBatch, err := bench.FastestCapacity(max(c.Used, c.After), b.maxBatch, func(mb int) (got float64, err error) {
+			err = probeOn(lanes, mb, func(s *sched.Scheduler) (err error) {
 				got, err = bench.LiveThroughput(ctx, s, burst)
 				return err
-			}); err != nil {
-				return nil, "", err
-			}
-			if got > best {
-				best, bestBatch = got, mb
-			}
+			})
+			return got, err
+		})
+		if err != nil {
+			return nil, "", err
 		}
 		floorLanes := bench.CapacityLanes(best, costs, b.maxBatch)
 		for _, lr := range byLoad {
@@ -446,6 +435,12 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			if err != nil {
 				return nil, "", err
 			}
+			// The prompts' lengths as the runs counted them.
+			lens := make(map[string]int, len(lr.reqs))
+			for _, o := range lr.runs[0].Outcomes {
+				lens[o.Req.Prompt] = o.Result.PromptTokens
+			}
+			promptTokens := func(prompt string) int { return lens[prompt] }
 			floor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 0.99, promptTokens)
 			maxFloor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 1, promptTokens)
 			for _, i := range lr.rows {
@@ -474,8 +469,8 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	return rows, note, nil
 }
 
-// fastLanes are the lanes whose full-batch rate is within 1.5× of the
-// fastest's (those the scheduler counts alike). The answers' lengths are
+// fastLanes are the lanes whose full-batch rate is within sched.SlowLane
+// of the fastest's (those the scheduler counts alike). The answers' lengths are
 // the model's on any lane, and are measured on these: a CPU lane beside
 // a GPU would take minutes over its share of a whole workload.
 func fastLanes(costs []bench.StepCosts, batch int) []int {
@@ -485,7 +480,7 @@ func fastLanes(costs []bench.StepCosts, batch int) []int {
 	}
 	var out []int
 	for i, c := range costs {
-		if 1.5*c.Capacity(batch) >= fastest {
+		if sched.SlowLane*c.Capacity(batch) >= fastest {
 			out = append(out, i)
 		}
 	}
