@@ -104,7 +104,7 @@ mobile-check:
 # vets the tagged code, builds bin/tandem-cuda and compiles the tagged
 # test binaries into bin/cuda/ (run them on a machine with an NVIDIA GPU;
 # see README, "CUDA (Jetson GPU)"). Without a GPU they skip.
-CUDA_TEST_PKGS = ./kernels/cuda ./runtime/model ./runtime/sched
+CUDA_TEST_PKGS = ./kernels/cuda ./runtime/model ./runtime/sched ./tools/tandem
 CUDA_HEADERS = test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h
 cuda:
 	@$(CUDA_HEADERS) || $(MAKE) cuda-deps

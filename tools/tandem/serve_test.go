@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -205,51 +204,71 @@ func TestServeRefusesAWrongTokenizer(t *testing.T) {
 	}
 }
 
-// TestServeDraft serves stories260K with llama2xs as its draft and gets
-// the target's greedy text (the shared reference vectors, decoded) back
-// through /v1/completions, for each lossless mode, several requests at
-// once.
-func TestServeDraft(t *testing.T) {
+// greedyAnswers returns the prompts of the first k stories260K reference
+// records and the text of their first n greedy tokens (decoded after the
+// prompt, as the server decodes them), for completions with
+// temperature 0 and max_tokens n.
+func greedyAnswers(t *testing.T, k, n int) (prompts, want []string) {
+	t.Helper()
 	tok, err := tokenizer.Load(testutil.Model(t, "tok512.bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 48
-	if testing.Short() {
-		n = 16
-	}
-	type record struct {
-		Prompt       string  `json:"prompt"`
-		PromptIDs    []int32 `json:"prompt_ids"`
-		GeneratedIDs []int32 `json:"generated_ids"`
-	}
-	var recs []record
-	data, err := os.ReadFile(testutil.Testdata(t, "stories260K.greedy.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n")[:3] {
-		var r record
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, r)
-	}
-	want := make([]string, len(recs))
-	for i, r := range recs {
+	for i, r := range testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[:k] {
 		dec := tok.NewDecoder()
 		for _, id := range r.PromptIDs {
 			dec.Next(id)
 		}
 		var b strings.Builder
 		for _, id := range r.GeneratedIDs[:n] {
-			if id == 1 {
+			if id == tok.BOS() || id == tok.EOS() {
 				t.Fatalf("record %d ends within %d tokens; pick a longer one", i, n)
 			}
 			b.WriteString(dec.Next(id))
 		}
-		want[i] = b.String() + dec.Flush()
+		prompts = append(prompts, r.Prompt)
+		want = append(want, b.String()+dec.Flush())
 	}
+	return prompts, want
+}
+
+// checkCompletion asks addr for a greedy completion of prompt, n tokens
+// long, and checks that it returns want (what names the request in
+// errors).
+func checkCompletion(t *testing.T, addr, prompt string, n int, want, what string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0}`, prompt, n)
+	resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Choices []struct{ Text string }
+		Usage   struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 || len(got.Choices) != 1 {
+		t.Errorf("%s: status %d, %v, %+v", what, resp.StatusCode, err, got)
+		return
+	}
+	if got.Choices[0].Text != want || got.Usage.CompletionTokens != n {
+		t.Errorf("%s: %d tokens %q\nwant %d tokens %q", what, got.Usage.CompletionTokens, got.Choices[0].Text, n, want)
+	}
+}
+
+// TestServeDraft serves stories260K with llama2xs as its draft and gets
+// the target's greedy text (the shared reference vectors, decoded) back
+// through /v1/completions, for each lossless mode, several requests at
+// once.
+func TestServeDraft(t *testing.T) {
+	n := 48
+	if testing.Short() {
+		n = 16
+	}
+	prompts, want := greedyAnswers(t, 3, n)
 	for _, mode := range []string{"tree", "sd"} {
 		t.Run(mode, func(t *testing.T) {
 			addr, log, done, after := startServe(t, "--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
@@ -258,30 +277,11 @@ func TestServeDraft(t *testing.T) {
 				t.Errorf("ready line %q does not say it speculates", ready)
 			}
 			var wg sync.WaitGroup
-			for i, r := range recs {
+			for i, prompt := range prompts {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0}`, r.Prompt, n)
-					resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(body))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer resp.Body.Close()
-					var got struct {
-						Choices []struct{ Text string }
-						Usage   struct {
-							CompletionTokens int `json:"completion_tokens"`
-						}
-					}
-					if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 || len(got.Choices) != 1 {
-						t.Errorf("record %d: status %d, %v, %+v", i, resp.StatusCode, err, got)
-						return
-					}
-					if got.Choices[0].Text != want[i] || got.Usage.CompletionTokens != n {
-						t.Errorf("record %d: %d tokens %q\nwant %d tokens %q", i, got.Usage.CompletionTokens, got.Choices[0].Text, n, want[i])
-					}
+					checkCompletion(t, addr, prompt, n, want[i], fmt.Sprintf("record %d", i))
 				}()
 			}
 			wg.Wait()
