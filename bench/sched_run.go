@@ -26,6 +26,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	results := make([]*sched.Result, len(reqs))
 	errs := make([]error, len(reqs))
 	var wg sync.WaitGroup
+	var arrivalTokens uint64 // decoded by the last arrival
 	start := time.Now()
 	for i, r := range reqs {
 		if d := time.Until(start.Add(r.Arrival)); d > 0 {
@@ -41,6 +42,9 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 		if err != nil {
 			return Run{}, fmt.Errorf("bench: submit %s: %w", r.ID, err)
 		}
+		if i == len(reqs)-1 {
+			arrivalTokens = s.Stats().Tokens
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -49,26 +53,63 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	}
 	wg.Wait()
 	run := Run{Policy: s.Policy().String()}
-	var first, last time.Time
 	for i, res := range results {
 		if errs[i] != nil {
 			return Run{}, errs[i]
 		}
 		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
-		if first.IsZero() || res.Arrival.Before(first) {
-			first = res.Arrival
-		}
-		if res.Finish.After(last) {
-			last = res.Finish
-		}
 	}
 	after := s.Stats()
-	run.Makespan = last.Sub(first)
+	run.phases(before.Tokens, arrivalTokens, after.Tokens)
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
 	run.IntakeWall = after.IntakeWall - before.IntakeWall
 	run.Engine = after.EngineWall - before.EngineWall
 	run.Steps = laneSteps(after) - laneSteps(before)
 	return run, nil
+}
+
+// phases sets the run's makespan and the rates at which its lanes decoded
+// in its two phases, from the scheduler's token counts at its start, at
+// the last arrival and at its end.
+func (run *Run) phases(atStart, atLastArrival, atEnd uint64) {
+	first, lastArrival, last := runSpan(run.Outcomes)
+	run.Makespan = last.Sub(first)
+	rate := func(tokens uint64, d time.Duration) float64 {
+		if d <= 0 {
+			return 0
+		}
+		return float64(tokens) / d.Seconds()
+	}
+	run.ArrivalRate = rate(atLastArrival-atStart, lastArrival.Sub(first))
+	run.DrainRate = rate(atEnd-atLastArrival, last.Sub(lastArrival))
+}
+
+// runSpan returns the first and last arrivals and the last finish among outs.
+func runSpan(outs []Outcome) (first, lastArrival, last time.Time) {
+	for _, o := range outs {
+		res := o.Result
+		if first.IsZero() || res.Arrival.Before(first) {
+			first = res.Arrival
+		}
+		if res.Arrival.After(lastArrival) {
+			lastArrival = res.Arrival
+		}
+		if res.Finish.After(last) {
+			last = res.Finish
+		}
+	}
+	return first, lastArrival, last
+}
+
+// BestRate is the fastest any of runs decoded over its arrivals or its
+// drain, in tokens per second: what the real engine's second pair of
+// floors assumes every schedule could keep up throughout.
+func BestRate(runs []Run) float64 {
+	var best float64
+	for _, r := range runs {
+		best = max(best, r.ArrivalRate, r.DrainRate)
+	}
+	return best
 }
 
 // LiveTokenTime measures a running scheduler's time per token for one

@@ -152,6 +152,35 @@ func TestSimulatorRunsTheRealScheduler(t *testing.T) {
 	}
 }
 
+// TestRunPhasesSplitTheTokens: a run's two rates, over its arrivals and
+// over its drain, account for every token it decoded, and under overload
+// the drain runs near the lanes' full-batch capacity and no faster.
+func TestRunPhasesSplitTheTokens(t *testing.T) {
+	run := simRun(t, sched.FIFO, 1.5)
+	first, lastArrival, last := runSpan(run.Outcomes)
+	tokens := 0
+	for _, o := range run.Outcomes {
+		tokens += o.Result.TotalGenerated
+	}
+	split := run.ArrivalRate*lastArrival.Sub(first).Seconds() + run.DrainRate*last.Sub(lastArrival).Seconds()
+	if math.Abs(split-float64(tokens)) > 0.5 || run.ArrivalRate <= 0 || run.DrainRate <= 0 {
+		t.Errorf("rates %.0f over the arrivals and %.0f over the drain account for %.1f tokens; the run decoded %d", run.ArrivalRate, run.DrainRate, split, tokens)
+	}
+	if capacity := 2 * simLane.Capacity(8); run.DrainRate > capacity || run.DrainRate < 0.6*capacity {
+		t.Errorf("drain at %.0f tokens/s; the lanes' full-batch capacity is %.0f", run.DrainRate, capacity)
+	}
+	if m := run.Makespan; m != last.Sub(first) {
+		t.Errorf("makespan %v, want %v", m, last.Sub(first))
+	}
+	runs := []Run{{ArrivalRate: 10, DrainRate: 30}, {ArrivalRate: 40, DrainRate: 20}, {}}
+	if got := BestRate(runs); got != 40 {
+		t.Errorf("best rate %v, want 40", got)
+	}
+	if got := BestRate(nil); got != 0 {
+		t.Errorf("best rate of no runs %v", got)
+	}
+}
+
 func TestSimulatorTandemBeatsFIFOUnderOverload(t *testing.T) {
 	fifo, tandem := Summarize(simRun(t, sched.FIFO, 1.5)), Summarize(simRun(t, sched.Tandem, 1.5))
 	if tandem.Attainment < fifo.Attainment+20 {
@@ -222,7 +251,7 @@ func TestSummarizeAndGoals(t *testing.T) {
 		t.Errorf("goal table fails an overhead of 0.9%%:\n%s", GoalTable(Goals(rows)))
 	}
 	// The floor goes with its reduction from FIFO's p99; unknown, a dash.
-	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) | - | 1.20 |") {
+	if !strings.Contains(GoalTable(g), "| 4.000 s (60.0%) | - | - | 1.20 |") {
 		t.Errorf("goal table lacks the p99 floor and tandem's p99 over its drain:\n%s", GoalTable(g))
 	}
 	// A floor less than 30% below FIFO's p99 puts the goal out of reach.
@@ -250,8 +279,30 @@ func TestSummarizeAndGoals(t *testing.T) {
 	if g := Goals(rows); !g[0].P99OutOfReach || g[0].P99NeedsHoldBack || !strings.Contains(GoalTable(g), "20.0% missed (out of any policy's reach) | 7.500 s (25.0%) | 8.000 s (20.0%) |") {
 		t.Errorf("out of reach and hold-back both marked: %+v\n%s", g, GoalTable(g))
 	}
+	// The floors at the runs' best rate, in their own column, qualify the
+	// verdict only where the probe's floors left the goal open.
+	rows[1].P99Floor, rows[1].MaxFloor = 6500*time.Millisecond, 6900*time.Millisecond
+	rows[1].RunP99Floor, rows[1].RunMaxFloor = 7200*time.Millisecond, 7600*time.Millisecond
+	if g := Goals(rows); !g[0].P99OutOfReachAtRunRate || g[0].P99NeedsHoldBackAtRunRate || math.Abs(g[0].RunFloorReduction-28) > 1e-9 ||
+		!strings.Contains(GoalTable(g), "20.0% missed (out of any policy's reach at the runs' decode rate) | 6.500 s (35.0%) | 6.900 s (31.0%) | 7.200 s (28.0%) / 7.600 s (24.0%) |") {
+		t.Errorf("goal out of reach at the runs' rate not marked: %+v\n%s", g, GoalTable(g))
+	}
+	rows[1].RunP99Floor = 6400 * time.Millisecond
+	if g := Goals(rows); g[0].P99OutOfReachAtRunRate || !g[0].P99NeedsHoldBackAtRunRate ||
+		!strings.Contains(GoalTable(g), "20.0% missed (at the runs' decode rate, only by holding back the slowest 1%) | 6.500 s (35.0%) | 6.900 s (31.0%) | 6.400 s (36.0%) / 7.600 s (24.0%) |") {
+		t.Errorf("goal that needs holding back at the runs' rate not marked: %+v\n%s", g, GoalTable(g))
+	}
+	rows[1].RunMaxFloor = 6800 * time.Millisecond
+	if g := Goals(rows); g[0].P99OutOfReachAtRunRate || g[0].P99NeedsHoldBackAtRunRate || !strings.Contains(GoalTable(g), "20.0% missed | 6.500 s (35.0%) | 6.900 s (31.0%) | 6.400 s (36.0%) / 6.800 s (32.0%) |") {
+		t.Errorf("goal within reach at the runs' rate marked: %+v\n%s", g, GoalTable(g))
+	}
+	rows[1].MaxFloor, rows[1].RunMaxFloor = 7200*time.Millisecond, 7600*time.Millisecond
+	if g := Goals(rows); !g[0].P99NeedsHoldBack || g[0].P99NeedsHoldBackAtRunRate || !strings.Contains(GoalTable(g), "20.0% missed (only by holding back the slowest 1%) |") {
+		t.Errorf("the probe's verdict not kept first: %+v\n%s", g, GoalTable(g))
+	}
 	rows[1].P99, rows[1].P99Floor, rows[1].MaxFloor, rows[1].Drain = 6*time.Second, 0, 0, 0
-	if !strings.Contains(GoalTable(Goals(rows)), "met | - | - | - |") {
+	rows[1].RunP99Floor, rows[1].RunMaxFloor = 0, 0
+	if !strings.Contains(GoalTable(Goals(rows)), "met | - | - | - | - |") {
 		t.Errorf("goal table without a floor:\n%s", GoalTable(Goals(rows)))
 	}
 }

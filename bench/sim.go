@@ -145,6 +145,10 @@ type Run struct {
 	IntakeWall time.Duration
 	Engine     time.Duration // engine time: simulated, or Engine.Step wall time
 	Steps      uint64        // engine steps, all lanes
+	// ArrivalRate and DrainRate are the tokens the lanes decoded per
+	// second from the first arrival to the last, and from the last
+	// arrival to the last finish (0 where a phase has no length).
+	ArrivalRate, DrainRate float64
 }
 
 // SimConfig configures Simulate.
@@ -216,6 +220,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 	}
 	streams := make([]*sched.Stream, len(reqs))
 	next := 0
+	var arrivalTokens uint64 // decoded by the last arrival
 	for {
 		lane := -1
 		for i := range ls {
@@ -242,6 +247,9 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 			}
 			streams[next] = st
 			next++
+			if next == len(reqs) {
+				arrivalTokens = s.Stats().Tokens
+			}
 		case lane >= 0:
 			clock = ls[lane].end
 			st := ls[lane].step
@@ -250,7 +258,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 			s.End(st)
 			owed += time.Since(w)
 		default:
-			return simCollect(s, reqs, streams, engines), nil
+			return simCollect(s, reqs, streams, engines, arrivalTokens), nil
 		}
 		for i := range ls {
 			if ls[i].step == nil {
@@ -270,25 +278,17 @@ func laneSteps(st sched.Stats) uint64 {
 }
 
 // simCollect gathers the streams' results and the simulated engine time.
-func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine) Run {
+func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine, arrivalTokens uint64) Run {
 	run := Run{Policy: s.Policy().String()}
-	var first, last time.Time
 	for i, st := range streams {
 		res := st.Result()
 		if res == nil {
 			continue
 		}
-		o := Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)}
-		run.Outcomes = append(run.Outcomes, o)
-		if first.IsZero() || res.Arrival.Before(first) {
-			first = res.Arrival
-		}
-		if res.Finish.After(last) {
-			last = res.Finish
-		}
+		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
 	}
-	run.Makespan = last.Sub(first)
 	st := s.Stats()
+	run.phases(0, arrivalTokens, st.Tokens)
 	run.SchedWall, run.IntakeWall = st.SchedulerWall, st.IntakeWall
 	run.Steps = laneSteps(st)
 	for _, e := range engines {

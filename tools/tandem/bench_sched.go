@@ -42,7 +42,8 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"Each real-engine row is the median of --repeat runs, the policies taking\n"+
 			"turns, since one run on a busy machine can be far off. The goal table\n"+
 			"bounds every policy's p99 and slowest response (for the real engine at the\n"+
-			"most the lanes decoded at any batch cap, with the model's own answers).\n"+
+			"most the lanes decoded at any batch cap, with the model's own answers, and\n"+
+			"again at the fastest rate a run decoded over its arrivals or its drain).\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.\n"+
 			"With the defaults it takes about half an hour on two cores; --loads 1.6\n"+
 			"--policies tandem,fifo --ablate=false gives the goal rows in a few minutes.", stdout, stderr,
@@ -430,7 +431,8 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			return nil, "", err
 		}
 		floorLanes := bench.CapacityLanes(best, costs, b.maxBatch)
-		for _, lr := range byLoad {
+		var topLoad, topRate float64 // the goal's load and its runs' best rate
+		for li, lr := range byLoad {
 			work, err := bench.MeasuredWork(lr.reqs, lr.runs)
 			if err != nil {
 				return nil, "", err
@@ -443,8 +445,21 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			promptTokens := func(prompt string) int { return lens[prompt] }
 			floor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 0.99, promptTokens)
 			maxFloor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 1, promptTokens)
+			// Again at the fastest any run decoded, which a live run
+			// reaches where a burst probe's rate may not be.
+			var runFloor, runMaxFloor time.Duration
+			rate := bench.BestRate(lr.runs)
+			if b.loads[li] >= topLoad {
+				topLoad, topRate = b.loads[li], rate
+			}
+			if rate > 0 {
+				runLanes := bench.CapacityLanes(rate, costs, b.maxBatch)
+				runFloor = bench.ResponseFloor(work, runLanes, b.maxBatch, 0.99, promptTokens)
+				runMaxFloor = bench.ResponseFloor(work, runLanes, b.maxBatch, 1, promptTokens)
+			}
 			for _, i := range lr.rows {
 				shareRows[i].P99Floor, shareRows[i].MaxFloor = floor, maxFloor
+				shareRows[i].RunP99Floor, shareRows[i].RunMaxFloor = runFloor, runMaxFloor
 			}
 		}
 		rows = append(rows, shareRows...)
@@ -456,7 +471,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if bestBatch < b.maxBatch {
 			capNote += fmt.Sprintf("; %.0f at %d a step, the floors' rate", best, bestBatch)
 		}
-		capNote += fmt.Sprintf("; answers %.1f tokens on average, the workload asks %.1f)", answerLen, meanTokens(work))
+		capNote += fmt.Sprintf("; at load %.2f the runs decoded at most %.0f; answers %.1f tokens on average, the workload asks %.1f)", topLoad, topRate, answerLen, meanTokens(work))
 		capacities = append(capacities, capNote)
 	}
 	var inIsolation []string
@@ -464,7 +479,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		inIsolation = append(inIsolation, fmt.Sprintf("%s %v + %v/member + %v/prefill token", lanes[i].Name,
 			c.A.Round(time.Microsecond), c.B.Round(time.Microsecond), c.C.Round(100*time.Nanosecond)))
 	}
-	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches; the floors assume the fastest probe at any batch cap and the answers the model gave) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
+	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches; the floors assume the fastest probe at any batch cap, or the fastest a run decoded, and the answers the model gave) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
 		name, describeLanes(lanes, specs), runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), strings.Join(inIsolation, ", "), calPath)
 	return rows, note, nil
 }

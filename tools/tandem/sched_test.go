@@ -130,6 +130,12 @@ func TestBenchSchedSmall(t *testing.T) {
 		if p99Floor <= 0 || maxFloor < p99Floor {
 			t.Errorf("row %v %v: p99 floor %v, slowest-response floor %v", r["Engine"], r["Policy"], p99Floor, maxFloor)
 		}
+		// The real engine's rows have them again at the fastest rate its
+		// runs decoded; the simulator's runs decode at the costs given.
+		runP99, runMax := r["RunP99Floor"].(float64), r["RunMaxFloor"].(float64)
+		if real && (runP99 <= 0 || runMax < runP99) || !real && (runP99 != 0 || runMax != 0) {
+			t.Errorf("row %v %v: floors at the runs' best rate %v and %v", r["Engine"], r["Policy"], runP99, runMax)
+		}
 		// Every row splits its overhead: the lanes' part and the
 		// intake's (scoring every request) are both some of it.
 		if lanes, all := r["LaneOverhead"].(float64), r["Overhead"].(float64); lanes <= 0 || lanes >= all {
