@@ -320,8 +320,12 @@ const SlowLane = 1.5
 // times slower at full batch, the long answers it served set tandem's
 // p99 at 35% above FIFO's at 20% adversarial prompts (docs/scheduling.md,
 // "Lanes that differ"). take asks it of every candidate, so what it
-// reads of the lanes is worked out once (offload).
+// reads of the lanes is worked out once (offload). A request whose
+// sequence lives on l (preempted, or resumed after a segment) always
+// pays: no other lane can run it without its cache, so refusing it left
+// it waiting for good.
 type offloadCheck struct {
+	lane         int
 	slow         bool
 	mine, theirs float64 // seconds per token at full batch, on l and on the fastest lane
 	fastBacklog  float64 // seconds
@@ -333,12 +337,12 @@ func (s *Scheduler) offload(l *lane) offloadCheck {
 		return offloadCheck{}
 	}
 	n := s.cfg.MaxBatch
-	return offloadCheck{slow: true, mine: l.cost.perToken(n).Seconds(), theirs: f.cost.perToken(n).Seconds(),
+	return offloadCheck{lane: l.idx, slow: true, mine: l.cost.perToken(n).Seconds(), theirs: f.cost.perToken(n).Seconds(),
 		fastBacklog: s.backlog(f).Seconds()}
 }
 
 func (c offloadCheck) pays(t *task) bool {
-	if !c.slow {
+	if !c.slow || t.hasSeq && t.lane == c.lane {
 		return true
 	}
 	left := remaining(t)

@@ -328,3 +328,48 @@ func TestSubmitWithATakenIDSaysWhatHoldsIt(t *testing.T) {
 		}
 	}
 }
+
+// TestResumedOnAMuchSlowerLaneFinishes: a request whose KV cache lives on
+// a lane that became much slower than the other is served there when it
+// comes back. Only that lane can run it without rebuilding its cache, so
+// the check that keeps long requests off a slow lane must not hold it
+// back: before, the slow lane refused it (it would finish sooner on the
+// fast lane after its backlog), the fast lane skipped it (its sequence is
+// on the other lane), and it waited forever.
+func TestResumedOnAMuchSlowerLaneFinishes(t *testing.T) {
+	s, _ := newManual(t, Config{MaxBatch: 2}, nil, newFakeEngine(nil), newFakeEngine(nil))
+	seg, _ := NewSegmenter("line")
+	dec := &textDecoder{words: []string{"a ", "b\n", "c ", "d ", "e ", "f ", "g\n"}}
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(4), MaxTokens: 40, Segment: seg, Decoder: dec})
+	// Neither lane's costs are known, so they count as alike: the second
+	// lane takes the request and parks it there after its first line.
+	for range 10 {
+		step := s.Begin(1)
+		if step == nil {
+			break
+		}
+		step.Run(context.Background())
+		s.End(step)
+	}
+	if _, text, r := collect(t, st); r.Reason != ReasonSegment || r.Lane != 1 || text != "a b\n" {
+		t.Fatalf("first segment %q on lane %d, ended %v; want \"a b\\n\" on lane 1, parked", text, r.Lane, r.Reason)
+	}
+	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
+	s.SeedCost(1, 3*time.Millisecond, 3*time.Millisecond, 30*time.Microsecond)
+	if _, slow := s.muchSlower(s.lanes[1]); !slow {
+		t.Fatal("lane 1 is not much slower after its seeded costs")
+	}
+	st, err := s.Resume(context.Background(), "r", ResumeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, 1000)
+	select {
+	case <-st.Done():
+	default:
+		t.Fatalf("the resumed request waits with %d requests in the queues; want it served by the lane holding its cache", s.waitingCount())
+	}
+	if _, text, r := collect(t, st); r.Lane != 1 || text != "c d e f g\n" {
+		t.Errorf("second segment %q on lane %d, want \"c d e f g\\n\" on lane 1", text, r.Lane)
+	}
+}
