@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -14,6 +15,11 @@ import (
 // result collected. The scheduler's and the engines' wall time over the
 // run give the overhead.
 func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode func(string) ([]int32, error), stops []int32) (Run, error) {
+	// A scheduler that leaves requests waiting with every lane idle would
+	// otherwise hang the benchmark (and the tests that run it) for good.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer watchStall(ctx, s.Stats, cancel, 250*time.Millisecond, 5*time.Second)()
 	before := s.Stats()
 	prompts := make([][]int32, len(reqs))
 	for i, r := range reqs {
@@ -52,6 +58,9 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 		}()
 	}
 	wg.Wait()
+	if err := context.Cause(ctx); errors.Is(err, ErrStalled) {
+		return Run{}, err
+	}
 	run := Run{Policy: s.Policy().String()}
 	for i, res := range results {
 		if errs[i] != nil {
@@ -66,6 +75,45 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	run.Engine = after.EngineWall - before.EngineWall
 	run.Steps = laneSteps(after) - laneSteps(before)
 	return run, nil
+}
+
+// ErrStalled is the cause RunLive gives up with when the scheduler leaves
+// requests waiting while every lane sits idle and nothing is decoded.
+var ErrStalled = errors.New("bench: the scheduler stalled")
+
+// watchStall polls stats every `every` and cancels with ErrStalled once
+// requests have waited with every lane idle and no token decoded for
+// `after`. It returns a function that stops it.
+func watchStall(ctx context.Context, stats func() sched.Stats, cancel context.CancelCauseFunc, every, after time.Duration) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		var since time.Time
+		var tokens uint64
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				st := stats()
+				idle := st.Waiting > 0
+				for _, l := range st.Lanes {
+					idle = idle && l.Running == 0
+				}
+				switch {
+				case !idle || st.Tokens != tokens || since.IsZero():
+					since, tokens = now, st.Tokens
+				case now.Sub(since) >= after:
+					cancel(fmt.Errorf("%w: %d requests waited %v with every lane idle", ErrStalled, st.Waiting, now.Sub(since).Round(time.Millisecond)))
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // phases sets the run's makespan and the rates at which its lanes decoded

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +150,93 @@ func TestSimulatorRunsTheRealScheduler(t *testing.T) {
 		if row.SchedPerRequest != run.SchedWall/time.Duration(len(run.Outcomes)) {
 			t.Errorf("%v: %v scheduler time per request, %v over %d requests", p, row.SchedPerRequest, run.SchedWall, len(run.Outcomes))
 		}
+	}
+}
+
+// TestSimulatorServesEveryRequest: on lanes alike, apart by 1.6 to 29
+// times, or with the primary the slower, at light load and in overload,
+// with and without adversarial prompts, every request is answered:
+// Simulate fails when its lanes all go idle with a request still waiting
+// (as one did when a much slower lane refused the request whose cache
+// it held).
+func TestSimulatorServesEveryRequest(t *testing.T) {
+	pairs := map[string][]StepCosts{"alike": {simLane, simLane}}
+	for _, f := range []float64{1.6, 3, 10, 29} {
+		slow := simLane
+		slow.A, slow.B, slow.C = time.Duration(f*float64(slow.A)), time.Duration(f*float64(slow.B)), time.Duration(f*float64(slow.C))
+		pairs[fmt.Sprintf("%gx", f)] = []StepCosts{simLane, slow}
+		if f == 3 {
+			pairs["primary 3x slower"] = []StepCosts{slow, simLane}
+		}
+	}
+	seeds := 3
+	if testing.Short() {
+		seeds = 1
+	}
+	for name, lanes := range pairs {
+		for _, p := range []sched.Policy{sched.Tandem, sched.FIFO} {
+			for _, load := range []float64{0.6, 1.6} {
+				for _, adv := range []float64{0, 0.4} {
+					for seed := range seeds {
+						var capacity float64
+						for _, l := range lanes {
+							capacity += l.Capacity(8)
+						}
+						reqs := Workload(WorkloadConfig{Requests: 150, Rate: load * capacity / 80, Adversarial: adv, Variance: VarianceNormal,
+							TokenTime: lanes[0].TokenTime(), MaxTokens: 1900, Seed: uint64(seed + 11)})
+						if _, err := Simulate(reqs, SimConfig{Sched: sched.Config{Policy: p, MaxQueue: 500}, Lanes: lanes}); err != nil {
+							t.Errorf("%s lanes, %v, load %.1f, %.0f%% adversarial, seed %d: %v", name, p, load, 100*adv, seed+11, err)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestWatchStallGivesUpOnIdleLanes: requests waiting while every lane
+// sits idle and nothing is decoded cancel the run with ErrStalled once
+// that has lasted the given time; a lane at work, or tokens still coming,
+// does not.
+func TestWatchStallGivesUpOnIdleLanes(t *testing.T) {
+	var mu sync.Mutex
+	st := sched.Stats{Waiting: 2, Lanes: []sched.LaneStats{{Running: 0}, {Running: 1}}}
+	stats := func() sched.Stats {
+		mu.Lock()
+		defer mu.Unlock()
+		c := st
+		c.Lanes = slices.Clone(st.Lanes)
+		if c.Lanes[1].Running > 0 {
+			st.Tokens++ // a busy lane decodes
+		}
+		return c
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stop := watchStall(ctx, stats, cancel, time.Millisecond, 30*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	if err := context.Cause(ctx); err != nil {
+		t.Fatalf("cancelled while a lane worked: %v", err)
+	}
+	mu.Lock()
+	st.Lanes[1].Running = 0
+	mu.Unlock()
+	select {
+	case <-ctx.Done():
+		if err := context.Cause(ctx); !errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), "2 requests waited") {
+			t.Errorf("cause %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("not cancelled with requests waiting and every lane idle")
+	}
+	stop()
+	// Stopped, it cancels nothing more.
+	ctx2, cancel2 := context.WithCancelCause(context.Background())
+	defer cancel2(nil)
+	watchStall(ctx2, stats, cancel2, time.Millisecond, 10*time.Millisecond)()
+	time.Sleep(50 * time.Millisecond)
+	if ctx2.Err() != nil {
+		t.Error("a stopped watch cancelled")
 	}
 }
 

@@ -258,6 +258,13 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 			s.End(st)
 			owed += time.Since(w)
 		default:
+			// Every lane is idle and nothing is left to arrive: a request
+			// still unanswered would wait for good.
+			for i, st := range streams {
+				if st.Result() == nil {
+					return Run{}, fmt.Errorf("sim: request %s never finished: every lane is idle and it still waits (%d waiting in all)", reqs[i].ID, s.Stats().Waiting)
+				}
+			}
 			return simCollect(s, reqs, streams, engines, arrivalTokens), nil
 		}
 		for i := range ls {
@@ -282,9 +289,6 @@ func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream,
 	run := Run{Policy: s.Policy().String()}
 	for i, st := range streams {
 		res := st.Result()
-		if res == nil {
-			continue
-		}
 		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
 	}
 	st := s.Stats()
