@@ -4,18 +4,33 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sample"
 )
 
-// fakeClock is a manual clock for Config.Now.
-type fakeClock struct{ t time.Time }
+// fakeClock is a manual clock for Config.Now. A cancelled context ends
+// its request on another goroutine, which reads the clock too.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
 
-func newClock() *fakeClock               { return &fakeClock{t: time.Unix(1_000_000, 0)} }
-func (c *fakeClock) Now() time.Time      { return c.t }
-func (c *fakeClock) Add(d time.Duration) { c.t = c.t.Add(d) }
+func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
 
 const fakeEOS = 2
 
