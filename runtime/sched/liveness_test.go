@@ -125,3 +125,36 @@ func TestRandomWorkLeavesNothingWaiting(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsReportAStall: requests that wait while every lane sits idle
+// show in Stats.Stalled, counted from when the lanes last found nothing
+// to do, and it clears once a lane runs one. The stall is made by hand (a
+// request claiming its cache on a lane that does not exist, which every
+// lane passes over), since planning leaves none.
+func TestStatsReportAStall(t *testing.T) {
+	s, clock := newManual(t, Config{}, nil, newFakeEngine(nil), newFakeEngine(nil))
+	st := submit(t, s, Request{ID: "r", Prompt: prompt(4), MaxTokens: 3})
+	tk := s.tasks["r"]
+	tk.hasSeq, tk.lane = true, 7
+	if s.Begin(0) != nil || s.Begin(1) != nil {
+		t.Fatal("a lane planned a step for a request no lane may take")
+	}
+	clock.Add(6 * time.Second)
+	if got := s.Stats().Stalled; got != 6*time.Second {
+		t.Fatalf("stalled %v, want 6s", got)
+	}
+	tk.hasSeq, tk.lane = false, 0
+	drive(t, s, 100)
+	if got := s.Stats().Stalled; got != 0 {
+		t.Errorf("stalled %v after the request ran, want 0", got)
+	}
+	if _, _, r := collect(t, st); r.TotalGenerated != 3 {
+		t.Errorf("generated %d, want 3", r.TotalGenerated)
+	}
+	// Idle lanes with nothing waiting are not a stall.
+	clock.Add(time.Minute)
+	s.Begin(0)
+	if got := s.Stats().Stalled; got != 0 {
+		t.Errorf("stalled %v with nothing waiting", got)
+	}
+}

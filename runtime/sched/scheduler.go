@@ -57,6 +57,10 @@ type Scheduler struct {
 	nextID  uint64
 	stats   counters
 	started time.Time
+	// stallSince is when requests were last seen waiting with every lane
+	// idle (zero: not now). Planning never leaves them so; if it does, a
+	// request waits for good, and Stats.Stalled says how long.
+	stallSince time.Time
 	// wallClock: cfg.Now is time.Now, so one reading serves as both the
 	// scheduler's clock and the start of its overhead accounting.
 	wallClock bool

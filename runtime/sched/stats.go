@@ -44,6 +44,10 @@ type Stats struct {
 	Uptime  time.Duration
 	Waiting int // queued requests
 	Parked  int // parked segmented requests (with or without KV)
+	// Stalled is how long requests have waited while every lane sat idle
+	// (0: not now). Planning should never leave them so; a stall that
+	// lasts is a scheduler bug, and tandem serve's /healthz reports it.
+	Stalled time.Duration
 
 	Admitted, Rejected                    uint64 // Submit/Resume accepted, refused with ErrQueueFull
 	Completed, Cancelled, Failed, Segment uint64 // streams ended by reason group
@@ -116,6 +120,9 @@ func (s *Scheduler) Stats() Stats {
 		Evicted: c.evicted, Expired: c.expired, Utility: c.utility,
 		SchedulerWall: c.schedWall, IntakeWall: c.schedWall,
 		OfferedLoad: s.offeredRatio(s.cfg.Now()),
+	}
+	if !s.stallSince.IsZero() && st.Waiting > 0 && s.allIdle() {
+		st.Stalled = s.cfg.Now().Sub(s.stallSince)
 	}
 	for i, l := range s.lanes {
 		st.Tokens += l.tokens

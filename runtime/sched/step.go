@@ -83,8 +83,10 @@ func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 		}
 	}
 	if len(l.running) == 0 && len(l.toFree) == 0 {
+		s.noteIdle(now)
 		return nil
 	}
+	s.stallSince = time.Time{}
 	// A lane has one step in flight: its buffers are reused.
 	st := &l.step
 	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...),
@@ -105,6 +107,29 @@ func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 	}
 	l.busy = true
 	return st
+}
+
+// noteIdle records when a lane finds nothing to do: if every lane is
+// idle and requests wait, they wait for nothing (a planning bug), and
+// stallSince starts counting.
+func (s *Scheduler) noteIdle(now time.Time) {
+	if !s.allIdle() || s.waitingCount() == 0 {
+		s.stallSince = time.Time{}
+		return
+	}
+	if s.stallSince.IsZero() {
+		s.stallSince = now
+	}
+}
+
+// allIdle reports whether no lane runs a request or is mid-step.
+func (s *Scheduler) allIdle() bool {
+	for _, o := range s.lanes {
+		if o.busy || len(o.running) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Run frees, starts and steps the engine. It touches only the Step, the

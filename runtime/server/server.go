@@ -159,9 +159,26 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status, "model": s.cfg.Model})
 		return
 	}
-	st := b.sc.Stats()
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "model": s.cfg.Model, "lanes": len(st.Lanes),
-		"waiting": st.Waiting, "policy": st.Policy, "calibrated": b.sc.Estimator().Calibrated()})
+	code, body := healthOf(b.sc.Stats())
+	body["model"], body["calibrated"] = s.cfg.Model, b.sc.Estimator().Calibrated()
+	writeJSON(w, code, body)
+}
+
+// stallLimit is how long requests may wait with every lane idle before
+// /healthz reports the scheduler stalled.
+const stallLimit = 5 * time.Second
+
+// healthOf is /healthz's answer for a serving scheduler: ok, or 503
+// "stalled" when requests have waited stallLimit with every lane idle
+// (a scheduler bug: restarting the server frees them), so a supervisor
+// can act on it.
+func healthOf(st sched.Stats) (int, map[string]any) {
+	body := map[string]any{"status": "ok", "lanes": len(st.Lanes), "waiting": st.Waiting, "policy": st.Policy}
+	if st.Stalled >= stallLimit {
+		body["status"], body["stalled_seconds"] = "stalled", st.Stalled.Seconds()
+		return http.StatusServiceUnavailable, body
+	}
+	return http.StatusOK, body
 }
 
 type modelObject struct {

@@ -489,6 +489,21 @@ func TestSegmentsResumeOverHTTP(t *testing.T) {
 	waitUntil(t, "discarded sequence freed", func() bool { return fx.live() == 0 })
 }
 
+// TestHealthReportsAStall: /healthz turns 503 "stalled" once requests
+// have waited stallLimit with every lane idle (sched.Stats.Stalled, which
+// TestStatsReportAStall makes by hand), so a supervisor can restart the
+// server; a shorter wait is still ok.
+func TestHealthReportsAStall(t *testing.T) {
+	lanes := []sched.LaneStats{{}, {}}
+	if code, body := healthOf(sched.Stats{Waiting: 2, Stalled: 4 * time.Second, Lanes: lanes}); code != 200 || body["status"] != "ok" {
+		t.Errorf("4 s: %d %v, want 200 ok", code, body)
+	}
+	code, body := healthOf(sched.Stats{Waiting: 2, Stalled: 6 * time.Second, Lanes: lanes, Policy: "tandem"})
+	if code != http.StatusServiceUnavailable || body["status"] != "stalled" || body["stalled_seconds"] != 6.0 || body["waiting"] != 2 || body["lanes"] != 2 {
+		t.Errorf("6 s: %d %v, want 503 stalled for 6 s with 2 waiting", code, body)
+	}
+}
+
 func TestMetricsAndHealth(t *testing.T) {
 	fx := newFixture(t, fixtureOpts{lanes: 2})
 	post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":5,"deadline_ms":60000}`)
@@ -510,6 +525,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		`tandem_memory_bytes{kind="kv"}`, `tandem_memory_bytes{kind="go_heap"}`, "tandem_tokens_generated_total 5",
 		`tandem_requests_finished_total{outcome="completed"} 1`, "tandem_offered_load ", `tandem_lane_batch_cap{lane="cpu0"}`,
 		`tandem_lane_waiting{lane="cpu1"} 0`, `tandem_lane_much_slower{lane="cpu0"} 0`, `tandem_lane_much_slower{lane="cpu1"} 0`,
+		"tandem_scheduler_stalled_seconds 0",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
