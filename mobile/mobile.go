@@ -197,7 +197,7 @@ func (e *Engine) Stats() string {
 	closed := e.closed
 	e.mu.Unlock()
 	out := statsJSON{Model: e.model, Memory: e.memory, Context: e.sc.Context(), Closed: closed, InFlight: inflight,
-		Policy: st.Policy, UptimeMs: ms(st.Uptime), Waiting: st.Waiting, Parked: st.Parked,
+		Policy: st.Policy, UptimeMs: ms(st.Uptime), Waiting: st.Waiting, StalledMs: ms(st.Stalled), Parked: st.Parked,
 		Admitted: st.Admitted, Rejected: st.Rejected, Completed: st.Completed, Cancelled: st.Cancelled,
 		Failed: st.Failed, Segments: st.Segment, DeadlineHits: st.DeadlineHits, DeadlineMisses: st.DeadlineMisses,
 		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
@@ -223,14 +223,18 @@ func (e *Engine) Stats() string {
 }
 
 type statsJSON struct {
-	Model          string     `json:"model"`
-	Memory         string     `json:"memory"`
-	Context        int        `json:"context"`
-	Closed         bool       `json:"closed"`
-	InFlight       int        `json:"in_flight"`
-	Policy         string     `json:"policy"`
-	UptimeMs       float64    `json:"uptime_ms"`
-	Waiting        int        `json:"waiting"`
+	Model    string  `json:"model"`
+	Memory   string  `json:"memory"`
+	Context  int     `json:"context"`
+	Closed   bool    `json:"closed"`
+	InFlight int     `json:"in_flight"`
+	Policy   string  `json:"policy"`
+	UptimeMs float64 `json:"uptime_ms"`
+	Waiting  int     `json:"waiting"`
+	// StalledMs: how long requests have waited with every lane idle (0:
+	// not now). Above a few seconds it is a scheduler bug; closing and
+	// reopening the engine frees them.
+	StalledMs      float64    `json:"stalled_ms"`
 	Parked         int        `json:"parked"`
 	Admitted       uint64     `json:"admitted"`
 	Rejected       uint64     `json:"rejected"`

@@ -150,6 +150,9 @@ func TestGenerateMatchesReference(t *testing.T) {
 			for _, l := range st.Lanes {
 				laneTokens += l.Tokens
 			}
+			if st.StalledMs != 0 || !strings.Contains(e.Stats(), `"stalled_ms":0`) {
+				t.Errorf("stats: stalled %v ms with nothing waiting", st.StalledMs)
+			}
 			if laneTokens != st.Tokens || st.Tokens < uint64(n) {
 				t.Errorf("stats: the lanes generated %d tokens, the engine %d, the request %d", laneTokens, st.Tokens, n)
 			}
