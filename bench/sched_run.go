@@ -78,36 +78,26 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 }
 
 // ErrStalled is the cause RunLive gives up with when the scheduler leaves
-// requests waiting while every lane sits idle and nothing is decoded.
+// requests waiting while every lane sits idle (sched.Stats.Stalled).
 var ErrStalled = errors.New("bench: the scheduler stalled")
 
 // watchStall polls stats every `every` and cancels with ErrStalled once
-// requests have waited with every lane idle and no token decoded for
+// they report a stall (requests waiting with every lane idle) of at least
 // `after`. It returns a function that stops it.
 func watchStall(ctx context.Context, stats func() sched.Stats, cancel context.CancelCauseFunc, every, after time.Duration) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
-		var since time.Time
-		var tokens uint64
 		for {
 			select {
 			case <-done:
 				return
 			case <-ctx.Done():
 				return
-			case now := <-tick.C:
-				st := stats()
-				idle := st.Waiting > 0
-				for _, l := range st.Lanes {
-					idle = idle && l.Running == 0
-				}
-				switch {
-				case !idle || st.Tokens != tokens || since.IsZero():
-					since, tokens = now, st.Tokens
-				case now.Sub(since) >= after:
-					cancel(fmt.Errorf("%w: %d requests waited %v with every lane idle", ErrStalled, st.Waiting, now.Sub(since).Round(time.Millisecond)))
+			case <-tick.C:
+				if st := stats(); st.Stalled >= after {
+					cancel(fmt.Errorf("%w: %d requests waited %v with every lane idle", ErrStalled, st.Waiting, st.Stalled.Round(time.Millisecond)))
 					return
 				}
 			}

@@ -194,40 +194,40 @@ func TestSimulatorServesEveryRequest(t *testing.T) {
 	}
 }
 
-// TestWatchStallGivesUpOnIdleLanes: requests waiting while every lane
-// sits idle and nothing is decoded cancel the run with ErrStalled once
-// that has lasted the given time; a lane at work, or tokens still coming,
-// does not.
+// TestWatchStallGivesUpOnIdleLanes: a stall the scheduler reports
+// (requests waiting with every lane idle, sched.Stats.Stalled) cancels the
+// run with ErrStalled once it has lasted the given time; a shorter one,
+// or none, does not.
 func TestWatchStallGivesUpOnIdleLanes(t *testing.T) {
 	var mu sync.Mutex
-	st := sched.Stats{Waiting: 2, Lanes: []sched.LaneStats{{Running: 0}, {Running: 1}}}
+	st := sched.Stats{Waiting: 2}
 	stats := func() sched.Stats {
 		mu.Lock()
 		defer mu.Unlock()
-		c := st
-		c.Lanes = slices.Clone(st.Lanes)
-		if c.Lanes[1].Running > 0 {
-			st.Tokens++ // a busy lane decodes
-		}
-		return c
+		return st
+	}
+	set := func(d time.Duration) {
+		mu.Lock()
+		st.Stalled = d
+		mu.Unlock()
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	stop := watchStall(ctx, stats, cancel, time.Millisecond, 30*time.Millisecond)
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	set(29 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
 	if err := context.Cause(ctx); err != nil {
-		t.Fatalf("cancelled while a lane worked: %v", err)
+		t.Fatalf("cancelled with no stall, then one shorter than the limit: %v", err)
 	}
-	mu.Lock()
-	st.Lanes[1].Running = 0
-	mu.Unlock()
+	set(30 * time.Millisecond)
 	select {
 	case <-ctx.Done():
-		if err := context.Cause(ctx); !errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), "2 requests waited") {
+		if err := context.Cause(ctx); !errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), "2 requests waited 30ms") {
 			t.Errorf("cause %v", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Error("not cancelled with requests waiting and every lane idle")
+		t.Error("not cancelled once the stall reached the limit")
 	}
 	stop()
 	// Stopped, it cancels nothing more.
