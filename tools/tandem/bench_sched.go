@@ -430,7 +430,6 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if err != nil {
 			return nil, "", err
 		}
-		floorLanes := bench.CapacityLanes(best, costs, b.maxBatch)
 		var topLoad, topRate float64 // the goal's load and its runs' best rate
 		for li, lr := range byLoad {
 			work, err := bench.MeasuredWork(lr.reqs, lr.runs)
@@ -443,8 +442,12 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				lens[o.Req.Prompt] = o.Result.PromptTokens
 			}
 			promptTokens := func(prompt string) int { return lens[prompt] }
-			floor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 0.99, promptTokens)
-			maxFloor := bench.ResponseFloor(work, floorLanes, b.maxBatch, 1, promptTokens)
+			// The p99 and slowest-response floors at a capacity.
+			floors := func(capacity float64) (p99, slowest time.Duration) {
+				on := bench.CapacityLanes(capacity, costs, b.maxBatch)
+				return bench.ResponseFloor(work, on, b.maxBatch, 0.99, promptTokens), bench.ResponseFloor(work, on, b.maxBatch, 1, promptTokens)
+			}
+			floor, maxFloor := floors(best)
 			// Again at the fastest any run decoded, which a live run
 			// reaches where a burst probe's rate may not be.
 			var runFloor, runMaxFloor time.Duration
@@ -453,9 +456,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				topLoad, topRate = b.loads[li], rate
 			}
 			if rate > 0 {
-				runLanes := bench.CapacityLanes(rate, costs, b.maxBatch)
-				runFloor = bench.ResponseFloor(work, runLanes, b.maxBatch, 0.99, promptTokens)
-				runMaxFloor = bench.ResponseFloor(work, runLanes, b.maxBatch, 1, promptTokens)
+				runFloor, runMaxFloor = floors(rate)
 			}
 			for _, i := range lr.rows {
 				shareRows[i].P99Floor, shareRows[i].MaxFloor = floor, maxFloor
