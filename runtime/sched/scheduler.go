@@ -147,6 +147,7 @@ type lane struct {
 	// Written by the lane on every step; Stats sums them over lanes.
 	steps      uint64
 	tokens     uint64
+	attended   uint64 // Σ over tokens of the context each followed
 	engineWall time.Duration
 	schedWall  time.Duration // its locked sections (planning and delivery)
 	stepClock  time.Duration // sum of clock time between Begin and End

@@ -1258,15 +1258,23 @@ func TestTokensCountWhatWasDelivered(t *testing.T) {
 	eos := submit(t, s, Request{ID: "eos", Prompt: prompt(3), MaxTokens: 50, StopTokens: []int32{fakeEOS}})
 	text := submit(t, s, Request{ID: "text", Prompt: prompt(3), MaxTokens: 50, StopText: []string{"stop"}, Decoder: dec})
 	drive(t, s, 100)
-	var want uint64
+	var want, attended uint64
 	for _, st := range []*Stream{eos, text} {
 		_, _, res := collect(t, st)
 		if res.Reason != ReasonStop {
 			t.Fatalf("%s ended %v, want stop", res.ID, res.Reason)
 		}
 		want += uint64(res.CompletionTokens)
+		// The j-th kept token followed the prompt and j earlier ones.
+		for j := range res.CompletionTokens {
+			attended += uint64(res.PromptTokens + j)
+		}
 	}
-	if got := s.Stats().Tokens; got != want {
-		t.Errorf("Stats counts %d tokens, the requests kept %d", got, want)
+	st := s.Stats()
+	if st.Tokens != want {
+		t.Errorf("Stats counts %d tokens, the requests kept %d", st.Tokens, want)
+	}
+	if st.Attended != attended || attended == 0 {
+		t.Errorf("Stats counts %d attended context tokens, the kept tokens followed %d", st.Attended, attended)
 	}
 }

@@ -57,7 +57,12 @@ type Stats struct {
 	Preempted                             uint64 // running requests sent back to the queue for a deadline
 	Evicted, Expired                      uint64 // parked KV evicted under memory pressure; parked requests dropped
 	Tokens                                uint64 // generated tokens, all lanes
-	Utility                               float64
+	// Attended sums, over the generated tokens, the context each was
+	// computed from (prompt and earlier answer): Attended ÷ Tokens is the
+	// mean context, which sets how much attention a token costs and so
+	// why the same lanes decode slower on long answers.
+	Attended uint64
+	Utility  float64
 	// OfferedLoad is the recent arrival rate of predicted tokens over the
 	// lanes' full-batch capacity: above 1 the scheduler is overloaded and
 	// sheds optional tokens early.
@@ -126,6 +131,7 @@ func (s *Scheduler) Stats() Stats {
 	}
 	for i, l := range s.lanes {
 		st.Tokens += l.tokens
+		st.Attended += l.attended
 		st.SchedulerWall += l.schedWall
 		st.EngineWall += l.engineWall
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,

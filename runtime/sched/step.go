@@ -270,8 +270,9 @@ func (s *Scheduler) consume(t *task, toks []int32, ev *Event, now time.Time) {
 			s.endAt(t, ReasonStop, ev, now)
 			return
 		}
-		t.generated = append(t.generated, tok)
 		l.tokens++ // what the request keeps, not what the engine gave past a stop
+		l.attended += uint64(t.promptLen + len(t.generated))
+		t.generated = append(t.generated, tok)
 		t.segTokens++
 		if t.firstTok.IsZero() {
 			t.firstTok = now
