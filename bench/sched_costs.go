@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -18,6 +19,10 @@ type CostConfig struct {
 	Batches []int  // decode batch sizes to time (default 1, 2, 4, 8)
 	Reps    int    // timed steps per batch size (default 5; the fastest counts)
 	Context int    // KV context per sequence (default 512)
+	// LongContext, when above the short context the batches are timed
+	// at, times full batches again with about this much context each and
+	// sets StepCosts.D from the difference (0: D stays 0).
+	LongContext int
 }
 
 // MeasureStepCosts times the plain engine on the model in f: prefill
@@ -42,6 +47,7 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 	if err != nil {
 		return StepCosts{}, err
 	}
+	cfg.LongContext = min(cfg.LongContext, e.Info().Context-cfg.Reps-1)
 	c, err := timeStepCosts(e, m.Config().Vocab, cfg)
 	c.Context = m.Config().Context
 	return c, err
@@ -80,19 +86,34 @@ func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error)
 		members = append(members, mb[0])
 	}
 	out := make([]sched.StepOut, maxB)
+	// attended[i] is the context member i's next decode follows.
+	attended := make([]int, maxB)
+	for i := range attended {
+		attended[i] = costChunk
+	}
 	var xs []float64
 	var ys []float64
+	var full time.Duration // the fastest step of the largest batch
+	var fullContext float64
 	for _, n := range cfg.Batches {
 		var d []time.Duration
+		var sum int
 		for range cfg.Reps {
 			t0 := time.Now()
 			if err := e.Step(ctx, members[:n], out[:n]); err != nil {
 				return StepCosts{}, err
 			}
 			d = append(d, time.Since(t0))
+			for i := range n {
+				sum += attended[i]
+				attended[i]++
+			}
 		}
 		xs = append(xs, float64(n))
 		ys = append(ys, slices.Min(d).Seconds())
+		if n == maxB {
+			full, fullContext = slices.Min(d), float64(sum)/float64(n*cfg.Reps)
+		}
 	}
 	a, b := schedLineFit(xs, ys)
 	if b <= 0 {
@@ -101,7 +122,65 @@ func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error)
 	a = max(a, 0)
 	c := max((slices.Min(prefills).Seconds()-a-b)/costChunk, 0)
 	sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
-	return StepCosts{A: sec(a), B: sec(b), C: sec(c), MaxSeqs: 16}, nil
+	costs := StepCosts{A: sec(a), B: sec(b), C: sec(c), MaxSeqs: 16}
+	if float64(cfg.LongContext) <= fullContext+1 {
+		return costs, nil
+	}
+	long, longContext, err := timeLongContext(e, members, vocab, cfg)
+	if err != nil {
+		return StepCosts{}, err
+	}
+	// Per member, per token of context; no more than leaves a member at
+	// no context a cost of its own.
+	d := (long - full).Seconds() / (float64(maxB) * (longContext - fullContext))
+	costs.D = sec(min(max(d, 0), b/fullContext))
+	costs.BAt = int(math.Round(fullContext))
+	return costs, nil
+}
+
+// timeLongContext replaces members' sequences with ones whose prompts
+// fill about cfg.LongContext tokens and returns the fastest of cfg.Reps
+// full-batch decode steps over them and the mean context they followed.
+func timeLongContext(e sched.Engine, members []sched.Member, vocab int, cfg CostConfig) (time.Duration, float64, error) {
+	ctx := context.Background()
+	prompt := make([]int32, cfg.LongContext-cfg.Reps)
+	for i := range prompt {
+		prompt[i] = int32(1 + (i*7)%(vocab-1))
+	}
+	for i := range members {
+		if err := e.Free(members[i].Seq); err != nil {
+			return 0, 0, err
+		}
+		id, err := e.Start(prompt, nil, "")
+		if err != nil {
+			return 0, 0, err
+		}
+		members[i] = sched.Member{Seq: id, Limit: 1}
+	}
+	out := make([]sched.StepOut, len(members))
+	// Prefill in chunks until every member has yielded its first token.
+	for done := false; !done; {
+		if err := e.Step(ctx, members, out); err != nil {
+			return 0, 0, err
+		}
+		done = true
+		for _, o := range out {
+			if o.Err != nil {
+				return 0, 0, o.Err
+			}
+			done = done && len(o.Tokens) > 0
+		}
+	}
+	var d []time.Duration
+	for range cfg.Reps {
+		t0 := time.Now()
+		if err := e.Step(ctx, members, out); err != nil {
+			return 0, 0, err
+		}
+		d = append(d, time.Since(t0))
+	}
+	// The decodes followed len(prompt) to len(prompt)+Reps-1 tokens.
+	return slices.Min(d), float64(len(prompt)) + float64(cfg.Reps-1)/2, nil
 }
 
 // schedLineFit is the least-squares line y = a + b·x.

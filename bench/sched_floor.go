@@ -57,11 +57,7 @@ func ResponseFloor(reqs []WorkRequest, lanes []StepCosts, batch int, q float64, 
 	largest := make([]float64, 0, k+1) // the k largest w so far, ascending
 	var largestSum float64
 	for _, r := range byArrival {
-		tokens := min(r.Natural, r.MaxTokens)
-		if r.MinTokens > 0 {
-			tokens = min(tokens, r.MinTokens)
-		}
-		decode := float64(max(tokens-1, 0))
+		decode := float64(max(floorTokens(r)-1, 0))
 		prompt := float64(promptTokens(r.Prompt))
 		w := (decode + prompt*kappa) / rate
 		fastest := math.Inf(1)
@@ -84,6 +80,16 @@ func ResponseFloor(reqs []WorkRequest, lanes []StepCosts, batch int, q float64, 
 	slices.Sort(own)
 	best = math.Max(best, own[n-1-k])
 	return time.Duration(best * float64(time.Second))
+}
+
+// floorTokens is the output of r that no schedule may shed: its natural
+// length, cut to MinTokens when it has one.
+func floorTokens(r WorkRequest) int {
+	tokens := min(r.Natural, r.MaxTokens)
+	if r.MinTokens > 0 {
+		tokens = min(tokens, r.MinTokens)
+	}
+	return tokens
 }
 
 // MeasuredWork returns reqs with each Natural set to the answer the real

@@ -32,7 +32,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	results := make([]*sched.Result, len(reqs))
 	errs := make([]error, len(reqs))
 	var wg sync.WaitGroup
-	var arrivalTokens uint64 // decoded by the last arrival
+	var atLastArrival sched.Stats // what was decoded by the last arrival
 	start := time.Now()
 	for i, r := range reqs {
 		if d := time.Until(start.Add(r.Arrival)); d > 0 {
@@ -49,7 +49,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 			return Run{}, fmt.Errorf("bench: submit %s: %w", r.ID, err)
 		}
 		if i == len(reqs)-1 {
-			arrivalTokens = s.Stats().Tokens
+			atLastArrival = s.Stats()
 		}
 		wg.Add(1)
 		go func() {
@@ -69,7 +69,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
 	}
 	after := s.Stats()
-	run.phases(before.Tokens, arrivalTokens, after.Tokens)
+	run.phases(before, atLastArrival, after)
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
 	run.IntakeWall = after.IntakeWall - before.IntakeWall
 	run.Engine = after.EngineWall - before.EngineWall
@@ -107,19 +107,20 @@ func watchStall(ctx context.Context, stats func() sched.Stats, cancel context.Ca
 }
 
 // phases sets the run's makespan and the rates at which its lanes decoded
-// in its two phases, from the scheduler's token counts at its start, at
-// the last arrival and at its end.
-func (run *Run) phases(atStart, atLastArrival, atEnd uint64) {
+// in its two phases and the mean context of those tokens, from the
+// scheduler's counts at its start, at the last arrival and at its end.
+func (run *Run) phases(atStart, atLastArrival, atEnd sched.Stats) {
 	first, lastArrival, last := runSpan(run.Outcomes)
 	run.Makespan = last.Sub(first)
-	rate := func(tokens uint64, d time.Duration) float64 {
-		if d <= 0 {
-			return 0
+	phase := func(from, to sched.Stats, d time.Duration) (rate, context float64) {
+		tokens := to.Tokens - from.Tokens
+		if d <= 0 || tokens == 0 {
+			return 0, 0
 		}
-		return float64(tokens) / d.Seconds()
+		return float64(tokens) / d.Seconds(), float64(to.Attended-from.Attended) / float64(tokens)
 	}
-	run.ArrivalRate = rate(atLastArrival-atStart, lastArrival.Sub(first))
-	run.DrainRate = rate(atEnd-atLastArrival, last.Sub(lastArrival))
+	run.ArrivalRate, run.ArrivalContext = phase(atStart, atLastArrival, lastArrival.Sub(first))
+	run.DrainRate, run.DrainContext = phase(atLastArrival, atEnd, last.Sub(lastArrival))
 }
 
 // runSpan returns the first and last arrivals and the last finish among outs.
@@ -140,14 +141,41 @@ func runSpan(outs []Outcome) (first, lastArrival, last time.Time) {
 }
 
 // BestRate is the fastest any of runs decoded over its arrivals or its
-// drain, in tokens per second: what the real engine's second pair of
-// floors assumes every schedule could keep up throughout.
-func BestRate(runs []Run) float64 {
+// drain, in tokens per second, each phase's rate converted to a mean
+// context of context (RateAtContext on lanes at full batch): what the
+// real engine's second pair of floors assumes every schedule could keep
+// up throughout, on a workload whose tokens follow that much context on
+// average. Unconverted, the phase that decoded the short answers set it:
+// on stories260K at 40% adversarial prompts tandem's arrivals decode
+// mostly short contexts, and a token at 450 of context costs three times
+// one at 50, so the floors asked every schedule to decode the long
+// answers at the short ones' rate.
+func BestRate(runs []Run, lanes []StepCosts, batch int, context float64) float64 {
 	var best float64
 	for _, r := range runs {
-		best = max(best, r.ArrivalRate, r.DrainRate)
+		best = max(best, RateAtContext(r.ArrivalRate, r.ArrivalContext, context, lanes, batch),
+			RateAtContext(r.DrainRate, r.DrainContext, context, lanes, batch))
 	}
 	return best
+}
+
+// MeanContext is the mean context the tokens ResponseFloor counts for
+// reqs follow: a request's prompt and its answer before each.
+func MeanContext(reqs []WorkRequest, promptTokens func(string) int) float64 {
+	if promptTokens == nil {
+		promptTokens = simPromptTokens
+	}
+	var tokens, sum float64
+	for _, r := range reqs {
+		n := float64(floorTokens(r))
+		p := float64(promptTokens(r.Prompt))
+		tokens += n
+		sum += n*p + n*(n-1)/2
+	}
+	if tokens == 0 {
+		return 0
+	}
+	return sum / tokens
 }
 
 // LiveTokenTime measures a running scheduler's time per token for one
@@ -227,17 +255,24 @@ func FastestCapacity(full float64, maxBatch int, probe func(maxBatch int) (float
 // and the offered loads taken from it then overload the engine less than
 // they say: one invocation on a 2-vCPU VM measured 17004 tok/s at 40%
 // adversarial prompts, and FIFO's runs at "load 1.6" then decoded 20561.
-func LiveCapacity(ctx context.Context, s *sched.Scheduler, burst []sched.Request, runs int) (float64, error) {
-	best := 0.0
+func LiveCapacity(ctx context.Context, s *sched.Scheduler, burst []sched.Request, runs int) (Decoded, error) {
+	var best Decoded
 	for range max(runs, 1) {
 		c, err := LiveThroughput(ctx, s, burst)
 		if err != nil {
-			return 0, err
+			return Decoded{}, err
 		}
-		best = max(best, c)
+		if c.Rate > best.Rate {
+			best = c
+		}
 	}
 	return best, nil
 }
+
+// Decoded is a measured decode rate, in tokens per second, and the mean
+// context its tokens followed (sched.Stats.Attended): the same lanes
+// decode long answers slower (RateAtContext).
+type Decoded struct{ Rate, Context float64 }
 
 // CapacityDrift is how far a second capacity probe, taken after runs,
 // may read above the first before AtCapacity runs them again.
@@ -293,8 +328,8 @@ func AtCapacity(probe func() (float64, error), runs func(capacity float64) error
 // GPU, decoding a 1B model at a few tokens a second) their tails took
 // minutes per burst and measured nothing. It returns when every stream
 // of the burst has ended, so the lanes are free for what comes next.
-func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Request) (float64, error) {
-	before := s.Stats().Tokens
+func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Request) (Decoded, error) {
+	before := s.Stats()
 	start := time.Now()
 	burstCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -302,7 +337,7 @@ func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Reque
 	for _, r := range burst {
 		st, err := s.Submit(burstCtx, r)
 		if err != nil {
-			return 0, err
+			return Decoded{}, err
 		}
 		streams = append(streams, st)
 	}
@@ -317,24 +352,28 @@ func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Reque
 		done <- nil
 	}()
 	var full time.Duration
-	var fullTokens uint64
+	var atFull sched.Stats
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
 		case err := <-done:
 			if err != nil {
-				return 0, err
+				return Decoded{}, err
 			}
 			if full <= 0 { // drained before the first look: the whole burst
-				full, fullTokens = time.Since(start), s.Stats().Tokens-before
+				full, atFull = time.Since(start), s.Stats()
 			}
-			return float64(fullTokens) / full.Seconds(), nil
+			tokens := float64(atFull.Tokens - before.Tokens)
+			if tokens == 0 {
+				return Decoded{}, nil
+			}
+			return Decoded{Rate: tokens / full.Seconds(), Context: float64(atFull.Attended-before.Attended) / tokens}, nil
 		case <-tick.C:
 			st := s.Stats()
 			switch {
 			case st.Waiting > 0:
-				full, fullTokens = time.Since(start), st.Tokens-before
+				full, atFull = time.Since(start), st
 			case full > 0:
 				cancel() // dry: the rest is the tail
 			}

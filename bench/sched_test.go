@@ -260,12 +260,43 @@ func TestRunPhasesSplitTheTokens(t *testing.T) {
 	if m := run.Makespan; m != last.Sub(first) {
 		t.Errorf("makespan %v, want %v", m, last.Sub(first))
 	}
+	// The phases' contexts are the mean of what their tokens followed.
+	var attended, n float64
+	for _, o := range run.Outcomes {
+		for j := range o.Result.TotalGenerated {
+			attended += float64(o.Result.PromptTokens + j)
+			n++
+		}
+	}
+	both := (run.ArrivalContext*run.ArrivalRate*lastArrival.Sub(first).Seconds() + run.DrainContext*run.DrainRate*last.Sub(lastArrival).Seconds()) / n
+	if math.Abs(both-attended/n) > 0.01 || run.ArrivalContext <= 0 || run.DrainContext <= 0 {
+		t.Errorf("phases at mean contexts %.1f and %.1f make %.2f over the run; its tokens followed %.2f", run.ArrivalContext, run.DrainContext, both, attended/n)
+	}
+	flat := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond}
 	runs := []Run{{ArrivalRate: 10, DrainRate: 30}, {ArrivalRate: 40, DrainRate: 20}, {}}
-	if got := BestRate(runs); got != 40 {
+	if got := BestRate(runs, []StepCosts{flat}, 8, 100); got != 40 {
 		t.Errorf("best rate %v, want 40", got)
 	}
-	if got := BestRate(nil); got != 0 {
+	if got := BestRate(nil, []StepCosts{flat}, 8, 100); got != 0 {
 		t.Errorf("best rate of no runs %v", got)
+	}
+	// With context priced (2 ms a token at 100, 4 at 300), a fast phase
+	// of short answers counts at its rate at the workload's context.
+	ctxLane := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond, D: 10 * time.Microsecond, BAt: 100}
+	runs = []Run{{ArrivalRate: 40, ArrivalContext: 100, DrainRate: 30, DrainContext: 300}}
+	if got := BestRate(runs, []StepCosts{ctxLane}, 8, 300); math.Abs(got-30) > 1e-9 {
+		t.Errorf("best rate at 300 of context %v, want 30 (the drain's; the arrivals' 40 at 100 is 20 there)", got)
+	}
+}
+
+// TestMeanContext: a request's tokens follow its prompt and the answer
+// before them; MinTokens cuts the answer as the floor does.
+func TestMeanContext(t *testing.T) {
+	reqs := []WorkRequest{{Prompt: "a", Natural: 3, MaxTokens: 10}, {Prompt: "b", Natural: 50, MaxTokens: 10, MinTokens: 1}}
+	lens := map[string]int{"a": 4, "b": 7}
+	// a: 4, 5, 6; b: 7.
+	if got := MeanContext(reqs, func(p string) int { return lens[p] }); math.Abs(got-22.0/4) > 1e-9 {
+		t.Errorf("mean context %v, want %v", got, 22.0/4)
 	}
 }
 
@@ -477,6 +508,57 @@ func TestTimeStepCostsTakesTheFastestSteps(t *testing.T) {
 	}
 }
 
+// TestTimeStepCostsMeasuresContext: on an engine whose members cost more
+// the longer their context, timing full batches again at a long context
+// gives D, and the fitted costs then price a token at any context about
+// as the engine does. Without LongContext D stays 0.
+func TestTimeStepCostsMeasuresContext(t *testing.T) {
+	cost := StepCosts{A: 2 * time.Millisecond, B: time.Millisecond, C: 50 * time.Microsecond, D: 40 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+	engineCost := func(context float64) float64 { // per token at batch 8
+		return cost.A.Seconds()/8 + cost.B.Seconds() + cost.D.Seconds()*context
+	}
+	cfg := CostConfig{Batches: []int{1, 2, 4, 8}, Reps: 5}
+	flat, err := timeStepCosts(sleepEngine{newSimEngine(cost, nil)}, 512, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flat.D != 0 || flat.BAt != 0 {
+		t.Errorf("without LongContext: D %v at %d, want none", flat.D, flat.BAt)
+	}
+	cfg.LongContext = 200
+	got, err := timeStepCosts(sleepEngine{newSimEngine(cost, nil)}, 512, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fitted %v + %v/member (at %d of context) + %v/member/context token", got.A, got.B, got.BAt, got.D)
+	if math.Abs(float64(got.D-cost.D)) > 0.15*float64(cost.D) || got.BAt < costChunk || got.BAt > costChunk+20 {
+		t.Errorf("D %v at %d of context, want about %v at 64-84", got.D, got.BAt, cost.D)
+	}
+	for _, c := range []float64{20, 100, 300, 600} {
+		if g, w := got.TokenCost(8, c), engineCost(c); math.Abs(g-w) > 0.15*w {
+			t.Errorf("at %.0f of context a token costs %.3g s by the fit, %.3g s on the engine", c, g, w)
+		}
+	}
+}
+
+// TestRateAtContext: a rate measured at a short mean context converts to
+// a slower one at a longer, in the ratio of the lanes' modelled rates;
+// lanes with no D leave it alone.
+func TestRateAtContext(t *testing.T) {
+	lane := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond, D: 10 * time.Microsecond, BAt: 100}
+	// At batch 8: 2 ms a token at context 100, 4 ms at 300, 1.5 at 50.
+	for _, tc := range []struct{ from, to, want float64 }{{100, 300, 500}, {300, 100, 2000}, {100, 50, 1333.33}, {100, 100, 1000}} {
+		if got := RateAtContext(1000, tc.from, tc.to, []StepCosts{lane, lane}, 8); math.Abs(got-tc.want) > 0.01 {
+			t.Errorf("1000 tok/s at %.0f of context is %.2f at %.0f, want %.2f", tc.from, got, tc.to, tc.want)
+		}
+	}
+	flat := lane
+	flat.D = 0
+	if got := RateAtContext(1000, 100, 300, []StepCosts{flat}, 8); got != 1000 {
+		t.Errorf("lanes without D: %v, want the rate unchanged", got)
+	}
+}
+
 func TestResponseFloorByHand(t *testing.T) {
 	// One lane, one member per step, 1 s per decoded token, free prefill:
 	// request i needs (tokens-1) seconds of lane time.
@@ -606,9 +688,15 @@ func burstWithTail(t *testing.T, tail int) (*sched.Scheduler, []sched.Request, S
 func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 	s, burst, cost := burstWithTail(t, 200) // the last drains alone for most of its length
 	start := time.Now()
-	got, err := LiveThroughput(context.Background(), s, burst)
+	d, err := LiveThroughput(context.Background(), s, burst)
 	if err != nil {
 		t.Fatal(err)
+	}
+	got := d.Rate
+	// The full batches decode 40-token answers to one-token prompts: their
+	// tokens follow 1 to 40 tokens of context, about 20 on average.
+	if d.Context < 15 || d.Context > 30 {
+		t.Errorf("the full batches' tokens followed %.1f tokens of context on average, want about 20", d.Context)
 	}
 	whole := float64(s.Stats().Tokens) / time.Since(start).Seconds()
 	// The long request's drain, alone at the end, would pull a plain
@@ -626,10 +714,11 @@ func TestLiveThroughputCountsOnlyFullBatches(t *testing.T) {
 // lanes free; the throughput is still that of the full batches.
 func TestLiveThroughputCancelsTheTail(t *testing.T) {
 	s, burst, cost := burstWithTail(t, 4000) // about 9 s alone: far longer than the full batches last
-	got, err := LiveThroughput(context.Background(), s, burst)
+	d, err := LiveThroughput(context.Background(), s, burst)
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := d.Rate
 	st := s.Stats()
 	if st.Cancelled == 0 || st.Completed+st.Cancelled != uint64(len(burst)) {
 		t.Errorf("%d completed and %d cancelled of %d: want the long tail cancelled and every stream ended", st.Completed, st.Cancelled, len(burst))
@@ -682,10 +771,11 @@ func TestLiveCapacityTakesTheFastestBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Shutdown(context.Background())
-	got, err := LiveCapacity(context.Background(), s, burst, 3)
+	d, err := LiveCapacity(context.Background(), s, burst, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := d.Rate
 	capacity := 2 * cost.Capacity(8)
 	t.Logf("capacity %.0f tokens/s measured, %.0f at full batch", got, capacity)
 	if got < 0.75*capacity || got > 1.1*capacity {

@@ -12,12 +12,20 @@ import (
 )
 
 // StepCosts is a lane's step time: A + B·decoding members + C·prefill
-// tokens, measured on the real engine (MeasureStepCosts).
+// tokens, and D per token of each decoding member's context beyond BAt,
+// measured on the real engine (MeasureStepCosts).
 type StepCosts struct {
-	Name    string        `json:"name"`
-	A       time.Duration `json:"a"` // per step
-	B       time.Duration `json:"b"` // per decoding member
-	C       time.Duration `json:"c"` // per prefill token
+	Name string        `json:"name"`
+	A    time.Duration `json:"a"` // per step
+	B    time.Duration `json:"b"` // per decoding member
+	C    time.Duration `json:"c"` // per prefill token
+	// D is what a decoding member's share of a step grows by per token of
+	// its context beyond BAt, the mean context B was measured at:
+	// attention reads the whole KV cache. On stories260K a token at 450
+	// of context costs three times one at 50. Zero where unmeasured (the
+	// simulator's --sim-costs give none).
+	D       time.Duration `json:"d,omitempty"`
+	BAt     int           `json:"b_at,omitempty"`
 	MaxSeqs int           `json:"max_seqs"`
 	Context int           `json:"context"`
 }
@@ -32,6 +40,39 @@ func (c StepCosts) TokenTime() time.Duration { return c.Step(1, 0) }
 
 // Capacity is the most tokens per second a lane yields, at batch n.
 func (c StepCosts) Capacity(n int) float64 { return float64(n) / c.Step(n, 0).Seconds() }
+
+// TokenCost is the lane time, in seconds, a decoded token takes in a
+// batch of n whose members follow context tokens each: the step's share,
+// B, and D for the context beyond BAt. Below BAt it shrinks only to the
+// member's part at no context.
+func (c StepCosts) TokenCost(n int, context float64) float64 {
+	per := c.A.Seconds()/float64(max(n, 1)) + c.B.Seconds()
+	return per + c.D.Seconds()*(max(context, 0)-float64(c.BAt))
+}
+
+// RateAtContext converts rate, what lanes decoded at full batch while
+// their tokens followed from tokens of context on average, into what they
+// would decode at a mean context of to: the rate scaled by the lanes'
+// modelled full-batch rates at the two (TokenCost). Lanes without a
+// measured D leave it unchanged.
+func RateAtContext(rate, from, to float64, lanes []StepCosts, batch int) float64 {
+	at := func(context float64) float64 {
+		var r float64
+		for _, l := range lanes {
+			cost := l.TokenCost(batch, context)
+			if cost <= 0 {
+				return 0
+			}
+			r += 1 / cost
+		}
+		return r
+	}
+	rFrom, rTo := at(from), at(to)
+	if rFrom <= 0 || rTo <= 0 {
+		return rate
+	}
+	return rate * rTo / rFrom
+}
 
 const simEOS = 2
 
@@ -52,6 +93,7 @@ type simEngine struct {
 type simSeq struct {
 	tag     string
 	pending int
+	context int // tokens evaluated so far
 	tok     [1]int32
 }
 
@@ -86,6 +128,7 @@ func (e *simEngine) Free(id sched.SeqID) error {
 func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.StepOut) error {
 	budget := e.chunk
 	decode, prefill := 0, 0
+	var beyond int // decoding members' context past BAt, summed
 	for i, m := range members {
 		s := e.seqs[m.Seq]
 		out[i] = sched.StepOut{}
@@ -97,6 +140,7 @@ func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.
 			n := min(s.pending, budget)
 			budget -= n
 			s.pending -= n
+			s.context += n
 			out[i].Prefilled = n
 			prefill += n
 			if s.pending > 0 || n == 0 {
@@ -104,10 +148,13 @@ func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.
 			}
 		} else if s.pending == 1 {
 			s.pending = 0
+			s.context++
 			out[i].Prefilled = 1
 			prefill++
 		} else {
 			decode++
+			beyond += s.context - e.costs.BAt
+			s.context++
 		}
 		k := e.emitted[s.tag]
 		if n, ok := e.natural[s.tag]; ok && k >= n {
@@ -118,7 +165,7 @@ func (e *simEngine) Step(_ context.Context, members []sched.Member, out []sched.
 		}
 		out[i].Tokens = s.tok[:]
 	}
-	e.last = e.costs.Step(decode, prefill)
+	e.last = max(e.costs.Step(decode, prefill)+time.Duration(beyond)*e.costs.D, e.costs.A)
 	e.busy += e.last
 	return nil
 }
@@ -149,6 +196,10 @@ type Run struct {
 	// second from the first arrival to the last, and from the last
 	// arrival to the last finish (0 where a phase has no length).
 	ArrivalRate, DrainRate float64
+	// ArrivalContext and DrainContext are the mean context those tokens
+	// followed (sched.Stats.Attended): a phase of long answers decodes
+	// slower on the same lanes.
+	ArrivalContext, DrainContext float64
 }
 
 // SimConfig configures Simulate.
@@ -220,7 +271,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 	}
 	streams := make([]*sched.Stream, len(reqs))
 	next := 0
-	var arrivalTokens uint64 // decoded by the last arrival
+	var atLastArrival sched.Stats // what was decoded by the last arrival
 	for {
 		lane := -1
 		for i := range ls {
@@ -248,7 +299,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 			streams[next] = st
 			next++
 			if next == len(reqs) {
-				arrivalTokens = s.Stats().Tokens
+				atLastArrival = s.Stats()
 			}
 		case lane >= 0:
 			clock = ls[lane].end
@@ -265,7 +316,7 @@ func Simulate(reqs []WorkRequest, cfg SimConfig) (Run, error) {
 					return Run{}, fmt.Errorf("sim: request %s never finished: every lane is idle and it still waits (%d waiting in all)", reqs[i].ID, s.Stats().Waiting)
 				}
 			}
-			return simCollect(s, reqs, streams, engines, arrivalTokens), nil
+			return simCollect(s, reqs, streams, engines, atLastArrival), nil
 		}
 		for i := range ls {
 			if ls[i].step == nil {
@@ -285,14 +336,14 @@ func laneSteps(st sched.Stats) uint64 {
 }
 
 // simCollect gathers the streams' results and the simulated engine time.
-func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine, arrivalTokens uint64) Run {
+func simCollect(s *sched.Scheduler, reqs []WorkRequest, streams []*sched.Stream, engines []*simEngine, atLastArrival sched.Stats) Run {
 	run := Run{Policy: s.Policy().String()}
 	for i, st := range streams {
 		res := st.Result()
 		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
 	}
 	st := s.Stats()
-	run.phases(0, arrivalTokens, st.Tokens)
+	run.phases(sched.Stats{}, atLastArrival, st)
 	run.SchedWall, run.IntakeWall = st.SchedulerWall, st.IntakeWall
 	run.Steps = laneSteps(st)
 	for _, e := range engines {

@@ -345,12 +345,18 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if err != nil {
 			return nil, "", err
 		}
-		probeCapacity := func() (capacity float64, err error) {
-			err = probe(func(s *sched.Scheduler) (err error) {
-				capacity, err = bench.LiveCapacity(ctx, s, burst, 3)
+		// The probes' rates, with the context their tokens followed, by
+		// the rate AtCapacity gets: the floors price context, the loads
+		// do not.
+		probed := map[float64]bench.Decoded{}
+		probeCapacity := func() (float64, error) {
+			var d bench.Decoded
+			err := probe(func(s *sched.Scheduler) (err error) {
+				d, err = bench.LiveCapacity(ctx, s, burst, 3)
 				return err
 			})
-			return capacity, err
+			probed[d.Rate] = d
+			return d.Rate, err
 		}
 		// Where the model ends this workload's answers sets the work it
 		// offers: the arrival rates come from their mean length.
@@ -419,10 +425,17 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			return nil, "", err
 		}
 		// The floors at the most the lanes decoded at any batch cap, for
-		// the answers the model gave.
-		best, bestBatch, err := bench.FastestCapacity(max(c.Used, c.After), b.maxBatch, func(mb int) (got float64, err error) {
-			err = probeOn(lanes, mb, func(s *sched.Scheduler) (err error) {
-				got, err = bench.LiveThroughput(ctx, s, burst)
+		// the answers the model gave. A probe's burst is cut when its
+		// queue runs dry, before the long answers' tails, so its tokens
+		// follow shorter contexts than the workload's: its rates are
+		// compared at one context (ref) and each load's floors convert
+		// them to its answers' mean context.
+		ref := float64(costs[0].BAt)
+		atRef := func(d bench.Decoded) float64 { return bench.RateAtContext(d.Rate, d.Context, ref, costs, b.maxBatch) }
+		best, bestBatch, err := bench.FastestCapacity(max(atRef(probed[c.Used]), atRef(probed[c.After])), b.maxBatch, func(mb int) (got float64, err error) {
+			err = probeOn(lanes, mb, func(s *sched.Scheduler) error {
+				d, err := bench.LiveThroughput(ctx, s, burst)
+				got = atRef(d)
 				return err
 			})
 			return got, err
@@ -430,7 +443,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if err != nil {
 			return nil, "", err
 		}
-		var topLoad, topRate float64 // the goal's load and its runs' best rate
+		var topLoad, topRate, topContext, topBest float64 // the goal's load, its runs' best rate, its answers' mean context and the probe's rate there
 		for li, lr := range byLoad {
 			work, err := bench.MeasuredWork(lr.reqs, lr.runs)
 			if err != nil {
@@ -442,18 +455,20 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				lens[o.Req.Prompt] = o.Result.PromptTokens
 			}
 			promptTokens := func(prompt string) int { return lens[prompt] }
+			workContext := bench.MeanContext(work, promptTokens)
 			// The p99 and slowest-response floors at a capacity.
 			floors := func(capacity float64) (p99, slowest time.Duration) {
 				on := bench.CapacityLanes(capacity, costs, b.maxBatch)
 				return bench.ResponseFloor(work, on, b.maxBatch, 0.99, promptTokens), bench.ResponseFloor(work, on, b.maxBatch, 1, promptTokens)
 			}
-			floor, maxFloor := floors(best)
+			probeRate := bench.RateAtContext(best, ref, workContext, costs, b.maxBatch)
+			floor, maxFloor := floors(probeRate)
 			// Again at the fastest any run decoded, which a live run
 			// reaches where a burst probe's rate may not be.
 			var runFloor, runMaxFloor time.Duration
-			rate := bench.BestRate(lr.runs)
+			rate := bench.BestRate(lr.runs, costs, b.maxBatch, workContext)
 			if b.loads[li] >= topLoad {
-				topLoad, topRate = b.loads[li], rate
+				topLoad, topRate, topContext, topBest = b.loads[li], rate, workContext, probeRate
 			}
 			if rate > 0 {
 				runFloor, runMaxFloor = floors(rate)
@@ -470,15 +485,16 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				c.Used, 100*adv, c.First, c.After)
 		}
 		if bestBatch < b.maxBatch {
-			capNote += fmt.Sprintf("; %.0f at %d a step, the floors' rate", best, bestBatch)
+			capNote += fmt.Sprintf("; fastest at %d a step", bestBatch)
 		}
-		capNote += fmt.Sprintf("; at load %.2f the runs decoded at most %.0f; answers %.1f tokens on average, the workload asks %.1f)", topLoad, topRate, answerLen, meanTokens(work))
+		capNote += fmt.Sprintf("; at load %.2f the floors' rates, at the answers' mean context of %.0f tokens, are %.0f from the probes and %.0f from the runs; answers %.1f tokens on average, the workload asks %.1f)",
+			topLoad, topContext, topBest, topRate, answerLen, meanTokens(work))
 		capacities = append(capacities, capNote)
 	}
 	var inIsolation []string
 	for i, c := range costs {
-		inIsolation = append(inIsolation, fmt.Sprintf("%s %v + %v/member + %v/prefill token", lanes[i].Name,
-			c.A.Round(time.Microsecond), c.B.Round(time.Microsecond), c.C.Round(100*time.Nanosecond)))
+		inIsolation = append(inIsolation, fmt.Sprintf("%s %v + %v/member at %d of context + %v/member/context token + %v/prefill token", lanes[i].Name,
+			c.A.Round(time.Microsecond), c.B.Round(time.Microsecond), c.BAt, c.D, c.C.Round(100*time.Nanosecond)))
 	}
 	note := fmt.Sprintf("%s: lanes %s; %s; live capacity on the workload (all lanes, full batches; the floors assume the fastest probe at any batch cap, or the fastest a run decoded, and the answers the model gave) %s; one request alone %.0f tok/s; step cost in isolation %s; estimator %s",
 		name, describeLanes(lanes, specs), runsNote(b.repeat), strings.Join(capacities, ", "), 1/tokTime.Seconds(), strings.Join(inIsolation, ", "), calPath)
@@ -506,6 +522,11 @@ func fastLanes(costs []bench.StepCosts, batch int) []int {
 // laneStepCosts measures the step costs of each lane's device and
 // threads (once for lanes that are alike): they seed the lanes' cost
 // models, which a GPU lane and a CPU lane need apart.
+// longContext is the context laneStepCosts times full batches at again
+// for the cost of context (StepCosts.D): about the longest the real
+// runs reach, whose answers stop 64 tokens short of a 512 context.
+const longContext = 448
+
 func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr io.Writer) ([]bench.StepCosts, error) {
 	costs := make([]bench.StepCosts, len(specs))
 	for i, sp := range specs {
@@ -518,7 +539,7 @@ func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr
 			where, threads = sp.Device, 1 // as sched.LoadLanes runs a GPU lane's host side
 		}
 		fmt.Fprintf(stderr, "measuring step costs of %s on %s\n", filepath.Base(f.Path), where)
-		c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Device: sp.Device, Batches: []int{1, 2, 4, maxBatch}})
+		c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Device: sp.Device, Batches: []int{1, 2, 4, maxBatch}, LongContext: longContext})
 		if err != nil {
 			return nil, fmt.Errorf("lane %d (%s): %w", i, where, err)
 		}
