@@ -201,7 +201,7 @@ func (e *Engine) Stats() string {
 		Admitted: st.Admitted, Rejected: st.Rejected, Completed: st.Completed, Cancelled: st.Cancelled,
 		Failed: st.Failed, Segments: st.Segment, DeadlineHits: st.DeadlineHits, DeadlineMisses: st.DeadlineMisses,
 		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
-		Tokens: st.Tokens, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
+		Tokens: st.Tokens, Attended: st.Attended, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
 	for _, l := range st.Lanes {
 		lj := laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
@@ -249,6 +249,7 @@ type statsJSON struct {
 	Evicted        uint64     `json:"evicted"`
 	Expired        uint64     `json:"expired"`
 	Tokens         uint64     `json:"tokens"`
+	Attended       uint64     `json:"attended_tokens"` // Σ over tokens of the context each followed: over tokens, the mean context
 	Utility        float64    `json:"utility"`
 	SchedulerMs    float64    `json:"scheduler_ms"`
 	EngineMs       float64    `json:"engine_ms"`

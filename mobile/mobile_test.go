@@ -153,6 +153,10 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if st.StalledMs != 0 || !strings.Contains(e.Stats(), `"stalled_ms":0`) {
 				t.Errorf("stats: stalled %v ms with nothing waiting", st.StalledMs)
 			}
+			// Each token followed at least the prompt's BOS.
+			if st.Attended < st.Tokens {
+				t.Errorf("stats: %d tokens followed %d tokens of context in all", st.Tokens, st.Attended)
+			}
 			if laneTokens != st.Tokens || st.Tokens < uint64(n) {
 				t.Errorf("stats: the lanes generated %d tokens, the engine %d, the request %d", laneTokens, st.Tokens, n)
 			}

@@ -80,6 +80,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	m.counter("tandem_kv_evictions_total", "Parked or preempted sequences whose KV cache was evicted for a slot (rebuilt by prefill when they run again).", float64(st.Evicted))
 	m.counter("tandem_parked_expired_total", "Parked requests dropped after the park TTL.", float64(st.Expired))
 	m.counter("tandem_tokens_generated_total", "Generated tokens, all lanes.", float64(st.Tokens))
+	m.counter("tandem_attended_tokens_total", "Sum over generated tokens of the context each followed; over tandem_tokens_generated_total, the mean context, which sets what attention costs a token (long answers decode slower).", float64(st.Attended))
 	m.gauge("tandem_tokens_per_second", "Generated tokens per second over the last 10 seconds.", tokRate)
 	m.counter("tandem_scheduler_seconds_total", "Time spent in the scheduler's own code (planning and delivery in wall time, scoring in CPU time).", st.SchedulerWall.Seconds())
 	m.counter("tandem_engine_seconds_total", "Wall time spent in engine steps.", st.EngineWall.Seconds())

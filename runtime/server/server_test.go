@@ -557,6 +557,11 @@ func TestMetricsAndHealth(t *testing.T) {
 	if !ok0 || !ok1 || l0+l1 <= 0 || l0+l1 >= total {
 		t.Errorf("scheduler seconds: total %g, lanes %g and %g (listed: %v, %v); want lanes > 0 and below the total", total, l0, l1, ok0, ok1)
 	}
+	// The five tokens of the one completion followed its prompt and the
+	// answer before each: 5·prompt + 0+1+2+3+4.
+	if a := values["tandem_attended_tokens_total"]; a <= 10 || int(a-10)%5 != 0 {
+		t.Errorf("attended tokens %g, want 5·prompt tokens + 10", a)
+	}
 	// The lanes' tokens add up to the total.
 	if t0, t1 := values[`tandem_lane_tokens_generated_total{lane="cpu0"}`], values[`tandem_lane_tokens_generated_total{lane="cpu1"}`]; t0+t1 != values["tandem_tokens_generated_total"] {
 		t.Errorf("lane tokens %g + %g, want the total %g", t0, t1, values["tandem_tokens_generated_total"])
