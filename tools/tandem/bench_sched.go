@@ -519,14 +519,14 @@ func fastLanes(costs []bench.StepCosts, batch int) []int {
 	return out
 }
 
-// laneStepCosts measures the step costs of each lane's device and
-// threads (once for lanes that are alike): they seed the lanes' cost
-// models, which a GPU lane and a CPU lane need apart.
 // longContext is the context laneStepCosts times full batches at again
 // for the cost of context (StepCosts.D): about the longest the real
 // runs reach, whose answers stop 64 tokens short of a 512 context.
 const longContext = 448
 
+// laneStepCosts measures the step costs of each lane's device and
+// threads (once for lanes that are alike): they seed the lanes' cost
+// models, which a GPU lane and a CPU lane need apart.
 func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr io.Writer) ([]bench.StepCosts, error) {
 	costs := make([]bench.StepCosts, len(specs))
 	for i, sp := range specs {
