@@ -43,8 +43,8 @@ func (c StepCosts) Capacity(n int) float64 { return float64(n) / c.Step(n, 0).Se
 
 // TokenCost is the lane time, in seconds, a decoded token takes in a
 // batch of n whose members follow context tokens each: the step's share,
-// B, and D for the context beyond BAt. Below BAt it shrinks only to the
-// member's part at no context.
+// B, and D for the context beyond BAt (less below it, down to the
+// member's cost at no context, which MeasureStepCosts keeps at or above 0).
 func (c StepCosts) TokenCost(n int, context float64) float64 {
 	per := c.A.Seconds()/float64(max(n, 1)) + c.B.Seconds()
 	return per + c.D.Seconds()*(max(context, 0)-float64(c.BAt))
