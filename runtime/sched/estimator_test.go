@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 )
 
 func TestFeaturesRankPrompts(t *testing.T) {
@@ -51,13 +53,41 @@ func TestFeaturesBounded(t *testing.T) {
 
 func FuzzExtract(f *testing.F) {
 	f.Add("Explain why, in detail? And then list some things.", 12)
+	f.Add("ÉTÉ à Zürich: l'œil, ΣΊΣΥΦΟΣ; 3½ İstanbul\xff\xfe x", 3)
 	f.Fuzz(func(t *testing.T, text string, n int) {
 		for i, v := range Extract(text, n) {
 			if !(v >= 0 && v <= 1) {
 				t.Fatalf("feature %d = %v", i, v)
 			}
 		}
+		if got, want := splitWords(text, nil), referenceWords(text); !slices.Equal(got, want) {
+			t.Fatalf("splitWords(%q) = %q, want %q", text, got, want)
+		}
 	})
+}
+
+// referenceWords is splitWords' plain form: the lowered text split at
+// every rune that is not a letter, a digit or an apostrophe.
+func referenceWords(text string) []string {
+	return strings.FieldsFunc(strings.ToLower(text), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '\''
+	})
+}
+
+// TestSplitWordsMatchesItsReference: the byte-at-a-time split agrees with
+// the rune-at-a-time one on ASCII, on upper case, on letters and digits
+// beyond ASCII and on invalid UTF-8.
+func TestSplitWordsMatchesItsReference(t *testing.T) {
+	for _, text := range []string{
+		"", " ", "a", "Explain why, in detail? And then list some things.",
+		"don't STOP-me now 42nd... 'quoted' end'", "ÉTÉ à Zürich: l'œil, ΣΊΣΥΦΟΣ; 3½ İstanbul",
+		"bad \xff\xfe bytes\xc3", "tabs\tand\nnewlines\r\n", "٣ digits ٤٥ and 漢字 words",
+		strings.Repeat("many words here ", 40),
+	} {
+		if got, want := splitWords(text, nil), referenceWords(text); !slices.Equal(got, want) {
+			t.Errorf("splitWords(%q) = %q, want %q", text, got, want)
+		}
+	}
 }
 
 // synthetic samples whose length depends on the features, with noise.
