@@ -43,7 +43,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			"turns, since one run on a busy machine can be far off. The goal table\n"+
 			"bounds every policy's p99 and slowest response (for the real engine at the\n"+
 			"most the lanes decoded at any batch cap, with the model's own answers, and\n"+
-			"again at the fastest rate a run decoded over its arrivals or its drain).\n"+
+			"again at the fastest rate a run decoded over its arrivals or its drain;\n"+
+			"a token's cost grows with its context, so each rate is first converted to\n"+
+			"the mean context of the answers the bound counts).\n"+
 			"Prints markdown tables and writes sched.md, sched.json and sched.svg to --out.\n"+
 			"With the defaults it takes about half an hour on two cores; --loads 1.6\n"+
 			"--policies tandem,fifo --ablate=false gives the goal rows in a few minutes.", stdout, stderr,
