@@ -64,10 +64,7 @@ const costChunk = 64
 // cost per member anywhere from 25 to 78 µs between calls where the
 // fastest steps gave 31-38.
 func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error) {
-	prompt := make([]int32, costChunk)
-	for i := range prompt {
-		prompt[i] = int32(1 + i%(vocab-1))
-	}
+	prompt := fillerPrompt(costChunk, vocab)
 	ctx := context.Background()
 	maxB := slices.Max(cfg.Batches)
 	var members []sched.Member
@@ -143,10 +140,7 @@ func timeStepCosts(e sched.Engine, vocab int, cfg CostConfig) (StepCosts, error)
 // full-batch decode steps over them and the mean context they followed.
 func timeLongContext(e sched.Engine, members []sched.Member, vocab int, cfg CostConfig) (time.Duration, float64, error) {
 	ctx := context.Background()
-	prompt := make([]int32, cfg.LongContext-cfg.Reps)
-	for i := range prompt {
-		prompt[i] = int32(1 + (i*7)%(vocab-1))
-	}
+	prompt := fillerPrompt(cfg.LongContext-cfg.Reps, vocab)
 	for i := range members {
 		if err := e.Free(members[i].Seq); err != nil {
 			return 0, 0, err
@@ -181,6 +175,16 @@ func timeLongContext(e sched.Engine, members []sched.Member, vocab int, cfg Cost
 	}
 	// The decodes followed len(prompt) to len(prompt)+Reps-1 tokens.
 	return slices.Min(d), float64(len(prompt)) + float64(cfg.Reps-1)/2, nil
+}
+
+// fillerPrompt is n tokens cycling through the vocabulary past token 0:
+// timing needs a context's length, not its sense.
+func fillerPrompt(n, vocab int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(1 + i%(vocab-1))
+	}
+	return p
 }
 
 // schedLineFit is the least-squares line y = a + b·x.

@@ -112,15 +112,23 @@ func watchStall(ctx context.Context, stats func() sched.Stats, cancel context.Ca
 func (run *Run) phases(atStart, atLastArrival, atEnd sched.Stats) {
 	first, lastArrival, last := runSpan(run.Outcomes)
 	run.Makespan = last.Sub(first)
-	phase := func(from, to sched.Stats, d time.Duration) (rate, context float64) {
-		tokens := to.Tokens - from.Tokens
-		if d <= 0 || tokens == 0 {
-			return 0, 0
-		}
-		return float64(tokens) / d.Seconds(), float64(to.Attended-from.Attended) / float64(tokens)
+	run.Arrival = decodedBetween(atStart, atLastArrival, lastArrival.Sub(first))
+	run.Drain = decodedBetween(atLastArrival, atEnd, last.Sub(lastArrival))
+}
+
+// decodedBetween is what a scheduler decoded between two snapshots of
+// its stats d apart (zero when nothing was, or d is not positive).
+func decodedBetween(from, to sched.Stats, d time.Duration) Decoded {
+	tokens := float64(to.Tokens - from.Tokens)
+	if d <= 0 || tokens == 0 {
+		return Decoded{}
 	}
-	run.ArrivalRate, run.ArrivalContext = phase(atStart, atLastArrival, lastArrival.Sub(first))
-	run.DrainRate, run.DrainContext = phase(atLastArrival, atEnd, last.Sub(lastArrival))
+	return Decoded{Rate: tokens / d.Seconds(), Context: float64(to.Attended-from.Attended) / tokens}
+}
+
+// At is the rate converted to a mean context of context (RateAtContext).
+func (d Decoded) At(context float64, lanes []StepCosts, batch int) float64 {
+	return RateAtContext(d.Rate, d.Context, context, lanes, batch)
 }
 
 // runSpan returns the first and last arrivals and the last finish among outs.
@@ -153,8 +161,7 @@ func runSpan(outs []Outcome) (first, lastArrival, last time.Time) {
 func BestRate(runs []Run, lanes []StepCosts, batch int, context float64) float64 {
 	var best float64
 	for _, r := range runs {
-		best = max(best, RateAtContext(r.ArrivalRate, r.ArrivalContext, context, lanes, batch),
-			RateAtContext(r.DrainRate, r.DrainContext, context, lanes, batch))
+		best = max(best, r.Arrival.At(context, lanes, batch), r.Drain.At(context, lanes, batch))
 	}
 	return best
 }
@@ -282,7 +289,7 @@ const CapacityDrift = 0.10
 // the runs it kept took their loads from, the probe after them, and
 // whether the first runs were thrown away.
 type Capacity struct {
-	First, Used, After float64
+	First, Used, After Decoded
 	Rerun              bool
 }
 
@@ -296,21 +303,21 @@ type Capacity struct {
 // results. A second probe that reads lower keeps the runs: the first
 // probe's fastest burst is the better figure, and overload stays
 // overload.
-func AtCapacity(probe func() (float64, error), runs func(capacity float64) error) (Capacity, error) {
+func AtCapacity(probe func() (Decoded, error), runs func(capacity float64) error) (Capacity, error) {
 	var res Capacity
 	var err error
 	if res.First, err = probe(); err != nil {
 		return res, err
 	}
 	res.Used = res.First
-	if err := runs(res.Used); err != nil {
+	if err := runs(res.Used.Rate); err != nil {
 		return res, err
 	}
-	if res.After, err = probe(); err != nil || res.After <= res.Used*(1+CapacityDrift) {
+	if res.After, err = probe(); err != nil || res.After.Rate <= res.Used.Rate*(1+CapacityDrift) {
 		return res, err
 	}
 	res.Rerun, res.Used = true, res.After
-	if err := runs(res.Used); err != nil {
+	if err := runs(res.Used.Rate); err != nil {
 		return res, err
 	}
 	res.After, err = probe()
@@ -364,11 +371,7 @@ func LiveThroughput(ctx context.Context, s *sched.Scheduler, burst []sched.Reque
 			if full <= 0 { // drained before the first look: the whole burst
 				full, atFull = time.Since(start), s.Stats()
 			}
-			tokens := float64(atFull.Tokens - before.Tokens)
-			if tokens == 0 {
-				return Decoded{}, nil
-			}
-			return Decoded{Rate: tokens / full.Seconds(), Context: float64(atFull.Attended-before.Attended) / tokens}, nil
+			return decodedBetween(before, atFull, full), nil
 		case <-tick.C:
 			st := s.Stats()
 			switch {

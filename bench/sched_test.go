@@ -250,12 +250,12 @@ func TestRunPhasesSplitTheTokens(t *testing.T) {
 	for _, o := range run.Outcomes {
 		tokens += o.Result.TotalGenerated
 	}
-	split := run.ArrivalRate*lastArrival.Sub(first).Seconds() + run.DrainRate*last.Sub(lastArrival).Seconds()
-	if math.Abs(split-float64(tokens)) > 0.5 || run.ArrivalRate <= 0 || run.DrainRate <= 0 {
-		t.Errorf("rates %.0f over the arrivals and %.0f over the drain account for %.1f tokens; the run decoded %d", run.ArrivalRate, run.DrainRate, split, tokens)
+	split := run.Arrival.Rate*lastArrival.Sub(first).Seconds() + run.Drain.Rate*last.Sub(lastArrival).Seconds()
+	if math.Abs(split-float64(tokens)) > 0.5 || run.Arrival.Rate <= 0 || run.Drain.Rate <= 0 {
+		t.Errorf("rates %.0f over the arrivals and %.0f over the drain account for %.1f tokens; the run decoded %d", run.Arrival.Rate, run.Drain.Rate, split, tokens)
 	}
-	if capacity := 2 * simLane.Capacity(8); run.DrainRate > capacity || run.DrainRate < 0.6*capacity {
-		t.Errorf("drain at %.0f tokens/s; the lanes' full-batch capacity is %.0f", run.DrainRate, capacity)
+	if capacity := 2 * simLane.Capacity(8); run.Drain.Rate > capacity || run.Drain.Rate < 0.6*capacity {
+		t.Errorf("drain at %.0f tokens/s; the lanes' full-batch capacity is %.0f", run.Drain.Rate, capacity)
 	}
 	if m := run.Makespan; m != last.Sub(first) {
 		t.Errorf("makespan %v, want %v", m, last.Sub(first))
@@ -268,12 +268,12 @@ func TestRunPhasesSplitTheTokens(t *testing.T) {
 			n++
 		}
 	}
-	both := (run.ArrivalContext*run.ArrivalRate*lastArrival.Sub(first).Seconds() + run.DrainContext*run.DrainRate*last.Sub(lastArrival).Seconds()) / n
-	if math.Abs(both-attended/n) > 0.01 || run.ArrivalContext <= 0 || run.DrainContext <= 0 {
-		t.Errorf("phases at mean contexts %.1f and %.1f make %.2f over the run; its tokens followed %.2f", run.ArrivalContext, run.DrainContext, both, attended/n)
+	both := (run.Arrival.Context*run.Arrival.Rate*lastArrival.Sub(first).Seconds() + run.Drain.Context*run.Drain.Rate*last.Sub(lastArrival).Seconds()) / n
+	if math.Abs(both-attended/n) > 0.01 || run.Arrival.Context <= 0 || run.Drain.Context <= 0 {
+		t.Errorf("phases at mean contexts %.1f and %.1f make %.2f over the run; its tokens followed %.2f", run.Arrival.Context, run.Drain.Context, both, attended/n)
 	}
 	flat := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond}
-	runs := []Run{{ArrivalRate: 10, DrainRate: 30}, {ArrivalRate: 40, DrainRate: 20}, {}}
+	runs := []Run{{Arrival: Decoded{Rate: 10}, Drain: Decoded{Rate: 30}}, {Arrival: Decoded{Rate: 40}, Drain: Decoded{Rate: 20}}, {}}
 	if got := BestRate(runs, []StepCosts{flat}, 8, 100); got != 40 {
 		t.Errorf("best rate %v, want 40", got)
 	}
@@ -283,7 +283,7 @@ func TestRunPhasesSplitTheTokens(t *testing.T) {
 	// With context priced (2 ms a token at 100, 4 at 300), a fast phase
 	// of short answers counts at its rate at the workload's context.
 	ctxLane := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond, D: 10 * time.Microsecond, BAt: 100}
-	runs = []Run{{ArrivalRate: 40, ArrivalContext: 100, DrainRate: 30, DrainContext: 300}}
+	runs = []Run{{Arrival: Decoded{Rate: 40, Context: 100}, Drain: Decoded{Rate: 30, Context: 300}}}
 	if got := BestRate(runs, []StepCosts{ctxLane}, 8, 300); math.Abs(got-30) > 1e-9 {
 		t.Errorf("best rate at 300 of context %v, want 30 (the drain's; the arrivals' 40 at 100 is 20 there)", got)
 	}
@@ -788,27 +788,30 @@ func TestLiveCapacityTakesTheFastestBurst(t *testing.T) {
 // figure they used; a lower or close second probe keeps them, and a
 // third probe never starts a third round.
 func TestAtCapacityRerunsWhenTheProbeWasLow(t *testing.T) {
+	// Each probe's context differs, so the capacity keeps the one that
+	// came with the rate it used.
+	d := func(rate float64) Decoded { return Decoded{Rate: rate, Context: rate / 10} }
 	for _, tc := range []struct {
 		name   string
 		probes []float64
 		used   []float64 // the capacities runs was called with
 		want   Capacity
 	}{
-		{"steady", []float64{1000, 1050}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 1050}},
-		{"at the drift", []float64{1000, 1100}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 1100}},
-		{"slower after", []float64{1000, 700}, []float64{1000}, Capacity{First: 1000, Used: 1000, After: 700}},
-		{"low first probe", []float64{1000, 1300, 1290}, []float64{1000, 1300}, Capacity{First: 1000, Used: 1300, After: 1290, Rerun: true}},
-		{"rising twice", []float64{1000, 1300, 1700}, []float64{1000, 1300}, Capacity{First: 1000, Used: 1300, After: 1700, Rerun: true}},
+		{"steady", []float64{1000, 1050}, []float64{1000}, Capacity{First: d(1000), Used: d(1000), After: d(1050)}},
+		{"at the drift", []float64{1000, 1100}, []float64{1000}, Capacity{First: d(1000), Used: d(1000), After: d(1100)}},
+		{"slower after", []float64{1000, 700}, []float64{1000}, Capacity{First: d(1000), Used: d(1000), After: d(700)}},
+		{"low first probe", []float64{1000, 1300, 1290}, []float64{1000, 1300}, Capacity{First: d(1000), Used: d(1300), After: d(1290), Rerun: true}},
+		{"rising twice", []float64{1000, 1300, 1700}, []float64{1000, 1300}, Capacity{First: d(1000), Used: d(1300), After: d(1700), Rerun: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			probes := tc.probes
-			probe := func() (float64, error) {
+			probe := func() (Decoded, error) {
 				if len(probes) == 0 {
 					t.Fatal("probed more often than the case allows")
 				}
 				c := probes[0]
 				probes = probes[1:]
-				return c, nil
+				return d(c), nil
 			}
 			var used []float64
 			got, err := AtCapacity(probe, func(c float64) error { used = append(used, c); return nil })
@@ -822,10 +825,10 @@ func TestAtCapacityRerunsWhenTheProbeWasLow(t *testing.T) {
 	}
 	t.Run("errors", func(t *testing.T) {
 		boom := errors.New("boom")
-		if _, err := AtCapacity(func() (float64, error) { return 0, boom }, func(float64) error { t.Error("ran after a failed probe"); return nil }); !errors.Is(err, boom) {
+		if _, err := AtCapacity(func() (Decoded, error) { return Decoded{}, boom }, func(float64) error { t.Error("ran after a failed probe"); return nil }); !errors.Is(err, boom) {
 			t.Errorf("probe error: got %v", err)
 		}
-		if _, err := AtCapacity(func() (float64, error) { return 1, nil }, func(float64) error { return boom }); !errors.Is(err, boom) {
+		if _, err := AtCapacity(func() (Decoded, error) { return d(1), nil }, func(float64) error { return boom }); !errors.Is(err, boom) {
 			t.Errorf("runs error: got %v", err)
 		}
 	})

@@ -192,14 +192,11 @@ type Run struct {
 	IntakeWall time.Duration
 	Engine     time.Duration // engine time: simulated, or Engine.Step wall time
 	Steps      uint64        // engine steps, all lanes
-	// ArrivalRate and DrainRate are the tokens the lanes decoded per
-	// second from the first arrival to the last, and from the last
-	// arrival to the last finish (0 where a phase has no length).
-	ArrivalRate, DrainRate float64
-	// ArrivalContext and DrainContext are the mean context those tokens
-	// followed (sched.Stats.Attended): a phase of long answers decodes
-	// slower on the same lanes.
-	ArrivalContext, DrainContext float64
+	// Arrival and Drain are what the lanes decoded from the first arrival
+	// to the last, and from the last arrival to the last finish (zero
+	// where a phase has no length), with the mean context of those tokens:
+	// a phase of long answers decodes slower on the same lanes.
+	Arrival, Drain Decoded
 }
 
 // SimConfig configures Simulate.

@@ -347,18 +347,12 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if err != nil {
 			return nil, "", err
 		}
-		// The probes' rates, with the context their tokens followed, by
-		// the rate AtCapacity gets: the floors price context, the loads
-		// do not.
-		probed := map[float64]bench.Decoded{}
-		probeCapacity := func() (float64, error) {
-			var d bench.Decoded
-			err := probe(func(s *sched.Scheduler) (err error) {
+		probeCapacity := func() (d bench.Decoded, err error) {
+			err = probe(func(s *sched.Scheduler) (err error) {
 				d, err = bench.LiveCapacity(ctx, s, burst, 3)
 				return err
 			})
-			probed[d.Rate] = d
-			return d.Rate, err
+			return d, err
 		}
 		// Where the model ends this workload's answers sets the work it
 		// offers: the arrival rates come from their mean length.
@@ -433,11 +427,11 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		// compared at one context (ref) and each load's floors convert
 		// them to its answers' mean context.
 		ref := float64(costs[0].BAt)
-		atRef := func(d bench.Decoded) float64 { return bench.RateAtContext(d.Rate, d.Context, ref, costs, b.maxBatch) }
-		best, bestBatch, err := bench.FastestCapacity(max(atRef(probed[c.Used]), atRef(probed[c.After])), b.maxBatch, func(mb int) (got float64, err error) {
+		full := max(c.Used.At(ref, costs, b.maxBatch), c.After.At(ref, costs, b.maxBatch))
+		best, bestBatch, err := bench.FastestCapacity(full, b.maxBatch, func(mb int) (got float64, err error) {
 			err = probeOn(lanes, mb, func(s *sched.Scheduler) error {
 				d, err := bench.LiveThroughput(ctx, s, burst)
-				got = atRef(d)
+				got = d.At(ref, costs, b.maxBatch)
 				return err
 			})
 			return got, err
@@ -481,10 +475,10 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			}
 		}
 		rows = append(rows, shareRows...)
-		capNote := fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (%.0f after its runs", c.Used, 100*adv, c.After)
+		capNote := fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (%.0f after its runs", c.Used.Rate, 100*adv, c.After.Rate)
 		if c.Rerun {
 			capNote = fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (runs redone: the first probe read %.0f; %.0f after them",
-				c.Used, 100*adv, c.First, c.After)
+				c.Used.Rate, 100*adv, c.First.Rate, c.After.Rate)
 		}
 		if bestBatch < b.maxBatch {
 			capNote += fmt.Sprintf("; fastest at %d a step", bestBatch)
