@@ -559,6 +559,30 @@ func TestRateAtContext(t *testing.T) {
 	}
 }
 
+func TestAtContext(t *testing.T) {
+	lane := StepCosts{A: 8 * time.Millisecond, B: time.Millisecond, C: 50 * time.Microsecond, D: 10 * time.Microsecond, BAt: 100, MaxSeqs: 16, Context: 512}
+	// A member at 300 of context: 1 ms + 200 × 10 µs = 3 ms; at 50, 0.5 ms.
+	for _, tc := range []struct {
+		context float64
+		b       time.Duration
+	}{{300, 3 * time.Millisecond}, {50, 500 * time.Microsecond}, {100, time.Millisecond}, {-1000, 0}} {
+		got := lane.AtContext(tc.context)
+		if got.B != tc.b || got.D != 0 || got.BAt != 0 || got.A != lane.A || got.C != lane.C || got.MaxSeqs != 16 || got.Context != 512 {
+			t.Errorf("at %.0f of context: %+v, want B %v and the rest unchanged without D", tc.context, got, tc.b)
+		}
+		if tc.b > 0 {
+			if a, b := got.TokenCost(8, 0), lane.TokenCost(8, tc.context); math.Abs(a-b) > 1e-12 {
+				t.Errorf("at %.0f of context a token costs %g, but %g priced by TokenCost", tc.context, a, b)
+			}
+		}
+	}
+	flat := lane
+	flat.D = 0
+	if got := flat.AtContext(300); got != flat {
+		t.Errorf("costs without D: %+v, want them unchanged", got)
+	}
+}
+
 func TestResponseFloorByHand(t *testing.T) {
 	// One lane, one member per step, 1 s per decoded token, free prefill:
 	// request i needs (tokens-1) seconds of lane time.

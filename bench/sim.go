@@ -50,6 +50,19 @@ func (c StepCosts) TokenCost(n int, context float64) float64 {
 	return per + c.D.Seconds()*(max(context, 0)-float64(c.BAt))
 }
 
+// AtContext is c with every decoding member priced at context tokens:
+// D folded into B (and cleared), so Capacity, Step and ResponseFloor
+// see what a lane decodes on a workload of that mean context. Costs
+// without a D come back unchanged.
+func (c StepCosts) AtContext(context float64) StepCosts {
+	if c.D == 0 {
+		return c
+	}
+	c.B = max(c.B+time.Duration(c.D.Seconds()*(context-float64(c.BAt))*float64(time.Second)), 0)
+	c.D, c.BAt = 0, 0
+	return c
+}
+
 // RateAtContext converts rate, what lanes decoded at full batch while
 // their tokens followed from tokens of context on average, into what they
 // would decode at a mean context of to: the rate scaled by the lanes'

@@ -57,7 +57,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	real := fs.Bool("real", true, "run the real engine")
 	simShape := fs.String("sim-shape", "tinyllama-1.1b", "shape whose step costs the simulator uses ('' skips the simulator)")
 	simType := fs.String("sim-type", "q4_0", "weight type of the synthetic model")
-	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C = per step, per decoding member, per prefill token (skips measuring); A,B,C/A,B,C/... gives each simulated lane its own, the first the primary (a GPU lane beside a CPU lane, say)")
+	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C[,D] = per step, per decoding member, per prefill token, and per decoding member per token of its context (D: attention reading the KV cache; 0 when left out) (skips measuring); A,B,C/A,B,C/... gives each simulated lane its own, the first the primary (a GPU lane beside a CPU lane, say)")
 	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs")
 	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare; tandem-shed, tandem-admit and tandem-route are tandem without that part")
 	loads := fs.String("loads", "0.3,0.6,0.9,1.2,1.6", "offered loads (1.0: the measured capacity)")
@@ -234,11 +234,18 @@ func meanTokens(reqs []bench.WorkRequest) float64 {
 // rate turns an offered load into arrivals per second: load × token
 // capacity (every lane at full batch) ÷ mean request length.
 func (b schedBench) rate(load float64, lanes []bench.StepCosts, adv float64, v bench.Variance, tokTime time.Duration) float64 {
+	sample := bench.Workload(bench.WorkloadConfig{Requests: 2000, Adversarial: adv, Variance: v, TokenTime: tokTime, Seed: b.seed + 99})
+	// Lanes whose members cost more the longer their context decode the
+	// whole answers (nothing shed) at their mean context.
+	whole := slices.Clone(sample)
+	for i := range whole {
+		whole[i].MinTokens = 0
+	}
+	context := bench.MeanContext(whole, nil)
 	var capacity float64
 	for _, c := range lanes {
-		capacity += c.Capacity(b.maxBatch)
+		capacity += c.AtContext(context).Capacity(b.maxBatch)
 	}
-	sample := bench.Workload(bench.WorkloadConfig{Requests: 2000, Adversarial: adv, Variance: v, TokenTime: tokTime, Seed: b.seed + 99})
 	return load * capacity / meanTokens(sample)
 }
 
@@ -570,13 +577,18 @@ func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) ([]be
 		var notes []string
 		for _, lane := range strings.Split(given, "/") {
 			ms, err := parseFloats("--sim-costs", lane, 0, 1e6)
-			if err != nil || len(ms) != 3 || ms[0]+ms[1] <= 0 {
-				return nil, "", fmt.Errorf("%w: --sim-costs %q: want three numbers of milliseconds A,B,C per lane (lanes separated by /), with a step of one member (A+B) above 0", errUsage, given)
+			if err != nil || len(ms) < 3 || len(ms) > 4 || ms[0]+ms[1] <= 0 {
+				return nil, "", fmt.Errorf("%w: --sim-costs %q: want three or four numbers of milliseconds A,B,C[,D] per lane (lanes separated by /), with a step of one member (A+B) above 0", errUsage, given)
 			}
 			d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
 			c := bench.StepCosts{Name: "sim", A: d(ms[0]), B: d(ms[1]), C: d(ms[2]), MaxSeqs: 16, Context: 2048}
+			note := fmt.Sprintf("%v + %v/member + %v/prefill token", c.A, c.B, c.C)
+			if len(ms) == 4 {
+				c.D = d(ms[3]) // B is then a member's cost at no context (BAt 0)
+				note = fmt.Sprintf("%v + %v/member + %v/member/context token + %v/prefill token", c.A, c.B, c.D, c.C)
+			}
 			costs = append(costs, c)
-			notes = append(notes, fmt.Sprintf("%v + %v/member + %v/prefill token", c.A, c.B, c.C))
+			notes = append(notes, note)
 		}
 		if len(costs) == 1 {
 			return costs, "sim: given step costs " + notes[0], nil
@@ -643,6 +655,10 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 			}
 		}
 	}
+	// The deadlines' unit, as the real engine measures it (LiveTokenTime):
+	// one request alone, 64 tokens from a short prompt (about 7 tokens),
+	// so at a mean context of about 39.
+	tokTime := cost.AtContext(39).TokenTime()
 	total := len(b.variances) * len(b.adversarial) * len(b.loads) * len(pols)
 	bar := progress.NewCount(b.stderr, "simulated runs", uint64(total), "runs")
 	defer bar.Done()
@@ -655,11 +671,18 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 		}
 		for _, adv := range b.adversarial {
 			for _, load := range b.loads {
-				rate := b.rate(load, lanes, adv, v, cost.TokenTime())
+				rate := b.rate(load, lanes, adv, v, tokTime)
 				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
-					TokenTime: cost.TokenTime(), MaxTokens: cost.Context - 64, Seed: b.seed})
-				floor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 0.99, nil)
-				maxFloor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 1, nil)
+					TokenTime: tokTime, MaxTokens: cost.Context - 64, Seed: b.seed})
+				// The floors price every token at the mean context of the
+				// answers they count.
+				context := bench.MeanContext(reqs, nil)
+				at := make([]bench.StepCosts, len(lanes))
+				for i, l := range lanes {
+					at[i] = l.AtContext(context)
+				}
+				floor := bench.ResponseFloor(reqs, at, b.maxBatch, 0.99, nil)
+				maxFloor := bench.ResponseFloor(reqs, at, b.maxBatch, 1, nil)
 				for _, p := range pols {
 					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
 						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})

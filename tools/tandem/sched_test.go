@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,45 @@ func TestBenchSchedSimLanesThatDiffer(t *testing.T) {
 	}
 	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1/150,300"); code != 2 || !strings.Contains(stderr, "lanes separated by /") {
 		t.Errorf("a lane of two numbers: exit %d, %q", code, stderr)
+	}
+}
+
+// TestBenchSimContextCost: a fourth number in --sim-costs prices each
+// member's context, and the simulator's load then comes from what the
+// lanes decode at the workload's mean context: fewer requests a second
+// than for the same lanes at no context.
+func TestBenchSimContextCost(t *testing.T) {
+	reqRate := func(costs string) (float64, string) {
+		t.Helper()
+		code, stdout, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", costs, "--sim-requests", "40",
+			"--loads", "1.5", "--adversarial", "0.4", "--policies", "fifo", "--ablate=false")
+		if code != 0 {
+			t.Fatalf("--sim-costs %s: exit %d: %s", costs, code, stderr)
+		}
+		for _, line := range strings.Split(stdout, "\n") {
+			if f := strings.Split(line, "|"); len(f) > 6 && strings.TrimSpace(f[1]) == "sim" && strings.TrimSpace(f[6]) == "fifo" {
+				r, err := strconv.ParseFloat(strings.TrimSpace(f[5]), 64)
+				if err != nil {
+					t.Fatalf("req/s %q: %v", f[5], err)
+				}
+				return r, stdout
+			}
+		}
+		t.Fatalf("no fifo row:\n%s", stdout)
+		return 0, ""
+	}
+	flat, _ := reqRate("0.025,0.033,0.0188")
+	priced, out := reqRate("0.025,0.033,0.0188,0.000086")
+	if !strings.Contains(out, "25µs + 33µs/member + 86ns/member/context token + 18.8µs/prefill token") {
+		t.Errorf("the note does not give the context cost:\n%s", out)
+	}
+	// Adversarial answers run to 448 tokens, so the mean context is in
+	// the hundreds: a member costs a third to twice as much again.
+	if priced >= 0.9*flat || priced < 0.4*flat {
+		t.Errorf("%.1f requests a second with context priced, %.1f without: want between 0.4 and 0.9 times", priced, flat)
+	}
+	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "1,2,3,4,5"); code != 2 || !strings.Contains(stderr, "A,B,C[,D]") {
+		t.Errorf("five numbers: exit %d, %q", code, stderr)
 	}
 }
 
