@@ -515,20 +515,29 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 	return true
 }
 
-// preempt makes room for the waiting request with the earliest deadline
-// it can still meet (at least alone) when admission left it waiting: the
-// lane is full, or its batch is too large for the request to finish in
-// time. It moves running
-// requests without a deadline at stake, least urgent first, back to the
-// queue with their sequences (they continue where they stopped when
-// admitted again, or are rebuilt by prefill if evict took the sequence
-// meanwhile), as many as the request needs to meet its deadline at
-// the measured step time, and only if that many can go. Admission
-// control then keeps the batch that small until the deadline passes. On
-// a model whose step time grows with every member this is what keeps a
-// planner's deadline in a full lane; where members are nearly free it
-// rarely fires, since the full batch already meets the deadline. It
-// reports whether it preempted anything.
+// preempt makes room for the request with the earliest deadline it can
+// still meet (at least alone) but not in the batch it has or would join:
+// a waiting one admission left waiting (the lane is full, or its batch
+// is too large for the request to finish in time), or a running one
+// whose batch got too slow after it was admitted (the steps slowed as
+// the members' contexts grew, or it outran its length estimate). It
+// moves running requests without a deadline at stake, least urgent
+// first, back to the queue with their sequences (they continue where
+// they stopped when admitted again, or are rebuilt by prefill if evict
+// took the sequence meanwhile), as many as the request needs to meet its
+// deadline at the measured step time, and only if that many can go.
+// Admission control then keeps the batch that small until the deadline
+// passes. On a model whose step time grows with every member this is
+// what keeps a planner's deadline in a full lane; where members are
+// nearly free it rarely fires, since the full batch already meets the
+// deadline. It reports whether it preempted anything.
+//
+// Admission control keeps new members from a running deadline, not the
+// ones already beside it. With stories260K's costs, where a member at
+// 450 tokens of context costs twice one at 70, planners admitted beside
+// long answers ran in their full batches and missed; making room for
+// running ones too met 4-17 points more deadlines (11 on average) on the
+// real engine (docs/scheduling.md, "Preempting for a running deadline").
 func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	if len(l.running) == 0 {
 		return false // admit took what it could; nothing runs to make room
@@ -546,12 +555,21 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 		}
 		return now.Add(l.cost.prefill(ctx) + time.Duration(remaining(t)/tps*float64(l.cost.step(m, 0))))
 	}
-	// u: the earliest deadline among the waiting requests that can still
-	// meet theirs, at least alone.
+	// u: the earliest deadline among the waiting requests and the
+	// running ones that miss it in this batch, that can be met alone.
+	n := len(l.running)
 	var u *task
 	for _, t := range s.deadlined(now) { // earliest deadline first
 		// Cheap tests first: this runs every step.
-		if t.state != waiting || t.qi != qi || (t.hasSeq && t.lane != l.idx) || finish(t, 1).After(t.deadline) {
+		switch {
+		case t.state == running && t.lane == l.idx:
+			if n == 1 || t.starting || t.prefilling || !finish(t, n).After(t.deadline) {
+				continue
+			}
+		case t.state != waiting || t.qi != qi || (t.hasSeq && t.lane != l.idx):
+			continue
+		}
+		if finish(t, 1).After(t.deadline) {
 			continue
 		}
 		u = t
@@ -560,15 +578,19 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	if u == nil {
 		return false
 	}
+	with := n + 1 // the batch u would run in
+	if u.state == running {
+		with = n
+	}
 	// The largest batch, u included, that still meets u's deadline.
 	fits := 1
-	for m := min(len(l.running)+1, s.cfg.MaxBatch); m > 1; m-- {
+	for m := min(with, s.cfg.MaxBatch); m > 1; m-- {
 		if !finish(u, m).After(u.deadline) {
 			fits = m
 			break
 		}
 	}
-	need := len(l.running) + 1 - fits // members that must leave
+	need := with - fits // members that must leave
 	if need <= 0 {
 		return false
 	}
@@ -577,7 +599,7 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	r := s.ranker(l, now)
 	var victims []*task
 	for _, t := range l.running {
-		if t.starting || t.prefilling || t.cancel != nil || (!t.deadline.IsZero() && !finish(t, 1).After(t.deadline)) {
+		if t == u || t.starting || t.prefilling || t.cancel != nil || (!t.deadline.IsZero() && !finish(t, 1).After(t.deadline)) {
 			continue
 		}
 		t.pri = r.rank(t)
@@ -599,7 +621,7 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 	for _, t := range victims {
 		l.running = removeTask(l.running, t)
 	}
-	if !s.admissible(l, u, now) {
+	if u.state == waiting && !s.admissible(l, u, now) {
 		// u would push a running deadline past its end even so.
 		l.running = append(l.running, victims...)
 		return false

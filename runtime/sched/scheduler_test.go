@@ -942,23 +942,31 @@ func TestRankingReusedForAFewSteps(t *testing.T) {
 	}
 }
 
+// busyLane makes a manual scheduler on e, at 10 ms a step per member
+// (and seeded so), with n long requests of so many tokens and no
+// deadline that have decoded for steps steps.
+func busyLane(t *testing.T, cfg Config, e *fakeEngine, n, tokens, steps int) (*Scheduler, *fakeEngine, []*Stream) {
+	t.Helper()
+	e.stepA, e.stepB = 0, 10*time.Millisecond
+	s, _ := newManual(t, cfg, nil, e)
+	s.SeedCost(0, 0, 10*time.Millisecond, 0)
+	var long []*Stream
+	for i := range n {
+		long = append(long, submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: tokens}))
+	}
+	for range steps {
+		stepLane(s, 0)
+	}
+	return s, e, long
+}
+
 func TestPreemptionMakesRoomForADeadline(t *testing.T) {
 	// A step costs 10 ms per member. Four long requests without deadlines
 	// fill the lane; then a request with 20 tokens and a 300 ms deadline
 	// arrives. In a batch of five (or after waiting for a slot) it needs
 	// a second or more; alone, 200 ms.
 	run := func(ablate Ablation) (*Scheduler, *Result, []*Result) {
-		e := newFakeEngine(nil)
-		e.stepA, e.stepB = 0, 10*time.Millisecond
-		s, _ := newManual(t, Config{MaxBatch: 4, Ablate: ablate}, nil, e)
-		s.SeedCost(0, 0, 10*time.Millisecond, 0)
-		var long []*Stream
-		for i := range 4 {
-			long = append(long, submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 100}))
-		}
-		for range 5 { // the long ones are decoding
-			stepLane(s, 0)
-		}
+		s, _, long := busyLane(t, Config{MaxBatch: 4, Ablate: ablate}, newFakeEngine(nil), 4, 100, 5)
 		urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond})
 		drive(t, s, 10000)
 		_, _, ru := collect(t, urgent)
@@ -991,6 +999,58 @@ func TestPreemptionMakesRoomForADeadline(t *testing.T) {
 	}
 }
 
+func TestPreemptionMakesRoomForARunningDeadline(t *testing.T) {
+	// Three long requests and an urgent one (40 tokens, due in 3.5 s)
+	// share a lane at 10 ms per member: 1.6 s in a batch of four, so
+	// admission lets it in. Then steps get four times as costly (on a
+	// real engine: the long answers' contexts grew, or the device
+	// throttled). In the batch of four the urgent request would now need
+	// over 6 s; alone, about 1.6 s. Only members leaving keeps its
+	// deadline, and admission control alone never takes them out. (The
+	// cost model takes a few steps to see the change.)
+	run := func(ablate Ablation) (*Scheduler, *Result, []*Result) {
+		s, e, long := busyLane(t, Config{MaxBatch: 4, Ablate: ablate}, newFakeEngine(nil), 3, 200, 3)
+		urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(4), MaxTokens: 40, Deadline: 3500 * time.Millisecond})
+		stepLane(s, 0)
+		stepLane(s, 0)
+		if got := len(e.batches[len(e.batches)-1]); got != 4 {
+			t.Fatalf("the urgent request runs in a batch of %d, want 4: the scenario needs it admitted beside the long ones", got)
+		}
+		e.stepB = 25 * time.Millisecond
+		drive(t, s, 10000)
+		_, _, ru := collect(t, urgent)
+		var rl []*Result
+		for _, st := range long {
+			toks, _, r := collect(t, st)
+			for k, tok := range toks {
+				if tok != int32(100+k) {
+					t.Fatalf("%s: token %d is %d, want %d: a preempted request lost or repeated tokens", r.ID, k, tok, 100+k)
+				}
+			}
+			rl = append(rl, r)
+		}
+		return s, ru, rl
+	}
+	s, ru, rl := run(Ablation{NoShedding: true})
+	if !ru.DeadlineMet {
+		t.Errorf("urgent request missed its deadline (finished %v after arrival, %d preempted)", ru.Finish.Sub(ru.Arrival), s.Stats().Preempted)
+	}
+	if s.Stats().Preempted == 0 {
+		t.Error("nothing preempted")
+	}
+	for _, r := range rl {
+		if r.CompletionTokens != 200 || r.Reason != ReasonLength {
+			t.Errorf("%s: %d tokens, %v; want all 200", r.ID, r.CompletionTokens, r.Reason)
+		}
+	}
+	// Without admission control (and so without preemption) it keeps its
+	// batch, and misses.
+	s2, ru2, _ := run(Ablation{NoShedding: true, NoAdmission: true})
+	if ru2.DeadlineMet || s2.Stats().Preempted != 0 {
+		t.Errorf("without admission control: deadline met %v, %d preempted; the scenario tests nothing", ru2.DeadlineMet, s2.Stats().Preempted)
+	}
+}
+
 func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	// Five sequence slots, batches of four: four long requests run, an
 	// urgent one preempts them all (five slots held), and a second
@@ -1001,16 +1061,8 @@ func TestPreemptedSequencesAreEvictedWhenSlotsRunOut(t *testing.T) {
 	// keeps batches of four. A deadline between would keep the batch too
 	// small to need the slot.)
 	e := newFakeEngine(nil)
-	e.stepA, e.stepB, e.maxSeqs = 0, 10*time.Millisecond, 5
-	s, _ := newManual(t, Config{MaxBatch: 4, Ablate: Ablation{NoShedding: true}}, nil, e)
-	s.SeedCost(0, 0, 10*time.Millisecond, 0)
-	var long []*Stream
-	for i := range 4 {
-		long = append(long, submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 60}))
-	}
-	for range 5 {
-		stepLane(s, 0)
-	}
+	e.maxSeqs = 5
+	s, _, long := busyLane(t, Config{MaxBatch: 4, Ablate: Ablation{NoShedding: true}}, e, 4, 60, 5)
 	u1 := submit(t, s, Request{ID: "u1", Prompt: prompt(10), MaxTokens: 10, Deadline: 130 * time.Millisecond})
 	stepLane(s, 0)
 	stepLane(s, 0)
