@@ -369,6 +369,64 @@ func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
 	}
 }
 
+// TestSecondaryLaneGoesOnWithWhatItPreempted: a request preempted on the
+// secondary lane waits in that lane's queue with its sequence there, so no
+// other lane can run it. When the primary's backlog grows past twice the
+// secondary's and the secondary serves it instead, the preempted request
+// still goes on once it outranks that backlog, not after it.
+func TestSecondaryLaneGoesOnWithWhatItPreempted(t *testing.T) {
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, clock := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
+	serveShortOnPrimary(t, s)
+	ids := func(st *Step) []string {
+		var got []string
+		if st != nil {
+			for _, tk := range st.tasks {
+				got = append(got, tk.id)
+			}
+		}
+		return got
+	}
+	step := func(i int, want string) {
+		t.Helper()
+		st := s.Begin(i)
+		if got := ids(st); len(got) != 1 || got[0] != want {
+			t.Fatalf("lane %d runs %v, want %s", i, got, want)
+		}
+		st.Run(context.Background())
+		s.End(st)
+	}
+	// The primary runs one long request for good; the secondary another.
+	submit(t, s, Request{ID: "long0", Prompt: prompt(30), MaxTokens: 400})
+	step(0, "long0")
+	submit(t, s, Request{ID: "mine", Prompt: prompt(30), MaxTokens: 400})
+	for range 3 {
+		step(1, "mine")
+	}
+	// An urgent request routed to the secondary (its prompt is longer)
+	// preempts it.
+	// It stops after three tokens.
+	e1.lengths["urgent"] = 3
+	submit(t, s, Request{ID: "urgent", Prompt: prompt(40), MaxTokens: 400, Deadline: 5 * time.Minute, StopTokens: []int32{fakeEOS}})
+	step(1, "urgent")
+	if m := s.tasks["mine"]; m.state != waiting || !m.hasSeq || m.lane != 1 || m.qi != 1 {
+		t.Fatalf("setup: mine is %v on lane %d in queue %d (sequence kept %v), want waiting in the secondary's queue with its sequence", m.state, m.lane, m.qi, m.hasSeq)
+	}
+	// A minute later (it has aged past fresh requests) the primary's
+	// queue grows far past the secondary's.
+	clock.Add(time.Minute)
+	for i := range 40 {
+		submit(t, s, Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 2})
+	}
+	if src := s.source(s.lanes[1]); src != 0 {
+		t.Fatalf("setup: the secondary admits from queue %d, want the primary's backlog", src)
+	}
+	for range 3 {
+		step(1, "urgent")
+	}
+	step(1, "mine")
+}
+
 // serveShortOnPrimary runs ten short requests to their end on lane 0, so
 // the routing quantile has scores: a longer prompt is routed to lane 1.
 func serveShortOnPrimary(t *testing.T, s *Scheduler) {
