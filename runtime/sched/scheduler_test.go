@@ -312,13 +312,7 @@ func TestPrimaryLaneTakesRoutedRequestOnceItOutranksItsOwn(t *testing.T) {
 	clock.Add(time.Minute)
 	submit(t, s, Request{ID: "fresh", Prompt: prompt(2), MaxTokens: 2})
 	st := s.Begin(0)
-	if st == nil || len(st.tasks) != 1 || st.tasks[0].id != "waiting" {
-		var got []string
-		if st != nil {
-			for _, tk := range st.tasks {
-				got = append(got, tk.id)
-			}
-		}
+	if got := stepIDs(st); len(got) != 1 || got[0] != "waiting" {
 		t.Fatalf("primary lane runs %v, want the long request that waited a minute", got)
 	}
 	st.Run(context.Background())
@@ -357,13 +351,7 @@ func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
 		if withDeadline {
 			want = "planner"
 		}
-		var got []string
-		if st != nil {
-			for _, tk := range st.tasks {
-				got = append(got, tk.id)
-			}
-		}
-		if len(got) != 1 || got[0] != want {
+		if got := stepIDs(st); len(got) != 1 || got[0] != want {
 			t.Errorf("deadline %v: the secondary lane runs %v, want %s", withDeadline, got, want)
 		}
 	}
@@ -378,19 +366,10 @@ func TestSecondaryLaneGoesOnWithWhatItPreempted(t *testing.T) {
 	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
 	s, clock := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
 	serveShortOnPrimary(t, s)
-	ids := func(st *Step) []string {
-		var got []string
-		if st != nil {
-			for _, tk := range st.tasks {
-				got = append(got, tk.id)
-			}
-		}
-		return got
-	}
 	step := func(i int, want string) {
 		t.Helper()
 		st := s.Begin(i)
-		if got := ids(st); len(got) != 1 || got[0] != want {
+		if got := stepIDs(st); len(got) != 1 || got[0] != want {
 			t.Fatalf("lane %d runs %v, want %s", i, got, want)
 		}
 		st.Run(context.Background())
@@ -425,6 +404,17 @@ func TestSecondaryLaneGoesOnWithWhatItPreempted(t *testing.T) {
 		step(1, "urgent")
 	}
 	step(1, "mine")
+}
+
+// stepIDs is the ids of st's members, in batch order (none for nil).
+func stepIDs(st *Step) []string {
+	var got []string
+	if st != nil {
+		for _, tk := range st.tasks {
+			got = append(got, tk.id)
+		}
+	}
+	return got
 }
 
 // serveShortOnPrimary runs ten short requests to their end on lane 0, so
@@ -462,13 +452,7 @@ func TestSecondaryLaneFillsFreeSlotsFromThePrimary(t *testing.T) {
 		t.Fatalf("setup: queues %d and %d, want the long request in the secondary's and the short ones in the primary's",
 			s.tasks["long"].qi, s.tasks["short0"].qi)
 	}
-	st := s.Begin(1)
-	var got []string
-	if st != nil {
-		for _, tk := range st.tasks {
-			got = append(got, tk.id)
-		}
-	}
+	got := stepIDs(s.Begin(1))
 	if want := []string{"long", "short0", "short1"}; !slices.Equal(got, want) {
 		t.Errorf("the secondary lane runs %v, want its own long request first and two short ones in its free slots: %v", got, want)
 	}
@@ -487,17 +471,9 @@ func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
 	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
 	s.SeedCost(1, 30*time.Millisecond, 30*time.Millisecond, 10*time.Microsecond)
 	serveShortOnPrimary(t, s)
-	ids := func(st *Step) []string {
-		var got []string
-		if st != nil {
-			for _, tk := range st.tasks {
-				got = append(got, tk.id)
-			}
-		}
-		return got
-	}
+
 	submit(t, s, Request{ID: "alone", Prompt: prompt(2), MaxTokens: 2})
-	if got := ids(s.Begin(1)); len(got) != 0 {
+	if got := stepIDs(s.Begin(1)); len(got) != 0 {
 		t.Fatalf("the slow lane took %v while the primary was free", got)
 	}
 	submit(t, s, Request{ID: "long", Prompt: prompt(30), MaxTokens: 400})
@@ -510,7 +486,7 @@ func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
 	for i := range 100 {
 		submit(t, s, Request{ID: "short" + strconv.Itoa(i), Prompt: prompt(2), MaxTokens: 2})
 	}
-	got := ids(s.Begin(1))
+	got := stepIDs(s.Begin(1))
 	if len(got) != 2 || slices.Contains(got, "long") {
 		t.Errorf("the slow lane runs %v, want two short requests and not the long one", got)
 	}
