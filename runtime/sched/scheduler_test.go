@@ -383,8 +383,7 @@ func TestSecondaryLaneGoesOnWithWhatItPreempted(t *testing.T) {
 		step(1, "mine")
 	}
 	// An urgent request routed to the secondary (its prompt is longer)
-	// preempts it.
-	// It stops after three tokens.
+	// preempts it; it stops after three tokens.
 	e1.lengths["urgent"] = 3
 	submit(t, s, Request{ID: "urgent", Prompt: prompt(40), MaxTokens: 400, Deadline: 5 * time.Minute, StopTokens: []int32{fakeEOS}})
 	step(1, "urgent")
@@ -471,7 +470,6 @@ func TestSlowLaneTakesOnlyWhatPays(t *testing.T) {
 	s.SeedCost(0, time.Millisecond, time.Millisecond, 10*time.Microsecond)
 	s.SeedCost(1, 30*time.Millisecond, 30*time.Millisecond, 10*time.Microsecond)
 	serveShortOnPrimary(t, s)
-
 	submit(t, s, Request{ID: "alone", Prompt: prompt(2), MaxTokens: 2})
 	if got := stepIDs(s.Begin(1)); len(got) != 0 {
 		t.Fatalf("the slow lane took %v while the primary was free", got)
