@@ -241,10 +241,10 @@ func (b schedBench) rate(load float64, lanes []bench.StepCosts, adv float64, v b
 	for i := range whole {
 		whole[i].MinTokens = 0
 	}
-	context := bench.MeanContext(whole, nil)
+	meanCtx := bench.MeanContext(whole, nil)
 	var capacity float64
 	for _, c := range lanes {
-		capacity += c.AtContext(context).Capacity(b.maxBatch)
+		capacity += c.AtContext(meanCtx).Capacity(b.maxBatch)
 	}
 	return load * capacity / meanTokens(sample)
 }
@@ -676,10 +676,10 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 					TokenTime: tokTime, MaxTokens: cost.Context - 64, Seed: b.seed})
 				// The floors price every token at the mean context of the
 				// answers they count.
-				context := bench.MeanContext(reqs, nil)
+				meanCtx := bench.MeanContext(reqs, nil)
 				at := make([]bench.StepCosts, len(lanes))
 				for i, l := range lanes {
-					at[i] = l.AtContext(context)
+					at[i] = l.AtContext(meanCtx)
 				}
 				floor := bench.ResponseFloor(reqs, at, b.maxBatch, 0.99, nil)
 				maxFloor := bench.ResponseFloor(reqs, at, b.maxBatch, 1, nil)
