@@ -33,6 +33,10 @@ import (
 //
 // The bound lets work spread over the lanes perfectly and every request
 // be served at full batch, so it is optimistic: no schedule reaches it.
+// Lanes whose members cost more the longer their context (StepCosts.D)
+// are priced at the mean context of the tokens it counts (MeanContext):
+// exact for the work, since the cost is linear in the context, and an
+// average for each request's own time.
 func ResponseFloor(reqs []WorkRequest, lanes []StepCosts, batch int, q float64, promptTokens func(string) int) time.Duration {
 	n := len(reqs)
 	if n == 0 || len(lanes) == 0 || batch <= 0 {
@@ -40,6 +44,11 @@ func ResponseFloor(reqs []WorkRequest, lanes []StepCosts, batch int, q float64, 
 	}
 	if promptTokens == nil {
 		promptTokens = simPromptTokens
+	}
+	meanCtx := MeanContext(reqs, promptTokens)
+	lanes = slices.Clone(lanes)
+	for i := range lanes {
+		lanes[i] = lanes[i].AtContext(meanCtx)
 	}
 	k := n - 1 - int(math.Floor(q*float64(n-1)))
 	var rate float64 // decoded tokens per second, every lane at full batch

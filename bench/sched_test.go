@@ -643,6 +643,13 @@ func TestResponseFloorByHand(t *testing.T) {
 	if got, want := ResponseFloor(reqs, []StepCosts{fast, slow}, 1, 1, one), time.Duration((65+4.0/3)/(4.0/3)*float64(time.Second))-6*time.Second; got != want {
 		t.Errorf("with prefill: floor %v, want %v", got, want)
 	}
+	// A member that costs 0.1 s more per token of context: the 11 tokens
+	// of the first request follow 0 to 10 tokens, 5 on average, so each
+	// costs 1.5 s and its 10 decoded tokens 15 s.
+	ctxLane := StepCosts{B: time.Second, D: 100 * time.Millisecond}
+	if got := ResponseFloor(reqs[:1], []StepCosts{ctxLane}, 1, 1, none); got != 15*time.Second {
+		t.Errorf("a lane whose members cost more the longer their context: floor %v, want 15s", got)
+	}
 }
 
 func TestResponseFloorHoldsForEveryPolicy(t *testing.T) {

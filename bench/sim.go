@@ -42,18 +42,17 @@ func (c StepCosts) TokenTime() time.Duration { return c.Step(1, 0) }
 func (c StepCosts) Capacity(n int) float64 { return float64(n) / c.Step(n, 0).Seconds() }
 
 // TokenCost is the lane time, in seconds, a decoded token takes in a
-// batch of n whose members follow context tokens each: the step's share,
-// B, and D for the context beyond BAt (less below it, down to the
-// member's cost at no context, which MeasureStepCosts keeps at or above 0).
+// batch of n whose members follow context tokens each: the step's share
+// and the member's cost at that context (AtContext).
 func (c StepCosts) TokenCost(n int, context float64) float64 {
-	per := c.A.Seconds()/float64(max(n, 1)) + c.B.Seconds()
-	return per + c.D.Seconds()*(max(context, 0)-float64(c.BAt))
+	at := c.AtContext(max(context, 0))
+	return at.A.Seconds()/float64(max(n, 1)) + at.B.Seconds()
 }
 
 // AtContext is c with every decoding member priced at context tokens:
-// D folded into B (and cleared), so Capacity, Step and ResponseFloor
-// see what a lane decodes on a workload of that mean context. Costs
-// without a D come back unchanged.
+// D folded into B (and cleared; B less D below BAt, down to no cost at
+// all), so Capacity and Step see what a lane decodes on a workload of
+// that mean context. Costs without a D come back unchanged.
 func (c StepCosts) AtContext(context float64) StepCosts {
 	if c.D == 0 {
 		return c

@@ -674,15 +674,8 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 				rate := b.rate(load, lanes, adv, v, tokTime)
 				reqs := bench.Workload(bench.WorkloadConfig{Requests: n, Rate: rate, Adversarial: adv, Variance: v,
 					TokenTime: tokTime, MaxTokens: cost.Context - 64, Seed: b.seed})
-				// The floors price every token at the mean context of the
-				// answers they count.
-				meanCtx := bench.MeanContext(reqs, nil)
-				at := make([]bench.StepCosts, len(lanes))
-				for i, l := range lanes {
-					at[i] = l.AtContext(meanCtx)
-				}
-				floor := bench.ResponseFloor(reqs, at, b.maxBatch, 0.99, nil)
-				maxFloor := bench.ResponseFloor(reqs, at, b.maxBatch, 1, nil)
+				floor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 0.99, nil)
+				maxFloor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 1, nil)
 				for _, p := range pols {
 					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
 						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})
