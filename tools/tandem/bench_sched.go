@@ -655,10 +655,7 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 			}
 		}
 	}
-	// The deadlines' unit, as the real engine measures it (LiveTokenTime):
-	// one request alone, 64 tokens from a short prompt (about 7 tokens),
-	// so at a mean context of about 39.
-	tokTime := cost.AtContext(39).TokenTime()
+	tokTime := simTokenTime(cost)
 	total := len(b.variances) * len(b.adversarial) * len(b.loads) * len(pols)
 	bar := progress.NewCount(b.stderr, "simulated runs", uint64(total), "runs")
 	defer bar.Done()
@@ -694,6 +691,11 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 	}
 	return rows, nil
 }
+
+// simTokenTime is the simulated workload's deadline unit, as the real
+// engine measures it (LiveTokenTime): one request alone, 64 tokens from
+// a short prompt (about 7 tokens), so at a mean context of about 39.
+func simTokenTime(c bench.StepCosts) time.Duration { return c.AtContext(39).TokenTime() }
 
 // simEstimator trains the estimator on simulated generations: a held-out
 // workload (another seed) with the lengths the simulator will produce.

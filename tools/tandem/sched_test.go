@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,6 +118,26 @@ func TestBenchSimContextCost(t *testing.T) {
 	}
 	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "1,2,3,4,5"); code != 2 || !strings.Contains(stderr, "A,B,C[,D]") {
 		t.Errorf("five numbers: exit %d, %q", code, stderr)
+	}
+}
+
+// TestSimTokenTimeIsWhatALoneRequestTakes: the simulated workload's
+// deadlines are in units of what the simulator gives one request alone
+// for 64 tokens from a short prompt, as the real engine's are in what
+// LiveTokenTime measures there; a member's cost at no context would be
+// 40% short of it with this context cost.
+func TestSimTokenTimeIsWhatALoneRequestTakes(t *testing.T) {
+	c := bench.StepCosts{A: 2500 * time.Microsecond, B: 3300 * time.Microsecond, C: 1900 * time.Microsecond, D: 100 * time.Microsecond, MaxSeqs: 16, Context: 2048}
+	req := bench.WorkRequest{ID: "alone", Prompt: "Once upon a time", MaxTokens: 64, Natural: 64}
+	run, err := bench.Simulate([]bench.WorkRequest{req}, bench.SimConfig{Sched: sched.Config{MaxQueue: 2}, Lanes: []bench.StepCosts{c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The simulator also charges the scheduler's own wall time, well
+	// below 1% at steps of milliseconds even under the race detector.
+	alone := run.Outcomes[0].Response / 64
+	if got := simTokenTime(c); math.Abs(float64(got-alone)) > 0.03*float64(alone) {
+		t.Errorf("deadline unit %v, but one request alone takes %v a token", got, alone)
 	}
 }
 
