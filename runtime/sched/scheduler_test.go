@@ -588,6 +588,58 @@ func TestNewRequestWakesAnIdleLane(t *testing.T) {
 	}
 }
 
+// TestSlowLaneWakesTheLaneItLeavesARequestTo: a lane much slower than
+// another leaves it a request, and wakes it to take it. Here lane 0 is
+// the slow one when the request arrives, so it leaves it to lane 1, busy
+// in a step, and sleeps. While that step runs, the costs turn round (a
+// lane's measured cost moves with its load), so lane 1, once free, leaves
+// the request to lane 0 in turn: without a wake-up no lane served it.
+func TestSlowLaneWakesTheLaneItLeavesARequestTo(t *testing.T) {
+	gate := make(chan struct{})
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	e1.hold, e1.gate = "busy", gate
+	s, err := New(Config{MaxBatch: 1}, nil, Lane{Engine: e0}, Lane{Engine: e1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		// A stalled request would hold a draining shutdown for good.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	}()
+	slow, fast := 10*time.Millisecond, time.Millisecond
+	s.SeedCost(0, slow, slow, time.Microsecond)
+	s.SeedCost(1, fast, fast, time.Microsecond)
+	busy := submit(t, s, Request{ID: "busy", Prompt: prompt(2), MaxTokens: 1})
+	waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.tasks["busy"].state == running && s.tasks["busy"].lane == 1 && s.lanes[1].busy
+	})
+	late := submit(t, s, Request{ID: "late", Prompt: prompt(2), MaxTokens: 2})
+	// Lane 0 plans at once and leaves it; give it time to go back to sleep.
+	time.Sleep(100 * time.Millisecond)
+	if r := late.Result(); r != nil {
+		t.Fatalf("setup: the slow lane served the late request: %+v", r)
+	}
+	s.SeedCost(0, fast, fast, time.Microsecond)
+	s.SeedCost(1, slow, slow, time.Microsecond)
+	close(gate)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := busy.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := late.Wait(ctx)
+	if err != nil {
+		t.Fatalf("the late request was never served (%d waiting, every lane idle for %v): %v", s.Stats().Waiting, s.Stats().Stalled, err)
+	}
+	if res.Lane != 0 || res.CompletionTokens != 2 {
+		t.Errorf("late request: %d tokens on lane %d, want 2 on lane 0", res.CompletionTokens, res.Lane)
+	}
+}
+
 func TestAdmissionControlProtectsUrgentDeadline(t *testing.T) {
 	e := newFakeEngine(nil)
 	e.stepA, e.stepB = 0, 10*time.Millisecond // a step costs 10ms per member
