@@ -1137,15 +1137,14 @@ func TestPreemptionMakesRoomForARunningDeadline(t *testing.T) {
 
 func TestPreemptionMakesRoomUnderTheBatchCap(t *testing.T) {
 	// Six long requests fill a lane at 10 ms per member. An urgent one
-	// arrives: 20 tokens due in 1.2 s, 60 ms a token. In a batch of six
+	// arrives: 20 tokens due in 1.2 s, 60 ms a token. In a batch of five
 	// it would finish in time, but the batch cap it sets is four (a step
-	// may take three quarters of 60 ms), so it cannot join the batch it
-	// would meet its deadline in. Preemption sized for a batch of six
-	// made no room, or too little to admit it: it waited 230 ms, six
-	// steps, until its shrinking slack forced room, and ran with a sixth
-	// of its slack left. With stories260K's costs in the simulator, such
-	// waits were most of the planners' missed deadlines
-	// (docs/scheduling.md, "Preemption under the batch cap").
+	// may take three quarters of 60 ms). Preemption sized for a batch of
+	// five moved two members out, which left the four the cap allows and
+	// no slot for the request: it waited 230 ms (five steps) until its
+	// shrinking slack forced one more out. With stories260K's costs in
+	// the simulator, such waits were most of the planners' missed
+	// deadlines (docs/scheduling.md, "Preemption under the batch cap").
 	s, e, long := busyLane(t, Config{MaxBatch: 8, Ablate: Ablation{NoShedding: true}}, newFakeEngine(nil), 6, 200, 3)
 	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(20), MaxTokens: 20, Deadline: 1200 * time.Millisecond})
 	if got := s.batchCap(s.lanes[0], e.clock.Now()); got != 4 {
