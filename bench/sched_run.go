@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +35,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	errs := make([]error, len(reqs))
 	var wg sync.WaitGroup
 	var atLastArrival sched.Stats // what was decoded by the last arrival
+	lags := make([]time.Duration, len(reqs))
 	start := time.Now()
 	for i, r := range reqs {
 		if d := time.Until(start.Add(r.Arrival)); d > 0 {
@@ -42,6 +45,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 				return Run{}, ctx.Err()
 			}
 		}
+		lags[i] = max(time.Since(start.Add(r.Arrival)), 0)
 		st, err := s.Submit(ctx, sched.Request{ID: fmt.Sprintf("%s-%d", r.ID, start.UnixNano()), Prompt: prompts[i], Text: r.Prompt,
 			MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, Deadline: r.Deadline,
 			Utility: sched.Utility{Value: r.Utility}, StopTokens: stops})
@@ -68,6 +72,7 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 		}
 		run.Outcomes = append(run.Outcomes, Outcome{Req: reqs[i], Result: *res, Response: res.Finish.Sub(res.Arrival)})
 	}
+	run.SubmitLagP99, run.SubmitLagMax = lagSummary(lags)
 	after := s.Stats()
 	run.phases(before, atLastArrival, after)
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
@@ -75,6 +80,17 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	run.Engine = after.EngineWall - before.EngineWall
 	run.Steps = laneSteps(after) - laneSteps(before)
 	return run, nil
+}
+
+// lagSummary is the 99th percentile (nearest rank) and the largest of
+// lags (zero for none).
+func lagSummary(lags []time.Duration) (p99, worst time.Duration) {
+	if len(lags) == 0 {
+		return 0, 0
+	}
+	sorted := slices.Sorted(slices.Values(lags))
+	rank := int(math.Ceil(0.99*float64(len(sorted)))) - 1
+	return sorted[max(rank, 0)], sorted[len(sorted)-1]
 }
 
 // ErrStalled is the cause RunLive gives up with when the scheduler leaves

@@ -289,6 +289,24 @@ func TestRunPhasesSplitTheTokens(t *testing.T) {
 	}
 }
 
+// TestLagSummary: the clients' lateness is summarised by its 99th
+// percentile (nearest rank) and its worst, by hand.
+func TestLagSummary(t *testing.T) {
+	var lags []time.Duration
+	for i := 200; i >= 1; i-- { // out of order: the summary sorts
+		lags = append(lags, time.Duration(i)*time.Millisecond)
+	}
+	if p99, worst := lagSummary(lags); p99 != 198*time.Millisecond || worst != 200*time.Millisecond {
+		t.Errorf("lags 1-200 ms: p99 %v, worst %v; want 198ms and 200ms", p99, worst)
+	}
+	if p99, worst := lagSummary([]time.Duration{5 * time.Millisecond}); p99 != 5*time.Millisecond || worst != 5*time.Millisecond {
+		t.Errorf("one lag of 5 ms: p99 %v, worst %v", p99, worst)
+	}
+	if p99, worst := lagSummary(nil); p99 != 0 || worst != 0 {
+		t.Errorf("no lags: p99 %v, worst %v", p99, worst)
+	}
+}
+
 // TestMeanContext: a request's tokens follow its prompt and the answer
 // before them; MinTokens cuts the answer as the floor does.
 func TestMeanContext(t *testing.T) {

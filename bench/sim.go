@@ -209,6 +209,11 @@ type Run struct {
 	// where a phase has no length), with the mean context of those tokens:
 	// a phase of long answers decodes slower on the same lanes.
 	Arrival, Drain Decoded
+	// SubmitLag is how late the real-engine clients submitted requests
+	// after their arrival times: the 99th percentile and the worst. Where
+	// the clients share the CPUs with busy lanes they fall behind and
+	// submit in bursts, which the workload did not ask for.
+	SubmitLagP99, SubmitLagMax time.Duration
 }
 
 // SimConfig configures Simulate.

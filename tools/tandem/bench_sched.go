@@ -490,8 +490,14 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		if bestBatch < b.maxBatch {
 			capNote += fmt.Sprintf("; fastest at %d a step", bestBatch)
 		}
-		capNote += fmt.Sprintf("; at load %.2f the floors' rates, at the answers' mean context of %.0f tokens, are %.0f from the probes and %.0f from the runs; answers %.1f tokens on average, the workload asks %.1f)",
-			topLoad, topContext, topBest, topRate, answerLen, meanTokens(work))
+		var lagP99, lagMax time.Duration // the clients' lateness, over this share's runs
+		for _, lr := range byLoad {
+			for _, r := range lr.runs {
+				lagP99, lagMax = max(lagP99, r.SubmitLagP99), max(lagMax, r.SubmitLagMax)
+			}
+		}
+		capNote += fmt.Sprintf("; at load %.2f the floors' rates, at the answers' mean context of %.0f tokens, are %.0f from the probes and %.0f from the runs; answers %.1f tokens on average, the workload asks %.1f; the clients submitted up to %v after a request's arrival time, %v at the 99th percentile)",
+			topLoad, topContext, topBest, topRate, answerLen, meanTokens(work), lagMax.Round(10*time.Microsecond), lagP99.Round(10*time.Microsecond))
 		capacities = append(capacities, capNote)
 	}
 	var inIsolation []string
