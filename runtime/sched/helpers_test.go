@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,8 @@ type fakeEngine struct {
 	starts   []string      // tags started, in order
 	perStep  int           // tokens per decoding member per step (default 1)
 	delay    time.Duration // real sleep per step (live-mode tests)
+	spin     time.Duration // real computation per step, never blocking (live-mode tests)
+	spun     atomic.Int64  // steps that spun
 	hold     string        // a step with this tag waits for gate to close (live-mode tests)
 	gate     chan struct{}
 	failNext bool
@@ -105,6 +108,13 @@ func (e *fakeEngine) Free(id SeqID) error {
 
 func (e *fakeEngine) Step(_ context.Context, members []Member, out []StepOut) error {
 	time.Sleep(e.delay)
+	if e.spin > 0 {
+		// What an engine step on one thread is: computation that never
+		// gives the Go scheduler a chance to run anything else.
+		for t0 := time.Now(); time.Since(t0) < e.spin; {
+		}
+		e.spun.Add(1)
+	}
 	if e.failNext {
 		e.failNext = false
 		return fmt.Errorf("fake: step failed")

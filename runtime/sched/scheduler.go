@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -700,6 +701,13 @@ func (s *Scheduler) laneLoop(l *lane) {
 			return
 		}
 		st.Run(context.Background())
+		// A step on a CPU lane is computation that never blocks, and with
+		// as many lanes busy as the Go runtime has processors, clients,
+		// stream readers and HTTP handlers ran only when it preempted a
+		// lane, after 10 ms: requests reached Submit in bursts, up to 38
+		// ms late on a 2-vCPU host. Yielding here costs a fraction of a
+		// microsecond a step (TestLaneYieldsBetweenSteps).
+		runtime.Gosched()
 	}
 }
 
