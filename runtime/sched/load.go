@@ -132,6 +132,18 @@ func (s *Scheduler) batchCap(l *lane, now time.Time) int {
 	if _, slow := s.muchSlower(l); s.feat.routing && slow {
 		return s.cfg.MaxBatch
 	}
+	// Nor does a secondary lane beside the primary: routing gives it the
+	// long answers, and deadlines are the primary's (the secondary takes
+	// what is at stake only into a free slot). Its batch cut for them
+	// slowed the long answers that set the tail, and made room for
+	// planners the primary would serve: on stories260K, with the lanes
+	// yielding, capping only the primary cut the p99 at 20% adversarial
+	// prompts by 28.4-33.9% against 24.5-29.3% in six pairs, and met
+	// about as many deadlines (docs/scheduling.md, "Deadlines on the
+	// primary").
+	if s.feat.routing && l.idx > 0 {
+		return s.cfg.MaxBatch
+	}
 	floor := time.Duration(float64(l.cost.perToken(1)) / deadlineShare)
 	per := s.deadlines.tightest(now, s.loadWindow(), floor)
 	if per == 0 {

@@ -405,6 +405,52 @@ func TestSecondaryLaneGoesOnWithWhatItPreempted(t *testing.T) {
 	step(1, "mine")
 }
 
+func TestSecondaryLaneKeepsItsBatchForARunningDeadline(t *testing.T) {
+	// The secondary runs three long answers and a request with a deadline
+	// routed to it; then its steps get four times as costly. On the
+	// primary, preemption would move the long answers out for the
+	// deadline (TestPreemptionMakesRoomForARunningDeadline); the
+	// secondary keeps its batch: deadlines get small batches on the
+	// primary, and cutting the secondary's slowed the long answers that
+	// set the tail.
+	e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
+	s, _ := newManual(t, Config{MaxBatch: 4}, nil, e0, e1)
+	for i := range 2 {
+		s.SeedCost(i, 0, 10*time.Millisecond, 0)
+	}
+	for _, e := range []*fakeEngine{e0, e1} {
+		e.stepA, e.stepB = 0, 10*time.Millisecond
+	}
+	serveShortOnPrimary(t, s)
+	// Each prompt longer than the last, so each is above the routing
+	// quantile of the scores before it: all go to the secondary.
+	for i := range 3 {
+		submit(t, s, Request{ID: "long" + strconv.Itoa(i), Prompt: prompt(30 + 2*i), MaxTokens: 200})
+	}
+	e1.lengths["urgent"] = 40
+	urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(40), MaxTokens: 200, Deadline: 3500 * time.Millisecond, StopTokens: []int32{fakeEOS}})
+	for _, id := range []string{"long0", "long1", "long2", "urgent"} {
+		if tk := s.tasks[id]; tk.qi != 1 {
+			t.Fatalf("setup: %s waits in queue %d, want the secondary's", id, tk.qi)
+		}
+	}
+	stepLane(s, 1)
+	stepLane(s, 1)
+	if got := len(e1.batches[len(e1.batches)-1]); got != 4 {
+		t.Fatalf("the secondary runs a batch of %d, want 4: the scenario needs the urgent request beside the long ones", got)
+	}
+	e1.stepB = 40 * time.Millisecond
+	for range 100 {
+		stepLane(s, 1)
+	}
+	if n := s.Stats().Preempted; n != 0 {
+		t.Errorf("the secondary preempted %d members for a running deadline, want none", n)
+	}
+	if r := urgent.Result(); r == nil || r.CompletionTokens != 40 {
+		t.Errorf("urgent: %+v, want its 40 tokens in the secondary's batch", r)
+	}
+}
+
 // stepIDs is the ids of st's members, in batch order (none for nil).
 func stepIDs(st *Step) []string {
 	var got []string
