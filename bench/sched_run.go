@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -82,15 +81,19 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	return run, nil
 }
 
-// lagSummary is the 99th percentile (nearest rank) and the largest of
-// lags (zero for none).
+// lagSummary is the 99th percentile of lags, as the response times' p99
+// is taken (schedPercentile), and the largest (zero for none).
 func lagSummary(lags []time.Duration) (p99, worst time.Duration) {
 	if len(lags) == 0 {
 		return 0, 0
 	}
-	sorted := slices.Sorted(slices.Values(lags))
-	rank := int(math.Ceil(0.99*float64(len(sorted)))) - 1
-	return sorted[max(rank, 0)], sorted[len(sorted)-1]
+	secs := make([]float64, len(lags))
+	for i, d := range lags {
+		secs[i] = d.Seconds()
+	}
+	slices.Sort(secs)
+	sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	return sec(schedPercentile(secs, 0.99)), sec(secs[len(secs)-1])
 }
 
 // ErrStalled is the cause RunLive gives up with when the scheduler leaves
