@@ -124,6 +124,10 @@ func (s *Scheduler) batchCap(l *lane, now time.Time) int {
 	if !s.feat.admission {
 		return s.cfg.MaxBatch
 	}
+	// A secondary lane leaves deadlines to the primary.
+	if s.leavesDeadlinesToPrimary(l) {
+		return s.cfg.MaxBatch
+	}
 	// A lane much slower than the fastest leaves deadlines to it (it takes
 	// only what it finishes sooner, offloadCheck): a batch cut short for
 	// them there only lengthens every wait. With a lane three times slower
@@ -132,22 +136,25 @@ func (s *Scheduler) batchCap(l *lane, now time.Time) int {
 	if _, slow := s.muchSlower(l); s.feat.routing && slow {
 		return s.cfg.MaxBatch
 	}
-	// Nor does a secondary lane beside the primary: routing gives it the
-	// long answers, and deadlines are the primary's (the secondary takes
-	// what is at stake only into a free slot). Its batch cut for them
-	// slowed the long answers that set the tail, and made room for
-	// planners the primary would serve: on stories260K, with the lanes
-	// yielding, capping only the primary cut the p99 at 20% adversarial
-	// prompts by 28.4-33.9% against 24.5-29.3% in six pairs, and met
-	// about as many deadlines (docs/scheduling.md, "Deadlines on the
-	// primary").
-	if s.feat.routing && l.idx > 0 {
-		return s.cfg.MaxBatch
-	}
 	floor := time.Duration(float64(l.cost.perToken(1)) / deadlineShare)
 	per := s.deadlines.tightest(now, s.loadWindow(), floor)
 	if per == 0 {
 		return s.cfg.MaxBatch
 	}
 	return l.cost.members(time.Duration(deadlineShare*float64(per)), s.cfg.MaxBatch)
+}
+
+// leavesDeadlinesToPrimary reports whether l is a secondary lane under
+// routing, which keeps its full batch (batchCap) and does not preempt
+// for a deadline that joined it (preempt): routing gives it the long
+// answers, and the primary takes every queue's requests, so small
+// batches for deadlines are the primary's (the secondary takes what is
+// at stake only into a free slot). Cutting the secondary's batch too
+// slowed the long answers that set the tail, for planners the primary
+// would serve: on stories260K, with the lanes yielding, leaving deadlines
+// to the primary cut the p99 at 20% adversarial prompts by 28.4-33.9%
+// against 24.5-29.3% in six pairs, and met about as many deadlines
+// (docs/scheduling.md, "Deadlines on the primary").
+func (s *Scheduler) leavesDeadlinesToPrimary(l *lane) bool {
+	return s.feat.routing && l.idx > 0
 }

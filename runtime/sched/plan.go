@@ -595,10 +595,7 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 		// Cheap tests first: this runs every step.
 		switch {
 		case t.state == running && t.lane == l.idx:
-			// A secondary lane keeps its long answers' batch for a
-			// deadline that joined it (batchCap): the primary is where
-			// deadlines get small batches.
-			if n == 1 || t.starting || t.prefilling || !finish(t, n).After(t.deadline) || s.feat.routing && l.idx > 0 {
+			if n == 1 || t.starting || t.prefilling || !finish(t, n).After(t.deadline) || s.leavesDeadlinesToPrimary(l) {
 				continue
 			}
 		case t.state != waiting || t.qi != qi || (t.hasSeq && t.lane != l.idx):
