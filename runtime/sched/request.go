@@ -66,7 +66,9 @@ type Decoder interface {
 }
 
 // Utility is a time-utility function: Value until the deadline, then
-// falling by Slope per second to 0.
+// falling by Slope per second to 0. While a late request's utility lasts,
+// tandem still serves it before requests with nothing at stake: a gentle
+// Slope asks for a late answer soon rather than behind the backlog.
 type Utility struct {
 	Value float64 // β (default 1)
 	Slope float64 // α, per second (default Value / relative deadline)
@@ -80,6 +82,15 @@ func (u Utility) At(late, rel time.Duration) float64 {
 		return v
 	}
 	return max(0, v-s*late.Seconds())
+}
+
+// window is how long after the deadline finishing still earns utility.
+func (u Utility) window(rel time.Duration) time.Duration {
+	v, s := u.resolved(rel)
+	if s <= 0 {
+		return MaxDeadline
+	}
+	return time.Duration(min(v/s, MaxDeadline.Seconds()) * float64(time.Second))
 }
 
 func (u Utility) resolved(rel time.Duration) (value, slope float64) {

@@ -44,6 +44,29 @@ func TestUtilityFunction(t *testing.T) {
 	}
 }
 
+func TestUtilityWindow(t *testing.T) {
+	// How long after its deadline a request still earns utility, which
+	// keeps it ahead of requests with nothing at stake (stake).
+	rel := 2 * time.Second
+	for _, tc := range []struct {
+		u    Utility
+		want time.Duration
+	}{
+		{Utility{}, rel}, // default slope: gone one deadline late
+		{Utility{Value: 3, Slope: 1}, 3 * time.Second},
+		{Utility{Value: 1, Slope: 1e-300}, MaxDeadline}, // a day at most, not an overflow
+		{Utility{Value: 1e300, Slope: 1}, MaxDeadline},
+	} {
+		if got := tc.u.window(rel); got != tc.want {
+			t.Errorf("%+v: window %v, want %v", tc.u, got, tc.want)
+		}
+		// Just inside the window it is worth something; at its end, nothing.
+		if w := tc.u.window(rel); w < MaxDeadline && (tc.u.At(w-time.Millisecond, rel) <= 0 || tc.u.At(w, rel) != 0) {
+			t.Errorf("%+v: utility %v just inside the window, %v at its end", tc.u, tc.u.At(w-time.Millisecond, rel), tc.u.At(w, rel))
+		}
+	}
+}
+
 func TestSetTextPrompt(t *testing.T) {
 	_, tok := realModel(t)
 	var r Request

@@ -92,10 +92,10 @@ type task struct {
 	starting               bool // a Start is in flight
 	prefilling             bool // started, no token yet
 	shed                   bool
-	cut                    bool // the current segment is complete: park after this token
-	atStake                bool // cached: a deadline it can still meet (tandem)
-	inDeadline, inOptional bool // listed in Scheduler.withDeadline, withOptional
-	lane                   int  // queue/lane it belongs to (-1: shared queue while waiting)
+	cut                    bool  // the current segment is complete: park after this token
+	stake                  stake // cached: what its deadline still has at stake (tandem)
+	inDeadline, inOptional bool  // listed in Scheduler.withDeadline, withOptional
+	lane                   int   // queue/lane it belongs to (-1: shared queue while waiting)
 	seq                    SeqID
 	maxTokens              int // effective cap on generated tokens (shedding lowers it)
 	promptLen              int
@@ -117,8 +117,9 @@ type task struct {
 	req      Request
 	arrival  time.Time // this segment's Submit or Resume
 	relDL    time.Duration
-	static   float64 // RTLM priority, computed at arrival
-	qtok     float64 // its share of qtokens[qi]
+	valueEnd time.Time // past it, finishing earns no utility (zero: no deadline)
+	static   float64   // RTLM priority, computed at arrival
+	qtok     float64   // its share of qtokens[qi]
 	parkedAt time.Time
 
 	carry    []int32 // generated past a segment's end, delivered on resume
@@ -455,9 +456,10 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	t.state = waiting
 	t.arrival = now
 	t.relDL = dl
-	t.deadline = time.Time{}
+	t.deadline, t.valueEnd = time.Time{}, time.Time{}
 	if dl > 0 {
 		t.deadline = now.Add(dl)
+		t.valueEnd = t.deadline.Add(t.req.Utility.window(dl))
 	}
 	t.segTokens = 0
 	t.firstTok = time.Time{}

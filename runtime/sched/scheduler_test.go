@@ -1491,3 +1491,42 @@ func TestTokensCountWhatWasDelivered(t *testing.T) {
 		t.Errorf("Stats counts %d attended context tokens, the kept tokens followed %d", st.Attended, attended)
 	}
 }
+
+func TestLateDeadlineGoesFirstWhileItsUtilityLasts(t *testing.T) {
+	// One slot, 10 ms a token. A long request runs; an old request
+	// without a deadline waits, long overdue; then a planner arrives due
+	// in 20 ms with 5 tokens, which it can no longer meet. (Phi puts the
+	// old request's implicit deadline 2 ms after its arrival, so it is
+	// the more overdue.) When the slot frees, the planner still earns
+	// utility if its value lasts long enough after the deadline (Slope),
+	// and goes first; once its value is spent it ages like the rest and
+	// the older request goes first.
+	run := func(u Utility) (planner, old *Result) {
+		cfg := Config{MaxBatch: 1, Phi: time.Millisecond, Ablate: Ablation{NoShedding: true}}
+		s, _, long := busyLane(t, cfg, newFakeEngine(nil), 1, 30, 1)
+		o := submit(t, s, Request{ID: "old", Prompt: prompt(2), MaxTokens: 5})
+		for range 10 {
+			stepLane(s, 0)
+		}
+		p := submit(t, s, Request{ID: "planner", Prompt: prompt(2), MaxTokens: 5, Deadline: 20 * time.Millisecond, Utility: u})
+		drive(t, s, 1000)
+		collect(t, long[0])
+		_, _, planner = collect(t, p)
+		_, _, old = collect(t, o)
+		if planner.DeadlineMet {
+			t.Fatalf("the planner met its deadline (finished %v after arrival): the scenario needs it missed", planner.Finish.Sub(planner.Arrival))
+		}
+		return planner, old
+	}
+	p, o := run(Utility{Value: 1, Slope: 1}) // worth something for a second after its deadline
+	if !p.FirstToken.Before(o.FirstToken) {
+		t.Errorf("late planner with utility left started at %v, the old request at %v: want the planner first", p.FirstToken.Sub(p.Arrival), o.FirstToken.Sub(p.Arrival))
+	}
+	if p.Utility <= 0 {
+		t.Errorf("late planner earned utility %v, want some", p.Utility)
+	}
+	p, o = run(Utility{}) // the default: nothing left 20 ms after the deadline
+	if !o.FirstToken.Before(p.FirstToken) {
+		t.Errorf("planner with no utility left started at %v, the old request at %v: want the older request first", p.FirstToken.Sub(p.Arrival), o.FirstToken.Sub(p.Arrival))
+	}
+}
