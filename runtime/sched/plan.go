@@ -105,7 +105,7 @@ func (r ranker) stake(t *task) stake {
 	switch {
 	case !done.After(t.deadline):
 		return onTime
-	case done.Before(t.valueEnd):
+	case done.Before(t.deadline.Add(t.req.Utility.window(t.relDL))):
 		return lateStake
 	}
 	return noStake
@@ -178,9 +178,9 @@ func (s *Scheduler) rtlmPriority(t *task, l *lane, now time.Time) float64 {
 // finding a sequence slot (evicting a parked sequence if needed). A
 // secondary lane that admits from one queue and still has room fills it
 // from the others (see fill). It reports whether admission control
-// refused a candidate (overload).
-func (s *Scheduler) admit(l *lane, now time.Time) (refused bool) {
-	free := s.batchCap(l, now) - len(l.running)
+// refused a candidate (overload). limit is the plan's batchCap.
+func (s *Scheduler) admit(l *lane, now time.Time, limit int) (refused bool) {
+	free := limit - len(l.running)
 	if free <= 0 {
 		return false
 	}
@@ -584,7 +584,8 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 // passes. On a model whose step time grows with every member this is
 // what keeps a planner's deadline in a full lane; where members are
 // nearly free it rarely fires, since the full batch already meets the
-// deadline. It reports whether it preempted anything.
+// deadline. It reports whether it preempted anything. limit is the
+// plan's batchCap.
 //
 // Admission control keeps new members from a running deadline, not the
 // ones already beside it. With stories260K's costs, where a member at
@@ -592,7 +593,7 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 // long answers ran in their full batches and missed; making room for
 // running ones too met 4-17 points more deadlines (11 on average) on the
 // real engine (docs/scheduling.md, "Preempting for a running deadline").
-func (s *Scheduler) preempt(l *lane, now time.Time) bool {
+func (s *Scheduler) preempt(l *lane, now time.Time, limit int) bool {
 	if len(l.running) == 0 {
 		return false // admit took what it could; nothing runs to make room
 	}
@@ -651,7 +652,7 @@ func (s *Scheduler) preempt(l *lane, now time.Time) bool {
 		// nothing, and u waited until its slack forced a smaller one: 2-5
 		// ms of a planner's 7-9 ms, most of the planners' missed deadlines
 		// with stories260K's costs in the simulator (docs/scheduling.md).
-		fits = min(fits, s.batchCap(l, now))
+		fits = min(fits, limit)
 	}
 	need := with - fits // members that must leave
 	if need <= 0 {

@@ -117,9 +117,8 @@ type task struct {
 	req      Request
 	arrival  time.Time // this segment's Submit or Resume
 	relDL    time.Duration
-	valueEnd time.Time // past it, finishing earns no utility (zero: no deadline)
-	static   float64   // RTLM priority, computed at arrival
-	qtok     float64   // its share of qtokens[qi]
+	static   float64 // RTLM priority, computed at arrival
+	qtok     float64 // its share of qtokens[qi]
 	parkedAt time.Time
 
 	carry    []int32 // generated past a segment's end, delivered on resume
@@ -456,10 +455,9 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 	t.state = waiting
 	t.arrival = now
 	t.relDL = dl
-	t.deadline, t.valueEnd = time.Time{}, time.Time{}
+	t.deadline = time.Time{}
 	if dl > 0 {
 		t.deadline = now.Add(dl)
-		t.valueEnd = t.deadline.Add(t.req.Utility.window(dl))
 	}
 	t.segTokens = 0
 	t.firstTok = time.Time{}

@@ -72,14 +72,17 @@ func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 	}
 	if !s.stopped {
 		s.expireParked(now)
-		refused := s.admit(l, now)
+		// The cap holds for the whole plan: it depends on the deadlines
+		// arriving and the lane's costs, which planning does not change.
+		limit := s.batchCap(l, now)
+		refused := s.admit(l, now, limit)
 		if s.feat.shedding && s.shed(l, now, refused) {
-			s.admit(l, now)
+			s.admit(l, now, limit)
 		}
 		// Preemption is admission control's other half: it makes room
 		// where keeping new members out is not enough.
-		if s.feat.admission && s.preempt(l, now) {
-			s.admit(l, now)
+		if s.feat.admission && s.preempt(l, now, limit) {
+			s.admit(l, now, limit)
 		}
 	}
 	if len(l.running) == 0 && len(l.toFree) == 0 {
