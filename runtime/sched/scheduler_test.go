@@ -325,7 +325,23 @@ func TestPrimaryLaneTakesRoutedRequestOnceItOutranksItsOwn(t *testing.T) {
 // stake from the primary's queue first, while the primary is busy; a
 // request without a deadline it leaves there.
 func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
-	for _, withDeadline := range []bool{true, false} {
+	// The secondary takes a planner from the primary's queue before its
+	// own long request when the planner's deadline is at stake: it can
+	// meet it, or (due in a microsecond, a few steps too soon) it will
+	// miss it but its utility lasts a second longer. With the default
+	// utility, gone a microsecond after that deadline, or without a
+	// deadline, nothing is at stake and the secondary serves its own.
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+		utility  Utility
+		want     string
+	}{
+		{"meetable deadline", 10 * time.Second, Utility{}, "planner"},
+		{"late, utility left", time.Microsecond, Utility{Value: 1, Slope: 1}, "planner"},
+		{"late, no utility left", time.Microsecond, Utility{}, "long1"},
+		{"no deadline", 0, Utility{}, "long1"},
+	} {
 		e0, e1 := newFakeEngine(nil), newFakeEngine(nil)
 		s, _ := newManual(t, Config{MaxBatch: 1}, nil, e0, e1)
 		serveShortOnPrimary(t, s)
@@ -337,22 +353,14 @@ func TestSecondaryLaneTakesAnUrgentDeadlineFromThePrimary(t *testing.T) {
 			t.Fatal("setup: the primary did not take the first long request")
 		}
 		submit(t, s, Request{ID: "long1", Prompt: prompt(30), MaxTokens: 400})
-		planner := Request{ID: "planner", Prompt: prompt(2), MaxTokens: 2}
-		if withDeadline {
-			planner.Deadline = 10 * time.Second
-		}
-		submit(t, s, planner)
+		submit(t, s, Request{ID: "planner", Prompt: prompt(2), MaxTokens: 2, Deadline: tc.deadline, Utility: tc.utility})
 		if s.tasks["long1"].qi != 1 || s.tasks["planner"].qi != 0 {
 			t.Fatalf("setup: queues %d and %d, want the long request in the secondary's and the planner in the primary's",
 				s.tasks["long1"].qi, s.tasks["planner"].qi)
 		}
 		st := s.Begin(1)
-		want := "long1"
-		if withDeadline {
-			want = "planner"
-		}
-		if got := stepIDs(st); len(got) != 1 || got[0] != want {
-			t.Errorf("deadline %v: the secondary lane runs %v, want %s", withDeadline, got, want)
+		if got := stepIDs(st); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%s: the secondary lane runs %v, want %s", tc.name, got, tc.want)
 		}
 	}
 }
