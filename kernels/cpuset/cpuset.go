@@ -1,0 +1,212 @@
+// Package cpuset names sets of CPUs and pins threads to them: the CPU
+// lists Linux writes ("0-3,6"), the clusters of a phone's big and little
+// cores read from sysfs, and thread affinity. A CPU lane pinned to a
+// cluster computes there, where a lane that floats is placed by the
+// kernel, which moves a busy thread to the big cores whichever lane it
+// serves.
+package cpuset
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// MaxCPU bounds the CPU numbers a Set holds: the kernel's affinity masks
+// here are 1024 bits.
+const MaxCPU = 1023
+
+// Set is a set of CPU numbers, ascending and without repeats.
+type Set []int
+
+// Parse reads a CPU list as Linux writes it: comma-separated numbers and
+// ranges, "0-3,6".
+func Parse(s string) (Set, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, errors.New("cpuset: empty CPU list; want numbers and ranges such as 0-3,6")
+	}
+	var out Set
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := cpuNumber(lo)
+		if err != nil {
+			return nil, fmt.Errorf("cpuset: CPU list %q: %w", s, err)
+		}
+		b := a
+		if isRange {
+			if b, err = cpuNumber(hi); err != nil {
+				return nil, fmt.Errorf("cpuset: CPU list %q: %w", s, err)
+			}
+			if b < a {
+				return nil, fmt.Errorf("cpuset: CPU list %q: range %s runs backwards", s, part)
+			}
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+func cpuNumber(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a CPU number", s)
+	}
+	if n > MaxCPU {
+		return 0, fmt.Errorf("CPU %d is past the last this build can pin (%d)", n, MaxCPU)
+	}
+	return n, nil
+}
+
+// String writes s as a CPU list, runs as ranges: "0-3,6".
+func (s Set) String() string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		j := i
+		for j+1 < len(s) && s[j+1] == s[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(s[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(s[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// Contains reports whether every CPU of sub is in s.
+func (s Set) Contains(sub Set) bool {
+	for _, c := range sub {
+		if _, ok := slices.BinarySearch(s, c); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Cluster is a group of CPUs of one capacity: a phone's big or little
+// cores.
+type Cluster struct {
+	CPUs Set
+	// Capacity is what the kernel says a CPU of the cluster computes
+	// (cpu_capacity, 1024 for the fastest), or its highest clock in kHz
+	// where the kernel gives no capacity.
+	Capacity int
+}
+
+// sysCPU is where Linux describes the CPUs.
+const sysCPU = "/sys/devices/system/cpu"
+
+// Clusters groups this machine's online CPUs by capacity, fastest first.
+// A machine whose CPUs are alike has one cluster.
+func Clusters() (Topology, error) { return clustersAt(sysCPU) }
+
+// clustersAt is Clusters reading the sysfs CPU directory dir.
+func clustersAt(dir string) (Topology, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "online"))
+	if err != nil {
+		return nil, fmt.Errorf("cpuset: which CPUs are online: %w", err)
+	}
+	online, err := Parse(string(raw))
+	if err != nil {
+		return nil, fmt.Errorf("cpuset: %s: %w", filepath.Join(dir, "online"), err)
+	}
+	byCap := map[int]Set{}
+	for _, c := range online {
+		capacity := 0
+		cpu := filepath.Join(dir, "cpu"+strconv.Itoa(c))
+		// The capacity is what the scheduler itself weighs cores by; the
+		// highest clock ranks them too where it is missing (older
+		// kernels), though a little core at the big one's clock computes
+		// less.
+		for _, name := range []string{"cpu_capacity", "cpufreq/cpuinfo_max_freq"} {
+			if b, err := os.ReadFile(filepath.Join(cpu, name)); err == nil {
+				if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
+					capacity = v
+					break
+				}
+			}
+		}
+		byCap[capacity] = append(byCap[capacity], c)
+	}
+	out := make(Topology, 0, len(byCap))
+	for capacity, cpus := range byCap {
+		out = append(out, Cluster{CPUs: cpus, Capacity: capacity})
+	}
+	slices.SortFunc(out, func(a, b Cluster) int { return b.Capacity - a.Capacity })
+	return out, nil
+}
+
+// Named resolves a lane's CPUs on this machine: "big" (every core but
+// the slowest cluster's), "little" (the slowest cluster), or a CPU list.
+func Named(name string) (Set, error) {
+	switch strings.TrimSpace(name) {
+	case "big", "little":
+		cl, err := Clusters()
+		if err != nil {
+			return nil, err
+		}
+		return cl.Named(name)
+	}
+	return Parse(name)
+}
+
+// Topology is a machine's clusters, fastest first (Clusters).
+type Topology []Cluster
+
+// Named resolves a lane's CPUs on t: "big" (every core but the slowest
+// cluster's, so a phone's prime core counts as big), "little" (the
+// slowest cluster), or a CPU list.
+func (t Topology) Named(name string) (Set, error) {
+	name = strings.TrimSpace(name)
+	if name != "big" && name != "little" {
+		return Parse(name)
+	}
+	if len(t) < 2 {
+		var all Set
+		for _, c := range t {
+			all = append(all, c.CPUs...)
+		}
+		slices.Sort(all)
+		return nil, fmt.Errorf("cpuset: %q: this machine's CPUs (%s) are alike, with no big and little cores; name CPUs instead, such as 0-1", name, all)
+	}
+	if name == "little" {
+		return t[len(t)-1].CPUs, nil
+	}
+	var big Set
+	for _, c := range t[:len(t)-1] {
+		big = append(big, c.CPUs...)
+	}
+	slices.Sort(big)
+	return big, nil
+}
+
+// Run calls fn on a thread pinned to s and waits for it. The thread
+// exits after fn instead of going back to run other goroutines pinned.
+func Run(s Set, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if err := Pin(s); err != nil {
+			done <- err
+			return
+		}
+		done <- fn()
+	}()
+	return <-done
+}

@@ -1,0 +1,199 @@
+package cpuset
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Set
+		str  string
+	}{
+		{"0", Set{0}, "0"},
+		{"0-3", Set{0, 1, 2, 3}, "0-3"},
+		{"0-3,6", Set{0, 1, 2, 3, 6}, "0-3,6"},
+		{" 6, 0-2 ,1\n", Set{0, 1, 2, 6}, "0-2,6"},
+		{"4-4,7,5", Set{4, 5, 7}, "4-5,7"},
+		{"1023", Set{1023}, "1023"},
+	} {
+		got, err := Parse(tc.in)
+		if err != nil {
+			t.Errorf("Parse(%q): %v", tc.in, err)
+			continue
+		}
+		if !slices.Equal(got, tc.want) || got.String() != tc.str {
+			t.Errorf("Parse(%q) = %v (%q), want %v (%q)", tc.in, got, got.String(), tc.want, tc.str)
+		}
+	}
+	for _, bad := range []string{"", " ", "a", "1-", "-1", "3-1", "1,,2", "1024", "0-99999999999", "1.5"} {
+		if s, err := Parse(bad); err == nil {
+			t.Errorf("Parse(%q) = %v, want an error", bad, s)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"0-3,6", "0", "7-4", "1,1,1", "1023", "-", ","} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := Parse(s)
+		if err != nil {
+			return
+		}
+		if len(got) == 0 || !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
+			t.Fatalf("Parse(%q) = %v: not a sorted set", s, got)
+		}
+		again, err := Parse(got.String())
+		if err != nil || !slices.Equal(again, got) {
+			t.Fatalf("Parse(%q).String() = %q reads back as %v, %v", s, got.String(), again, err)
+		}
+	})
+}
+
+// fakeCPUs writes a sysfs CPU directory: online CPUs and, per CPU, the
+// files given (relative to cpuN).
+func fakeCPUs(t *testing.T, online string, files map[int]map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(name, []byte(body+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "online"), online)
+	for c, fs := range files {
+		for name, body := range fs {
+			write(filepath.Join(dir, "cpu"+strings.TrimSpace(itoa(c)), name), body)
+		}
+	}
+	return dir
+}
+
+func itoa(n int) string { return Set{n}.String() }
+
+func TestClusters(t *testing.T) {
+	// A phone: four little cores, three big, one prime (Snapdragon-like),
+	// capacities as its kernel writes them.
+	phone := map[int]map[string]string{}
+	for c := range 8 {
+		capacity := "325"
+		switch {
+		case c == 7:
+			capacity = "1024"
+		case c >= 4:
+			capacity = "870"
+		}
+		phone[c] = map[string]string{"cpu_capacity": capacity, "cpufreq/cpuinfo_max_freq": "1800000"}
+	}
+	cl, err := clustersAt(fakeCPUs(t, "0-7", phone))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Topology{{Set{7}, 1024}, {Set{4, 5, 6}, 870}, {Set{0, 1, 2, 3}, 325}}
+	if !slices.EqualFunc(cl, want, func(a, b Cluster) bool { return slices.Equal(a.CPUs, b.CPUs) && a.Capacity == b.Capacity }) {
+		t.Fatalf("clusters %v, want %v", cl, want)
+	}
+	if big, err := cl.Named("big"); err != nil || big.String() != "4-7" {
+		t.Errorf("big = %v, %v; want 4-7", big, err)
+	}
+	if little, err := cl.Named("little"); err != nil || little.String() != "0-3" {
+		t.Errorf("little = %v, %v; want 0-3", little, err)
+	}
+
+	// An older kernel without cpu_capacity: the highest clock ranks them.
+	// CPU 5 is offline and left out.
+	old := map[int]map[string]string{}
+	for c := range 6 {
+		freq := "1400000"
+		if c >= 2 {
+			freq = "2400000"
+		}
+		old[c] = map[string]string{"cpufreq/cpuinfo_max_freq": freq}
+	}
+	cl, err = clustersAt(fakeCPUs(t, "0-4", old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cl) != 2 || cl[0].CPUs.String() != "2-4" || cl[1].CPUs.String() != "0-1" || cl[0].Capacity != 2400000 {
+		t.Fatalf("clusters by clock %v, want 2-4 then 0-1", cl)
+	}
+
+	// Alike cores: one cluster, and no big or little to name.
+	alike := map[int]map[string]string{0: {"cpu_capacity": "1024"}, 1: {"cpu_capacity": "1024"}}
+	cl, err = clustersAt(fakeCPUs(t, "0-1", alike))
+	if err != nil || len(cl) != 1 {
+		t.Fatalf("alike cores: %v, %v; want one cluster", cl, err)
+	}
+	if _, err := cl.Named("big"); err == nil || !strings.Contains(err.Error(), "name CPUs instead") {
+		t.Errorf("big on alike cores: %v, want an error saying to name CPUs", err)
+	}
+
+	if _, err := clustersAt(t.TempDir()); err == nil {
+		t.Error("a directory without online: no error")
+	}
+	if _, err := clustersAt(fakeCPUs(t, "x", nil)); err == nil {
+		t.Error("a malformed online list: no error")
+	}
+}
+
+func TestPin(t *testing.T) {
+	if runtime.GOOS != "linux" && runtime.GOOS != "android" {
+		if err := Check(Set{0}); err == nil {
+			t.Fatal("Check succeeded where pinning is not supported")
+		}
+		return
+	}
+	allowed, err := Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(allowed) == 0 {
+		t.Fatal("no CPUs allowed")
+	}
+	last := Set{allowed[len(allowed)-1]}
+	if err := Check(last); err != nil {
+		t.Fatalf("Check(%v): %v", last, err)
+	}
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the pinned thread exits with the goroutine
+		if err := Pin(last); err != nil {
+			done <- err
+			return
+		}
+		runtime.Gosched()
+		got, err := Current()
+		if err == nil && !slices.Equal(got, last) {
+			err = &mismatch{got, last}
+		}
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Pinning another thread left this one alone.
+	if now, err := Allowed(); err != nil || !slices.Equal(now, allowed) {
+		t.Errorf("the process's CPUs changed: %v, %v; were %v", now, err, allowed)
+	}
+	// A CPU past the allowed ones (machines have far fewer than MaxCPU).
+	outside := Set{allowed[len(allowed)-1] + 1}
+	if err := Check(outside); err == nil || !strings.Contains(err.Error(), "may use only") {
+		t.Errorf("Check(%v) = %v, want an error naming the CPUs available", outside, err)
+	}
+}
+
+type mismatch struct{ got, want Set }
+
+func (m *mismatch) Error() string {
+	return "pinned thread runs on " + m.got.String() + ", want " + m.want.String()
+}
