@@ -2,12 +2,15 @@ package kernels
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -260,4 +263,70 @@ func FuzzMatMulArgs(f *testing.F) {
 			t.Fatalf("accepted rows %d cols %d n %d with out %d x %d", rows, cols, n, outLen, xLen)
 		}
 	})
+}
+
+// TestPinnedPool: a pinned pool's workers run on its CPUs only, it
+// computes what an unpinned one does, parked pinned workers wake, and a
+// set the process may not use is refused.
+func TestPinnedPool(t *testing.T) {
+	if runtime.GOOS != "linux" && runtime.GOOS != "android" {
+		if _, err := NewPinnedPool(2, cpuset.Set{0}); err == nil {
+			t.Fatal("a pinned pool where pinning is not supported: no error")
+		}
+		return
+	}
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := cpuset.Set{allowed[len(allowed)-1]}
+	p, err := NewPinnedPool(3, pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if !slices.Equal(p.CPUs(), pin) || NewPool(1).CPUs() != nil {
+		t.Fatalf("CPUs() = %v, want %v (and nil unpinned)", p.CPUs(), pin)
+	}
+	// Every chunk but the caller's (the last) runs on a worker: each
+	// worker's thread reports the pinned set.
+	for round := range 2 {
+		var mu sync.Mutex
+		seen := map[int]string{}
+		p.Run(3, func(lo, hi int) {
+			got, err := cpuset.Current()
+			mu.Lock()
+			defer mu.Unlock()
+			seen[lo] = fmt.Sprint(got, err)
+		})
+		for lo := range 2 {
+			if want := fmt.Sprint(pin, nil); seen[lo] != want {
+				t.Errorf("round %d: chunk %d ran on %s, want %s", round, lo, seen[lo], want)
+			}
+		}
+		if round == 0 { // the second round wakes parked workers
+			for start := time.Now(); !p.workers[0].sleeping.Load() || !p.workers[1].sleeping.Load(); time.Sleep(time.Millisecond) {
+				if time.Since(start) > 30*time.Second {
+					t.Fatal("pinned workers never parked")
+				}
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const rows, cols, n = 96, 64, 3
+	w, _ := randomMatrix(t, rng, weights.F32, rows, cols)
+	x := randomVector(rng, n*cols)
+	got, want := make([]float32, n*rows), make([]float32, n*rows)
+	if err := p.MatMul(got, w, weights.F32, rows, cols, x, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewPool(1).MatMul(want, w, weights.F32, rows, cols, x, n); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Error("a pinned pool's MatMul differs from one thread's")
+	}
+	if _, err := NewPinnedPool(2, cpuset.Set{allowed[len(allowed)-1] + 1}); err == nil {
+		t.Error("pinning to a CPU the process may not use: no error")
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -37,6 +38,11 @@ type Options struct {
 	// activations and the KV rows of caches made by NewCache (binaries
 	// built with -tags cuda; others return an error).
 	Device string
+	// CPUs, when set, pins the threads of the pool Load makes to these
+	// CPUs (a phone's big or little cores; kernels.NewPinnedPool). The
+	// goroutine that calls Forward pins itself: the scheduler's lane
+	// goroutine does (sched.Lane.CPUs).
+	CPUs cpuset.Set
 }
 
 // matrix is a weight matrix of rows × cols as stored in the file: row r is
@@ -136,6 +142,12 @@ func Load(f *weights.File, opt Options) (*Model, error) {
 	}
 	if opt.Pool != nil {
 		m.pool = opt.Pool
+	} else if opt.CPUs != nil {
+		if m.pool, err = kernels.NewPinnedPool(opt.Threads, opt.CPUs); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("model: %w", err)
+		}
+		m.ownPool = true
 	} else {
 		m.pool = kernels.NewPool(opt.Threads)
 		m.ownPool = true

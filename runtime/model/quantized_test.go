@@ -76,6 +76,12 @@ func loadConverted(t testing.TB, name string, typ weights.DType) *Model {
 // loadConvertedThreads is loadConverted computing on threads threads.
 func loadConvertedThreads(t testing.TB, name string, typ weights.DType, threads int) *Model {
 	t.Helper()
+	return loadConvertedWith(t, name, typ, Options{Threads: threads})
+}
+
+// loadConvertedWith is loadConverted loaded with opt.
+func loadConvertedWith(t testing.TB, name string, typ weights.DType, opt Options) *Model {
+	t.Helper()
 	src, err := weights.Open(testutil.Model(t, name))
 	if err != nil {
 		t.Fatal(err)
@@ -89,14 +95,20 @@ func loadConvertedThreads(t testing.TB, name string, typ weights.DType, threads 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return loadThreads(t, f, threads)
+	return loadWith(t, f, opt)
 }
 
 // loadThreads loads f computing on threads threads, closed when the test
 // ends.
 func loadThreads(t testing.TB, f *weights.File, threads int) *Model {
 	t.Helper()
-	m, err := Load(f, Options{Threads: threads})
+	return loadWith(t, f, Options{Threads: threads})
+}
+
+// loadWith loads f with opt, closed when the test ends.
+func loadWith(t testing.TB, f *weights.File, opt Options) *Model {
+	t.Helper()
+	m, err := Load(f, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
