@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/weights"
@@ -23,6 +24,8 @@ type CostConfig struct {
 	// at, times full batches again with about this much context each and
 	// sets StepCosts.D from the difference (0: D stays 0).
 	LongContext int
+	// CPUs pins the timed lane's threads, as sched.LaneSpec.CPUs does.
+	CPUs cpuset.Set
 }
 
 // MeasureStepCosts times the plain engine on the model in f: prefill
@@ -38,7 +41,21 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 	if cfg.Context <= 0 {
 		cfg.Context = 512
 	}
-	m, err := model.Load(f, model.Options{Threads: cfg.Threads, Device: cfg.Device})
+	if cfg.CPUs != nil {
+		// A pinned lane's goroutine is pinned too, and so is its timing.
+		var c StepCosts
+		err := cpuset.Run(cfg.CPUs, func() error {
+			var err error
+			c, err = measureStepCosts(f, cfg, cfg.CPUs)
+			return err
+		})
+		return c, err
+	}
+	return measureStepCosts(f, cfg, nil)
+}
+
+func measureStepCosts(f *weights.File, cfg CostConfig, cpus cpuset.Set) (StepCosts, error) {
+	m, err := model.Load(f, model.Options{Threads: cfg.Threads, Device: cfg.Device, CPUs: cpus})
 	if err != nil {
 		return StepCosts{}, err
 	}

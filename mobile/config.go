@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/shirou/gopsutil/v3/mem"
@@ -11,6 +12,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -47,6 +49,10 @@ type config struct {
 	// cores); Lanes gives one entry per lane instead.
 	Threads int   `json:"threads"`
 	Lanes   []int `json:"lanes"`
+	// LaneCPUs pins each lane to CPUs: "big" (every core but the slowest
+	// cluster's), "little" (the slowest cluster), a CPU list like "4-7",
+	// or "" (placed by the OS). One entry per lane.
+	LaneCPUs []string `json:"lane_cpus"`
 	// Context is the tokens per sequence (0: the model's).
 	Context int `json:"context"`
 	// MaxSeqs is the sequence slots per lane, running and parked.
@@ -86,8 +92,52 @@ var availableMemory = func() (uint64, error) {
 	return vm.Available, nil
 }
 
-// lanes returns the threads of each lane.
-func (c *config) lanes() ([]int, error) {
+// lanes returns the lanes to load: threads and CPUs of each.
+func (c *config) lanes() ([]sched.LaneSpec, error) {
+	threads, err := c.laneThreads()
+	if err != nil {
+		return nil, err
+	}
+	// lane_cpus alone makes a lane per entry, a thread per CPU.
+	alone := len(c.Lanes) == 0 && c.Threads == 0 && len(c.LaneCPUs) > 0
+	if alone {
+		if len(c.LaneCPUs) > maxLanes {
+			return nil, fmt.Errorf("lane_cpus %q: at most %d lanes", c.LaneCPUs, maxLanes)
+		}
+		threads = slices.Repeat(threads, len(c.LaneCPUs))
+	}
+	specs := sched.CPULaneSpecs(threads...)
+	if len(c.LaneCPUs) == 0 {
+		return specs, nil
+	}
+	if len(c.LaneCPUs) != len(specs) {
+		return nil, fmt.Errorf("lane_cpus %q: %d entries for %d lane(s); give one per lane (\"\" for a lane the OS places)", c.LaneCPUs, len(c.LaneCPUs), len(specs))
+	}
+	for i, name := range c.LaneCPUs {
+		if name == "" {
+			continue
+		}
+		cpus, err := namedCPUs(name)
+		if err != nil {
+			return nil, fmt.Errorf("lane_cpus[%d] %q: %w", i, name, err)
+		}
+		if alone {
+			specs[i].Threads = len(cpus)
+		}
+		if specs[i].Threads > len(cpus) {
+			return nil, fmt.Errorf("lane_cpus[%d] %q: %d threads on %d CPUs (%s) would take turns on them; give the lane at most %d threads", i, name, specs[i].Threads, len(cpus), cpus, len(cpus))
+		}
+		specs[i].CPUs = cpus
+	}
+	return specs, nil
+}
+
+// namedCPUs resolves lane_cpus entries (a test seam: tests name a
+// phone's clusters).
+var namedCPUs = cpuset.Named
+
+// laneThreads returns the threads of each lane.
+func (c *config) laneThreads() ([]int, error) {
 	switch {
 	case len(c.Lanes) > 0 && c.Threads != 0:
 		return nil, fmt.Errorf("threads %d and lanes %v: give threads (one lane) or lanes (threads per lane), not both", c.Threads, c.Lanes)

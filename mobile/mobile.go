@@ -60,6 +60,11 @@ type Engine struct {
 //	lanes        threads per lane, e.g. [3,1]: the first lane is the
 //	             primary, the second takes long requests, or short ones
 //	             when it is much slower (not with threads)
+//	lane_cpus    CPUs of each lane, e.g. ["big","little"]: "big" (every
+//	             core but the slowest cluster's), "little" (the slowest
+//	             cluster), a CPU list like "4-7", or "" (the OS places
+//	             it); a pinned lane computes only there. Alone, it makes
+//	             a lane per entry with a thread per CPU
 //	context      tokens per sequence (0: the model's)
 //	max_seqs     sequence slots per lane (default 8)
 //	max_batch    sequences a lane decodes together (default 4)
@@ -81,7 +86,7 @@ func NewEngine(configJSON string) (*Engine, error) {
 	if err := c.check(); err != nil {
 		return nil, fmt.Errorf("mobile: config: %w", err)
 	}
-	threads, err := c.lanes()
+	specs, err := c.lanes()
 	if err != nil {
 		return nil, fmt.Errorf("mobile: config: %w", err)
 	}
@@ -97,7 +102,7 @@ func NewEngine(configJSON string) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mobile: %w", err)
 	}
-	e, err := start(f, &c, threads, kvt, policy)
+	e, err := start(f, &c, specs, kvt, policy)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("mobile: %w", err)
@@ -106,7 +111,7 @@ func NewEngine(configJSON string) (*Engine, error) {
 }
 
 // start builds the engine on the open model f.
-func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy sched.Policy) (*Engine, error) {
+func start(f *weights.File, c *config, specs []sched.LaneSpec, kvt weights.DType, policy sched.Policy) (*Engine, error) {
 	tok, err := openTokenizer(f, c.Tokenizer)
 	if err != nil {
 		return nil, err
@@ -115,11 +120,11 @@ func start(f *weights.File, c *config, threads []int, kvt weights.DType, policy 
 	if err != nil {
 		return nil, err
 	}
-	mem, err := planMemory(f, c.Budget, len(threads))
+	mem, err := planMemory(f, c.Budget, len(specs))
 	if err != nil {
 		return nil, err
 	}
-	lopt := sched.LaneOptions{Lanes: sched.CPULaneSpecs(threads...), MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
+	lopt := sched.LaneOptions{Lanes: specs, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
 	var draft *weights.File
 	if c.Draft != "" {
 		if draft, err = openDraft(c, tok, f.Path); err != nil {
@@ -203,7 +208,7 @@ func (e *Engine) Stats() string {
 		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
 		Tokens: st.Tokens, Attended: st.Attended, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
 	for _, l := range st.Lanes {
-		lj := laneJSON{Name: l.Name, Threads: l.Threads, Running: l.Running, Waiting: l.Waiting,
+		lj := laneJSON{Name: l.Name, Threads: l.Threads, CPUs: l.CPUs.String(), Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
 			Tokens: l.Tokens, MuchSlower: l.MuchSlower,
 			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
@@ -259,6 +264,7 @@ type statsJSON struct {
 type laneJSON struct {
 	Name      string `json:"name"`
 	Threads   int    `json:"threads"`
+	CPUs      string `json:"cpus,omitempty"` // the CPUs a pinned lane computes on, as a list like 4-7
 	Running   int    `json:"running"`
 	Waiting   int    `json:"waiting"`
 	Parked    int    `json:"parked"`

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
@@ -17,9 +18,15 @@ type LaneSpec struct {
 	// error saying to rebuild.
 	Device string
 	// Threads sizes the lane's kernel pool. A CPU lane computes on it (0
-	// lets the kernels choose); a GPU lane computes on the device, and 0
-	// gives it one thread for the little host work it has.
+	// lets the kernels choose, or one per CPU of CPUs); a GPU lane
+	// computes on the device, and 0 gives it one thread for the little
+	// host work it has.
 	Threads int
+	// CPUs pins a CPU lane's threads, its goroutine included, to these
+	// CPUs: cpuset.Named("big") or ("little") on a phone, so that the
+	// lanes compute on the cores they are measured on. Nil lets the
+	// kernel place them.
+	CPUs cpuset.Set
 }
 
 // GPU reports whether the lane computes on a GPU (a misnamed device is
@@ -29,10 +36,13 @@ func (l LaneSpec) GPU() bool {
 	return gpu && err == nil
 }
 
-// String is the lane as --lanes writes it: 4, cuda or cuda:1.
+// String is the lane as --lanes writes it: 4, 2@4-7, cuda or cuda:1.
 func (l LaneSpec) String() string {
 	if l.Device != "" && l.Device != "cpu" {
 		return l.Device
+	}
+	if l.CPUs != nil {
+		return fmt.Sprintf("%d@%s", l.Threads, l.CPUs)
 	}
 	return fmt.Sprint(l.Threads)
 }
@@ -99,8 +109,17 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 			closeAll()
 			return nil, nil, fmt.Errorf("sched: lane %s: %d threads; want 0 or more", name, ls.Threads)
 		}
-		mopt := model.Options{Threads: ls.Threads, Device: ls.Device}
-		if ls.GPU() && mopt.Threads == 0 {
+		mopt := model.Options{Threads: ls.Threads, Device: ls.Device, CPUs: ls.CPUs}
+		switch {
+		case ls.CPUs != nil && ls.GPU():
+			closeAll()
+			return nil, nil, fmt.Errorf("sched: lane %s: a GPU lane is not pinned to CPUs; pin CPU lanes only", name)
+		case ls.CPUs != nil && ls.Threads > len(ls.CPUs):
+			closeAll()
+			return nil, nil, fmt.Errorf("sched: lane %s: %d threads on %d CPUs (%s) would take turns on them; give at most %d threads, or more CPUs", name, ls.Threads, len(ls.CPUs), ls.CPUs, len(ls.CPUs))
+		case ls.CPUs != nil && ls.Threads == 0:
+			mopt.Threads = len(ls.CPUs)
+		case ls.GPU() && mopt.Threads == 0:
 			mopt.Threads = 1
 		}
 		if opt.Stream != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -69,6 +71,9 @@ func TestLoadLanesErrors(t *testing.T) {
 		{"bad kv type", LaneOptions{Lanes: CPULaneSpecs(1), KVType: weights.Q4_0}, "engine cpu0"},
 		{"negative threads", LaneOptions{Lanes: CPULaneSpecs(1, -1)}, "lane cpu1"},
 		{"unknown device", LaneOptions{Lanes: []LaneSpec{{Device: "tpu"}}}, "unknown device"},
+		{"pinned GPU lane", LaneOptions{Lanes: []LaneSpec{{Device: "cuda", CPUs: cpuset.Set{0}}}}, "not pinned"},
+		{"more threads than CPUs", LaneOptions{Lanes: []LaneSpec{{Threads: 2, CPUs: cpuset.Set{0}}}}, "take turns"},
+		{"a CPU the process may not use", LaneOptions{Lanes: []LaneSpec{{Threads: 1, CPUs: cpuset.Set{cpuset.MaxCPU}}}}, "may use only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lanes, closeLanes, err := LoadLanes(f, tc.opt)
@@ -130,4 +135,85 @@ func TestLaneSpec(t *testing.T) {
 			t.Errorf("%#v: GPU %v, String %q; want %v, %q", tc.l, tc.l.GPU(), tc.l.String(), tc.gpu, tc.text)
 		}
 	}
+}
+
+// TestPinnedLanes: lanes pinned to CPUs (a phone's big and little cores)
+// compute there, kernel threads and lane goroutine alike, give the
+// model's greedy tokens, and report their CPUs.
+func TestPinnedLanes(t *testing.T) {
+	f, tok := realModel(t)
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := []cpuset.Set{{allowed[0]}, {allowed[len(allowed)-1]}}
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{{CPUs: sets[0]}, {Threads: 1, CPUs: sets[1]}}, MaxSeqs: 4, Context: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLanes()
+	recs := make([]*whereEngine, len(lanes))
+	for i := range lanes {
+		if got := lanes[i].Engine.Info(); got.Threads != 1 || !slices.Equal(got.CPUs, sets[i]) {
+			t.Fatalf("lane %d: %d threads on %v, want 1 on %v", i, got.Threads, got.CPUs, sets[i])
+		}
+		recs[i] = &whereEngine{Engine: lanes[i].Engine, ran: map[string]int{}}
+		lanes[i].Engine = recs[i]
+	}
+	s, err := New(Config{}, nil, lanes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	const n = 12
+	m := loadModel(t, f)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		ids := encode(t, tok, testPrompts[i%len(testPrompts)])
+		want := reference(t, m, ids, n)
+		st, err := s.Submit(context.Background(), Request{Prompt: ids, MaxTokens: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			got, _, res := collect(t, st)
+			if !slices.Equal(got, want) {
+				t.Errorf("request %d on lane %d: %v, want %v", i, res.Lane, got, want)
+			}
+		})
+	}
+	wg.Wait()
+	for i, r := range recs {
+		r.mu.Lock()
+		if want := sets[i].String(); len(r.ran) > 1 || len(r.ran) == 1 && r.ran[want] == 0 {
+			t.Errorf("lane %d pinned to %s stepped on %v", i, want, r.ran)
+		}
+		r.mu.Unlock()
+		if got := s.Stats().Lanes[i].CPUs; !slices.Equal(got, sets[i]) {
+			t.Errorf("lane %d stats: CPUs %v, want %v", i, got, sets[i])
+		}
+	}
+	if recs[0].ran[sets[0].String()] == 0 {
+		t.Error("the primary lane never stepped")
+	}
+}
+
+// whereEngine counts the CPU sets its Steps ran on.
+type whereEngine struct {
+	Engine
+	mu  sync.Mutex
+	ran map[string]int
+}
+
+func (e *whereEngine) Step(ctx context.Context, members []Member, out []StepOut) error {
+	where := ""
+	if cpus, err := cpuset.Current(); err != nil {
+		where = err.Error()
+	} else {
+		where = cpus.String()
+	}
+	e.mu.Lock()
+	e.ran[where]++
+	e.mu.Unlock()
+	return e.Engine.Step(ctx, members, out)
 }

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sample"
 )
 
@@ -68,6 +69,10 @@ type EngineInfo struct {
 	Context  int   // tokens per sequence, prompt and output together
 	SeqBytes int64 // KV memory one sequence holds
 	Threads  int
+	// CPUs are the CPUs the engine's kernel threads are pinned to (a
+	// phone's big or little cores), or nil. The lane's goroutine, which
+	// computes a share of every kernel, pins itself to them too.
+	CPUs cpuset.Set
 }
 
 // Member is a sequence in a step.

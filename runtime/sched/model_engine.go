@@ -90,7 +90,7 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 func (e *ModelEngine) Info() EngineInfo {
 	cfg := e.cache.Config()
 	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: cfg.Context,
-		SeqBytes: cfg.SeqBytes(), Threads: e.m.Pool().Threads()}
+		SeqBytes: cfg.SeqBytes(), Threads: e.m.Pool().Threads(), CPUs: e.m.Pool().CPUs()}
 }
 
 // Live is the number of allocated sequences. Safe to call from any

@@ -156,7 +156,7 @@ func (e *SpecEngine) seqConfig() spec.Config {
 // Info implements Engine.
 func (e *SpecEngine) Info() EngineInfo {
 	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: e.limit,
-		SeqBytes: e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes(), Threads: e.target.Pool().Threads()}
+		SeqBytes: e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes(), Threads: e.target.Pool().Threads(), CPUs: e.target.Pool().CPUs()}
 }
 
 // Live is the number of allocated sequences. Safe to call from any

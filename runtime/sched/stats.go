@@ -1,6 +1,10 @@
 package sched
 
-import "time"
+import (
+	"time"
+
+	"github.com/tandem-llm/tandem/kernels/cpuset"
+)
 
 // counters are the scheduler's running totals; s.mu guards them.
 type counters struct {
@@ -106,6 +110,7 @@ type LaneStats struct {
 	StepTime      time.Duration // the cost model's current step time at the current batch
 	TokenTime     time.Duration // η: time per token per member at the current batch
 	Threads       int
+	CPUs          cpuset.Set // the CPUs the lane computes on, when pinned (nil: placed by the OS)
 	Context       int
 	SeqBytes      int64 // KV bytes per sequence
 }
@@ -137,7 +142,7 @@ func (s *Scheduler) Stats() Stats {
 		ls := LaneStats{Name: l.name, Running: len(l.running), Parked: len(l.parked), Sequences: l.held,
 			MaxSeqs: l.info.MaxSeqs, KVBytes: int64(l.held) * l.info.SeqBytes, Steps: l.steps, Tokens: l.tokens,
 			EngineWall: l.engineWall, SchedulerWall: l.schedWall, Busy: l.stepClock, StepTime: l.cost.step(max(len(l.running), 1), 0),
-			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, Context: l.info.Context,
+			TokenTime: l.cost.perToken(max(len(l.running), 1)), Threads: l.info.Threads, CPUs: l.cpus, Context: l.info.Context,
 			SeqBytes: l.info.SeqBytes, BatchCap: s.batchCap(l, s.cfg.Now())}
 		if len(s.queues) > 1 {
 			ls.Waiting = len(s.queues[i])

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/sched"
@@ -40,6 +41,7 @@ type fixtureOpts struct {
 	srv     Config // Model defaults to stories260K
 	lanes   int
 	maxSeqs int
+	cpus    map[int]cpuset.Set // lanes pinned to CPUs, by index
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -62,7 +64,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	fx := &fixture{file: f, tok: tok}
 	var lanes []sched.Lane
 	for i := range o.lanes {
-		m, err := model.Load(f, model.Options{Threads: 1})
+		m, err := model.Load(f, model.Options{Threads: 1, CPUs: o.cpus[i]})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,6 +86,10 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	m.counter("tandem_scheduler_seconds_total", "Time spent in the scheduler's own code (planning and delivery in wall time, scoring in CPU time).", st.SchedulerWall.Seconds())
 	m.counter("tandem_engine_seconds_total", "Wall time spent in engine steps.", st.EngineWall.Seconds())
 
+	m.help("tandem_lane_info", "gauge", "Always 1; each lane's kernel threads and the CPUs they are pinned to (cpus=\"\": placed by the OS).")
+	for _, l := range st.Lanes {
+		m.value("tandem_lane_info", lane(l)+`,threads="`+strconv.Itoa(l.Threads)+`",cpus="`+l.CPUs.String()+`"`, 1)
+	}
 	m.help("tandem_lane_utilization", "gauge", "Fraction of the last 10 seconds each lane spent in steps.")
 	for i, l := range st.Lanes {
 		m.value("tandem_lane_utilization", lane(l), busy[i])

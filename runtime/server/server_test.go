@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
@@ -505,7 +506,12 @@ func TestHealthReportsAStall(t *testing.T) {
 }
 
 func TestMetricsAndHealth(t *testing.T) {
-	fx := newFixture(t, fixtureOpts{lanes: 2})
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := cpuset.Set{allowed[len(allowed)-1]}
+	fx := newFixture(t, fixtureOpts{lanes: 2, cpus: map[int]cpuset.Set{1: pin}})
 	post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":5,"deadline_ms":60000}`)
 	post(t, fx.http.URL+"/v1/completions", `{"prompt":"Once","max_tokens":0}`)
 	resp, err := http.Get(fx.http.URL + "/metrics")
@@ -525,7 +531,8 @@ func TestMetricsAndHealth(t *testing.T) {
 		`tandem_memory_bytes{kind="kv"}`, `tandem_memory_bytes{kind="go_heap"}`, "tandem_tokens_generated_total 5",
 		`tandem_requests_finished_total{outcome="completed"} 1`, "tandem_offered_load ", `tandem_lane_batch_cap{lane="cpu0"}`,
 		`tandem_lane_waiting{lane="cpu1"} 0`, `tandem_lane_much_slower{lane="cpu0"} 0`, `tandem_lane_much_slower{lane="cpu1"} 0`,
-		"tandem_scheduler_stalled_seconds 0",
+		"tandem_scheduler_stalled_seconds 0", `tandem_lane_info{lane="cpu0",threads="1",cpus=""} 1`,
+		`tandem_lane_info{lane="cpu1",threads="1",cpus="` + pin.String() + `"} 1`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)

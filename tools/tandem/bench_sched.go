@@ -69,7 +69,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	requests := fs.Int("requests", 600, "requests per real-engine run")
 	repeat := fs.Int("repeat", 3, "real-engine runs per setting and policy; the rows are their medians")
 	simRequests := fs.Int("sim-requests", 600, "requests per simulated run")
-	lanesFlag := fs.String("lanes", "1,1", "the real engine's lanes: threads per CPU lane, or cuda / cuda:N for a GPU lane (a build with -tags cuda), comma separated (the simulator uses as many lanes)")
+	lanesFlag := fs.String("lanes", "1,1", "the real engine's lanes, comma separated: threads per CPU lane, pinned to CPUs with @ (1@0,1@1; 4@big,4@little on a phone), or cuda / cuda:N for a GPU lane (a build with -tags cuda); the simulator uses as many lanes")
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
@@ -539,16 +539,19 @@ const longContext = 448
 func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr io.Writer) ([]bench.StepCosts, error) {
 	costs := make([]bench.StepCosts, len(specs))
 	for i, sp := range specs {
-		if j := slices.Index(specs, sp); j < i {
+		if j := slices.IndexFunc(specs, func(o sched.LaneSpec) bool { return o.String() == sp.String() }); j < i {
 			costs[i] = costs[j]
 			continue
 		}
 		where, threads := fmt.Sprintf("%d thread(s)", sp.Threads), sp.Threads
+		if sp.CPUs != nil {
+			where += " on CPUs " + sp.CPUs.String()
+		}
 		if sp.GPU() {
 			where, threads = sp.Device, 1 // as sched.LoadLanes runs a GPU lane's host side
 		}
 		fmt.Fprintf(stderr, "measuring step costs of %s on %s\n", filepath.Base(f.Path), where)
-		c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Device: sp.Device, Batches: []int{1, 2, 4, maxBatch}, LongContext: longContext})
+		c, err := bench.MeasureStepCosts(f, bench.CostConfig{Threads: threads, Device: sp.Device, CPUs: sp.CPUs, Batches: []int{1, 2, 4, maxBatch}, LongContext: longContext})
 		if err != nil {
 			return nil, fmt.Errorf("lane %d (%s): %w", i, where, err)
 		}

@@ -44,7 +44,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	maxTokens := fs.Int("max-tokens", 448, "cap on every generation")
 	temp := fs.Float64("temperature", 0.8, "sampling temperature of the generations (0: greedy)")
 	seed := fs.Uint64("seed", 1, "corpus, sampling and training seed")
-	lanes := fs.String("lanes", "", "lanes that generate: threads per CPU lane, or cuda / cuda:N for a GPU lane (a build with -tags cuda), comma separated (default: one CPU lane per physical core, 1 thread each)")
+	lanes := fs.String("lanes", "", "lanes that generate, comma separated: threads per CPU lane, pinned to CPUs with @ as serve's --lanes, or cuda / cuda:N for a GPU lane (a build with -tags cuda) (default: one CPU lane per physical core, 1 thread each)")
 	epochs := fs.Int("epochs", 1500, "MLP training epochs")
 	out := fs.String("out", "", "where to write the calibration (default: beside the model)")
 	if _, err := parse(fs, args, 0, 0); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/server"
@@ -25,7 +26,7 @@ import (
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--draft FILE] [--lanes T|cuda[:N],...] [flags]",
+	fs := newFlags("serve", "[--addr HOST:PORT] [--model FILE] [--tokenizer FILE] [--draft FILE] [--lanes T[@CPUS]|cuda[:N],...] [flags]",
 		"Serves a model over HTTP: OpenAI-compatible /v1/completions and\n"+
 			"/v1/chat/completions (streaming with \"stream\": true), /v1/models, tandem's\n"+
 			"scheduling extensions (deadline_ms, priority, segment, min_tokens, utility;\n"+
@@ -35,12 +36,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"threads, a GPU lane (--lanes cuda or cuda:N, a binary built with -tags cuda)\n"+
 			"on an NVIDIA GPU. The first lane is the primary; the second takes the\n"+
 			"requests predicted to be long, or, when it is over 1.5 times slower per\n"+
-			"token (--lanes cuda,4: 4 CPU threads beside the GPU; --lanes 4,2 on big\n"+
-			"and little cores), short ones without deadlines, up to its share of the\n"+
-			"work (see README, \"Serving\"). With no --model it serves the\n"+
-			"embedded default model. The uncertainty estimator is read from\n"+
-			"MODEL.calib.json when it exists (see tandem calibrate). SIGINT or SIGTERM\n"+
-			"drain in-flight requests for --drain-timeout, then cancel the rest.\n"+
+			"token (--lanes cuda,4: 4 CPU threads beside the GPU; --lanes big,little:\n"+
+			"a phone's big and little cores, each lane pinned to its own), short ones\n"+
+			"without deadlines, up to its share of the work (see README, \"Serving\").\n"+
+			"With no --model it serves the embedded default model. The uncertainty\n"+
+			"estimator is read from MODEL.calib.json when it exists (see tandem\n"+
+			"calibrate). SIGINT or SIGTERM drain in-flight requests for\n"+
+			"--drain-timeout, then cancel the rest.\n"+
 			"With --draft every lane decodes speculatively: the small draft model, sharing\n"+
 			"the model's tokenizer, guesses tokens that the model verifies in one pass\n"+
 			"(--mode tree or sd: the output is the model's own; bild: lossy). The\n"+
@@ -48,6 +50,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		"tandem serve",
 		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
 		"tandem serve --model model.gguf --lanes cuda,4   # GPU primary lane, 4-thread CPU lane for long requests",
+		"tandem serve --model model.gguf --lanes big,2@little   # on a phone: a lane on the big cores, one on two little cores",
 		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin --ctx 256",
 		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
@@ -55,7 +58,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	sf := addSpecFlags(fs)
 	modeFlag := fs.String("mode", "tree", "with --draft: tree (token tree), sd (classic speculative decoding) or bild (Big-Little, lossy)")
-	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, the second takes long requests, or short ones when it is much slower (default: one CPU lane on all physical cores)")
+	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, pinned to CPUs with @ (4@big, 4@little: a phone's big and little cores; 2@0-1: CPUs 0 and 1; big alone: a thread per big core), cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, the second takes long requests, or short ones when it is much slower (default: one CPU lane on all physical cores, placed by the OS)")
 	name := fs.String("name", "", "model id in the API (default: the model file's name)")
 	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
 	calib := fs.String("calibration", "", "uncertainty calibration file (default: MODEL.calib.json when it exists)")
@@ -215,9 +218,20 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 
 // parseLanes reads --lanes: comma-separated lanes, each a thread count
 // for a CPU lane (also written cpu:N) or cuda / cuda:N for a lane on GPU
-// N. Empty means one CPU lane on all physical cores. Whether this binary
-// can run a GPU lane is the model's to say when the lane loads.
+// N. A CPU lane may be pinned to CPUs: N@big, N@little (a phone's big or
+// little cores), N@0-3, or big or little alone for a thread per core of
+// the cluster. Empty means one CPU lane on all physical cores. Whether
+// this binary can run a GPU lane is the model's to say when the lane
+// loads.
 func parseLanes(s string) ([]sched.LaneSpec, error) {
+	return parseLanesWith(s, cpuset.Named)
+}
+
+// laneUsage is what --lanes takes, for its errors.
+const laneUsage = "want lanes separated by commas: a thread count for a CPU lane, pinned to CPUs with @ (4@big, 2@little, 2@0-1), or cuda / cuda:N for a GPU lane; e.g. 3,1, 4@big,4@little or cuda,4"
+
+// parseLanesWith is parseLanes resolving CPU names with named.
+func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.LaneSpec, error) {
 	if strings.TrimSpace(s) == "" {
 		return []sched.LaneSpec{{Threads: kernels.PhysicalCores()}}, nil
 	}
@@ -233,12 +247,29 @@ func parseLanes(s string) ([]sched.LaneSpec, error) {
 			continue
 		case part == "gpu" || strings.HasPrefix(part, "gpu:"):
 			return nil, fmt.Errorf("%w: --lanes %q: a GPU lane is written cuda or cuda:N", errUsage, s)
+		case strings.HasPrefix(part, "cuda") && strings.Contains(part, "@"):
+			return nil, fmt.Errorf("%w: --lanes %q: a GPU lane is not pinned to CPUs; pin CPU lanes only", errUsage, s)
+		case part == "big" || part == "little":
+			part = "0@" + part // a thread per core of the cluster
 		}
-		n, err := strconv.Atoi(strings.TrimPrefix(part, "cpu:"))
-		if err != nil || n < 1 || n > 256 {
-			return nil, fmt.Errorf("%w: --lanes %q: want thread counts 1..256 (CPU lanes) or cuda / cuda:N (GPU lanes) separated by commas, e.g. 3,1 or cuda,4", errUsage, s)
+		threads, where, pinned := strings.Cut(strings.TrimPrefix(part, "cpu:"), "@")
+		n, err := strconv.Atoi(threads)
+		if err != nil || n < 0 || n > 256 || n == 0 && !pinned {
+			return nil, fmt.Errorf("%w: --lanes %q: %s", errUsage, s, laneUsage)
 		}
-		out = append(out, sched.LaneSpec{Threads: n})
+		spec := sched.LaneSpec{Threads: n}
+		if pinned {
+			if spec.CPUs, err = named(where); err != nil {
+				return nil, fmt.Errorf("%w: --lanes %q: %v", errUsage, s, err)
+			}
+			if n == 0 {
+				spec.Threads = len(spec.CPUs)
+			}
+			if spec.Threads > len(spec.CPUs) {
+				return nil, fmt.Errorf("%w: --lanes %q: %d threads on %d CPUs (%s) would take turns on them; give at most %d", errUsage, s, spec.Threads, len(spec.CPUs), spec.CPUs, len(spec.CPUs))
+			}
+		}
+		out = append(out, spec)
 	}
 	return out, nil
 }
@@ -251,7 +282,12 @@ func describeLanes(lanes []sched.Lane, specs []sched.LaneSpec) string {
 		if i < len(specs) && specs[i].GPU() {
 			parts = append(parts, fmt.Sprintf("%s on %s", l.Name, specs[i].Device))
 		} else {
-			parts = append(parts, fmt.Sprintf("%s with %d threads", l.Name, l.Engine.Info().Threads))
+			info := l.Engine.Info()
+			where := ""
+			if info.CPUs != nil {
+				where = " on CPUs " + info.CPUs.String()
+			}
+			parts = append(parts, fmt.Sprintf("%s with %d threads%s", l.Name, info.Threads, where))
 		}
 	}
 	return strings.Join(parts, ", ")

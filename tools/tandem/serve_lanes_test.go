@@ -2,12 +2,13 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/weights"
@@ -16,6 +17,9 @@ import (
 func TestParseLanes(t *testing.T) {
 	cpu := func(n int) sched.LaneSpec { return sched.LaneSpec{Threads: n} }
 	gpu := func(d string) sched.LaneSpec { return sched.LaneSpec{Device: d} }
+	pinned := func(n int, cpus ...int) sched.LaneSpec { return sched.LaneSpec{Threads: n, CPUs: cpus} }
+	// A phone: little cores 0-3, big 4-7.
+	phone := cpuset.Topology{{CPUs: cpuset.Set{4, 5, 6, 7}, Capacity: 1024}, {CPUs: cpuset.Set{0, 1, 2, 3}, Capacity: 325}}.Named
 	for _, tc := range []struct {
 		in   string
 		want []sched.LaneSpec
@@ -30,9 +34,15 @@ func TestParseLanes(t *testing.T) {
 		{"0", nil, false}, {"a", nil, false}, {"3,", nil, false},
 		{"gpu", nil, false}, {"gpu:0", nil, false},
 		{"cuda:", nil, false}, {"cuda:-1", nil, false}, {"cuda:x", nil, false}, {"cuda0", nil, false},
+		{"4@big,2@little", []sched.LaneSpec{pinned(4, 4, 5, 6, 7), pinned(2, 0, 1, 2, 3)}, true},
+		{"big,little", []sched.LaneSpec{pinned(4, 4, 5, 6, 7), pinned(4, 0, 1, 2, 3)}, true},
+		{"cpu:1@6, 2@0-1", []sched.LaneSpec{pinned(1, 6), pinned(2, 0, 1)}, true},
+		{"0@2-3,cuda", []sched.LaneSpec{pinned(2, 2, 3), gpu("cuda")}, true},
+		{"3@0-1", nil, false}, {"5@big", nil, false}, {"4@", nil, false}, {"4@mid", nil, false},
+		{"@big", nil, false}, {"cuda@big", nil, false}, {"cuda:0@1", nil, false}, {"1@3-1", nil, false},
 	} {
-		got, err := parseLanes(tc.in)
-		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
+		got, err := parseLanesWith(tc.in, phone)
+		if (err == nil) != tc.ok || (tc.ok && fmt.Sprint(got) != fmt.Sprint(tc.want)) {
 			t.Errorf("parseLanes(%q) = %v, %v", tc.in, got, err)
 		}
 		if err != nil && !errors.Is(err, errUsage) {
@@ -44,6 +54,13 @@ func TestParseLanes(t *testing.T) {
 	}
 	if _, err := parseLanes("gpu"); err == nil || !strings.Contains(err.Error(), "cuda") {
 		t.Errorf("--lanes gpu: %v, want a hint to write cuda", err)
+	}
+	if _, err := parseLanesWith("3@0-1", phone); err == nil || !strings.Contains(err.Error(), "at most 2") {
+		t.Errorf("--lanes 3@0-1: %v, want at most 2 threads", err)
+	}
+	// On this machine: a CPU list resolves as written.
+	if got, err := parseLanes("1@0"); err != nil || fmt.Sprint(got) != fmt.Sprint([]sched.LaneSpec{pinned(1, 0)}) {
+		t.Errorf("--lanes 1@0 = %v, %v", got, err)
 	}
 }
 
