@@ -1,11 +1,11 @@
 package jetson
 
 import (
-	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
+
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 )
 
 // CPU is which cores are online and their clocks. nvpmodel modes switch
@@ -15,6 +15,18 @@ type CPU struct {
 	Online      string `json:"online,omitempty"`
 	OnlineCount *int   `json:"online_count,omitempty"`
 	Cores       []Core `json:"cores,omitempty"`
+	// Clusters group the online cores by capacity, fastest first (one
+	// for alike cores): what tandem's --lanes names big and little.
+	Clusters []Cluster `json:"clusters,omitempty"`
+}
+
+// Cluster is cores of one capacity (cpuset.Cluster).
+type Cluster struct {
+	CPUs string `json:"cpus"`
+	// Capacity is the kernel's cpu_capacity (1024 for the fastest), or
+	// the highest clock in kHz where it gives none; 0 when neither is
+	// known.
+	Capacity int `json:"capacity"`
 }
 
 // Core is one logical CPU.
@@ -36,7 +48,7 @@ func (p *prober) cpu() CPU {
 	var c CPU
 	var online []int
 	if s, ok := p.readString(sys + "/online"); ok {
-		ids, err := ParseCPUList(s)
+		ids, err := cpuset.Parse(s)
 		if err != nil {
 			p.warnf(sys+"/online", "%v", err)
 		} else {
@@ -58,43 +70,13 @@ func (p *prober) cpu() CPU {
 		core.Governor, _ = p.readString(dir + "/scaling_governor")
 		c.Cores = append(c.Cores, core)
 	}
-	return c
-}
-
-// maxCPUID bounds CPU lists: the kernel's NR_CPUS limit is 8192, and a
-// bound keeps "0-4000000000" from allocating.
-const maxCPUID = 8191
-
-// ParseCPUList parses a kernel CPU list such as "0-3,6,8-11" into sorted,
-// distinct ids.
-func ParseCPUList(s string) ([]int, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return nil, fmt.Errorf("empty CPU list")
-	}
-	// A bitmap, not appends: "0-8191,0-8191,..." must stay small.
-	var seen [maxCPUID + 1]bool
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 || a > maxCPUID {
-			return nil, fmt.Errorf("bad CPU id %q in %q", clip(lo), clip(s))
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a || b > maxCPUID {
-				return nil, fmt.Errorf("bad CPU range %q in %q", clip(part), clip(s))
+	if c.OnlineCount != nil {
+		// The online list parsed; anything else missing counts as alike.
+		if t, err := cpuset.ClustersAt(p.path(sys)); err == nil {
+			for _, cl := range t {
+				c.Clusters = append(c.Clusters, Cluster{CPUs: cl.CPUs.String(), Capacity: cl.Capacity})
 			}
 		}
-		for i := a; i <= b; i++ {
-			seen[i] = true
-		}
 	}
-	var ids []int
-	for i, on := range seen {
-		if on {
-			ids = append(ids, i)
-		}
-	}
-	return ids, nil
+	return c
 }

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 )
 
 func TestParseTegraRelease(t *testing.T) {
@@ -138,32 +140,6 @@ func TestParseNvpmodel(t *testing.T) {
 	}
 }
 
-func TestParseCPUList(t *testing.T) {
-	for in, want := range map[string]string{
-		"0":                 "[0] <nil>",
-		"0-3":               "[0 1 2 3] <nil>",
-		"0-1,4,6-7\n":       "[0 1 4 6 7] <nil>",
-		"3,1-2,2":           "[1 2 3] <nil>",
-		"0-8191,0-8191":     "8192 <nil>",
-		"":                  `[] empty CPU list`,
-		"0-x":               `[] bad CPU range "0-x" in "0-x"`,
-		"3-1":               `[] bad CPU range "3-1" in "3-1"`,
-		"0-4000000000":      `[] bad CPU range "0-4000000000" in "0-4000000000"`,
-		"-1":                `[] bad CPU id "" in "-1"`,
-		"0,,1":              `[] bad CPU id "" in "0,,1"`,
-		"99999999999999999": `[] bad CPU id "99999999999999999" in "99999999999999999"`,
-	} {
-		ids, err := ParseCPUList(in)
-		got := fmt.Sprintf("%v %v", ids, err)
-		if len(ids) > 100 {
-			got = fmt.Sprintf("%d %v", len(ids), err)
-		}
-		if got != want {
-			t.Errorf("ParseCPUList(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
-
 // FuzzParsers feeds the same bytes to every text parser: none may panic,
 // hang or allocate without bound, and what they accept must be consistent.
 func FuzzParsers(f *testing.F) {
@@ -200,9 +176,9 @@ func FuzzParsers(f *testing.F) {
 				t.Errorf("conf mode %+v", m)
 			}
 		}
-		if ids, err := ParseCPUList(string(b)); err == nil {
+		if ids, err := cpuset.Parse(string(b)); err == nil {
 			for i, id := range ids {
-				if id < 0 || id > maxCPUID || i > 0 && id <= ids[i-1] {
+				if id < 0 || id > cpuset.MaxCPU || i > 0 && id <= ids[i-1] {
 					t.Fatalf("cpu list %v", ids)
 				}
 			}

@@ -209,7 +209,7 @@ func TestProbeMalformed(t *testing.T) {
 		"line 3: unterminated tag",
 		`/var/lib/nvpmodel/status: bad mode id "MAXN"`,
 		"/sys/devices/gpu.0/load: load 2000 outside 0..1000",
-		`/sys/devices/system/cpu/online: bad CPU range "0-x"`,
+		`/sys/devices/system/cpu/online: cpuset: CPU list "0-x": "x" is not a CPU number`,
 		"/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq: want an integer",
 		`/sys/class/thermal/thermal_zone0/temp: want millidegrees C, got "hot"`,
 		"/sys/class/thermal/cooling_device0/max_state: want an integer",

@@ -9,6 +9,7 @@ package cpuset
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,9 +18,13 @@ import (
 	"strings"
 )
 
-// MaxCPU bounds the CPU numbers a Set holds: the kernel's affinity masks
-// here are 1024 bits.
-const MaxCPU = 1023
+// MaxCPU is the highest CPU number a list may name: the kernel's
+// NR_CPUS limit is 8192. Pinning takes CPUs up to MaxPinned.
+const MaxCPU = 8191
+
+// MaxPinned is the highest CPU a thread can be pinned to here: the
+// affinity masks are 1024 bits, as glibc's and Go's are.
+const MaxPinned = 1023
 
 // Set is a set of CPU numbers, ascending and without repeats.
 type Set []int
@@ -31,41 +36,54 @@ func Parse(s string) (Set, error) {
 	if s == "" {
 		return nil, errors.New("cpuset: empty CPU list; want numbers and ranges such as 0-3,6")
 	}
-	var out Set
+	// A bitmap, not appends: "0-8191,0-8191,..." must stay small.
+	var seen [MaxCPU + 1]bool
 	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
 		lo, hi, isRange := strings.Cut(part, "-")
 		a, err := cpuNumber(lo)
 		if err != nil {
-			return nil, fmt.Errorf("cpuset: CPU list %q: %w", s, err)
+			return nil, fmt.Errorf("cpuset: CPU list %q: %w", clip(s), err)
 		}
 		b := a
 		if isRange {
 			if b, err = cpuNumber(hi); err != nil {
-				return nil, fmt.Errorf("cpuset: CPU list %q: %w", s, err)
+				return nil, fmt.Errorf("cpuset: CPU list %q: %w", clip(s), err)
 			}
 			if b < a {
-				return nil, fmt.Errorf("cpuset: CPU list %q: range %s runs backwards", s, part)
+				return nil, fmt.Errorf("cpuset: CPU list %q: range %s runs backwards", clip(s), clip(part))
 			}
 		}
 		for c := a; c <= b; c++ {
+			seen[c] = true
+		}
+	}
+	var out Set
+	for c, on := range seen {
+		if on {
 			out = append(out, c)
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
+	return out, nil
 }
 
 func cpuNumber(s string) (int, error) {
 	s = strings.TrimSpace(s)
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%q is not a CPU number", s)
+		return 0, fmt.Errorf("%q is not a CPU number", clip(s))
 	}
 	if n > MaxCPU {
-		return 0, fmt.Errorf("CPU %d is past the last this build can pin (%d)", n, MaxCPU)
+		return 0, fmt.Errorf("CPU %d is past the kernel's last (%d)", n, MaxCPU)
 	}
 	return n, nil
+}
+
+// clip shortens what an error quotes.
+func clip(s string) string {
+	if len(s) > 60 {
+		return s[:57] + "..."
+	}
+	return s
 }
 
 // String writes s as a CPU list, runs as ranges: "0-3,6".
@@ -114,11 +132,12 @@ const sysCPU = "/sys/devices/system/cpu"
 
 // Clusters groups this machine's online CPUs by capacity, fastest first.
 // A machine whose CPUs are alike has one cluster.
-func Clusters() (Topology, error) { return clustersAt(sysCPU) }
+func Clusters() (Topology, error) { return ClustersAt(sysCPU) }
 
-// clustersAt is Clusters reading the sysfs CPU directory dir.
-func clustersAt(dir string) (Topology, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "online"))
+// ClustersAt is Clusters reading the sysfs CPU directory dir (a captured
+// tree's, for tandem info --root).
+func ClustersAt(dir string) (Topology, error) {
+	raw, err := readSmall(filepath.Join(dir, "online"))
 	if err != nil {
 		return nil, fmt.Errorf("cpuset: which CPUs are online: %w", err)
 	}
@@ -135,7 +154,7 @@ func clustersAt(dir string) (Topology, error) {
 		// kernels), though a little core at the big one's clock computes
 		// less.
 		for _, name := range []string{"cpu_capacity", "cpufreq/cpuinfo_max_freq"} {
-			if b, err := os.ReadFile(filepath.Join(cpu, name)); err == nil {
+			if b, err := readSmall(filepath.Join(cpu, name)); err == nil {
 				if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
 					capacity = v
 					break
@@ -150,6 +169,17 @@ func clustersAt(dir string) (Topology, error) {
 	}
 	slices.SortFunc(out, func(a, b Cluster) int { return b.Capacity - a.Capacity })
 	return out, nil
+}
+
+// readSmall reads a sysfs file of a few bytes, and at most 4 KiB of
+// anything else a captured tree holds in its place.
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 4<<10))
 }
 
 // Named resolves a lane's CPUs on this machine: "big" (every core but

@@ -21,6 +21,8 @@ func TestParse(t *testing.T) {
 		{" 6, 0-2 ,1\n", Set{0, 1, 2, 6}, "0-2,6"},
 		{"4-4,7,5", Set{4, 5, 7}, "4-5,7"},
 		{"1023", Set{1023}, "1023"},
+		{"8191", Set{8191}, "8191"},
+		{"0-1,4,6-7\n", Set{0, 1, 4, 6, 7}, "0-1,4,6-7"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil {
@@ -31,7 +33,11 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) = %v (%q), want %v (%q)", tc.in, got, got.String(), tc.want, tc.str)
 		}
 	}
-	for _, bad := range []string{"", " ", "a", "1-", "-1", "3-1", "1,,2", "1024", "0-99999999999", "1.5"} {
+	// Repeats stay a set of at most MaxCPU+1, however long the list.
+	if s, err := Parse(strings.Repeat("0-8191,", 1000) + "0"); err != nil || len(s) != MaxCPU+1 {
+		t.Errorf("a repeated full range: %d CPUs, %v", len(s), err)
+	}
+	for _, bad := range []string{"", " ", "a", "1-", "-1", "3-1", "1,,2", "8192", "0-4000000000", "99999999999999999", "1.5", "0-x"} {
 		if s, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) = %v, want an error", bad, s)
 		}
@@ -95,7 +101,7 @@ func TestClusters(t *testing.T) {
 		}
 		phone[c] = map[string]string{"cpu_capacity": capacity, "cpufreq/cpuinfo_max_freq": "1800000"}
 	}
-	cl, err := clustersAt(fakeCPUs(t, "0-7", phone))
+	cl, err := ClustersAt(fakeCPUs(t, "0-7", phone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +126,7 @@ func TestClusters(t *testing.T) {
 		}
 		old[c] = map[string]string{"cpufreq/cpuinfo_max_freq": freq}
 	}
-	cl, err = clustersAt(fakeCPUs(t, "0-4", old))
+	cl, err = ClustersAt(fakeCPUs(t, "0-4", old))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +136,7 @@ func TestClusters(t *testing.T) {
 
 	// Alike cores: one cluster, and no big or little to name.
 	alike := map[int]map[string]string{0: {"cpu_capacity": "1024"}, 1: {"cpu_capacity": "1024"}}
-	cl, err = clustersAt(fakeCPUs(t, "0-1", alike))
+	cl, err = ClustersAt(fakeCPUs(t, "0-1", alike))
 	if err != nil || len(cl) != 1 {
 		t.Fatalf("alike cores: %v, %v; want one cluster", cl, err)
 	}
@@ -138,10 +144,10 @@ func TestClusters(t *testing.T) {
 		t.Errorf("big on alike cores: %v, want an error saying to name CPUs", err)
 	}
 
-	if _, err := clustersAt(t.TempDir()); err == nil {
+	if _, err := ClustersAt(t.TempDir()); err == nil {
 		t.Error("a directory without online: no error")
 	}
-	if _, err := clustersAt(fakeCPUs(t, "x", nil)); err == nil {
+	if _, err := ClustersAt(fakeCPUs(t, "x", nil)); err == nil {
 		t.Error("a malformed online list: no error")
 	}
 }

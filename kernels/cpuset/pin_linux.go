@@ -10,6 +10,9 @@ import (
 // to the thread first (runtime.LockOSThread): affinity belongs to the
 // thread, and an unlocked goroutine moves between threads.
 func Pin(s Set) error {
+	if len(s) > 0 && s[len(s)-1] > MaxPinned {
+		return fmt.Errorf("cpuset: CPU %d is past the last a thread can be pinned to here (%d)", s[len(s)-1], MaxPinned)
+	}
 	var mask unix.CPUSet
 	for _, c := range s {
 		mask.Set(c)
@@ -27,7 +30,7 @@ func Current() (Set, error) {
 		return nil, fmt.Errorf("cpuset: reading CPU affinity: %w", err)
 	}
 	var s Set
-	for c := 0; c <= MaxCPU; c++ {
+	for c := 0; c <= MaxPinned; c++ {
 		if mask.IsSet(c) {
 			s = append(s, c)
 		}

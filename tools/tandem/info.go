@@ -10,13 +10,16 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/jetson"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 )
 
 func runInfo(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("info", "[--json] [--root DIR]",
 		"Prints the platform tandem runs on: Jetson board and L4T/JetPack release, unified\n"+
-			"memory, nvpmodel power mode, GPU load and clocks, CPU clocks, thermal zones and\n"+
-			"whether anything is throttling. Off-Jetson, the Jetson fields show as unknown.\n"+
+			"memory, nvpmodel power mode, GPU load and clocks, CPU clocks and core clusters\n"+
+			"(a phone's big and little cores, which serve --lanes N@big,N@little), thermal\n"+
+			"zones and whether anything is throttling. Off-Jetson, the Jetson fields show as\n"+
+			"unknown.\n"+
 			"Files that exist but cannot be parsed are listed under warnings.", stdout, stderr,
 		"tandem info", "tandem info --json", "tandem info --root captured-orin/")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
@@ -133,6 +136,9 @@ func infoText(in jetson.Info, w io.Writer) error {
 	}
 
 	row("CPU:", "%s", cpuSummary(in.CPU))
+	if cl := in.CPU.Clusters; len(cl) > 0 {
+		row("  clusters:", "%s", clusterSummary(cl))
+	}
 
 	t := in.Thermal
 	switch {
@@ -195,6 +201,39 @@ func infoText(in jetson.Info, w io.Writer) error {
 
 // cpuSummary gives the online count and the spread of current clocks,
 // which is what nvpmodel changes.
+// clusterSummary lists the core clusters and how --lanes names them.
+func clusterSummary(cl []jetson.Cluster) string {
+	var parts []string
+	for _, c := range cl {
+		capacity := "capacity unknown"
+		if c.Capacity > 0 {
+			capacity = fmt.Sprintf("capacity %d", c.Capacity)
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", c.CPUs, capacity))
+	}
+	if len(cl) == 1 {
+		cpus, err := cpuset.Parse(cl[0].CPUs)
+		if err != nil || len(cpus) < 2 {
+			return parts[0]
+		}
+		a, b := cpus[:len(cpus)/2], cpus[len(cpus)/2:]
+		return fmt.Sprintf("%s, alike: pin lanes with CPU lists (--lanes %d@%s,%d@%s)", parts[0], len(a), a, len(b), b)
+	}
+	return strings.Join(parts, ", ") + ": --lanes N@big pins a lane to " + bigCPUs(cl) + ", N@little to " + cl[len(cl)-1].CPUs
+}
+
+// bigCPUs is every cluster's CPUs but the slowest's, as one list.
+func bigCPUs(cl []jetson.Cluster) string {
+	var big []string
+	for _, c := range cl[:len(cl)-1] {
+		big = append(big, c.CPUs)
+	}
+	if set, err := cpuset.Parse(strings.Join(big, ",")); err == nil {
+		return set.String()
+	}
+	return strings.Join(big, ",")
+}
+
 func cpuSummary(c jetson.CPU) string {
 	s := unknown + " online"
 	if c.OnlineCount != nil {

@@ -403,7 +403,8 @@ func TestInfo(t *testing.T) {
 	}
 	for _, want := range []string{"NVIDIA Jetson (Orin, tegra234, chip 0x23, CUDA 8.7)", "R35.4.1 (JetPack 5.1.2)",
 		"MAXN (id 0, from /var/lib/nvpmodel/status)", "ga10b at /sys/devices/platform/17000000.ga10b: load 12.1%",
-		"12 online (0-11)", "throttling:  no", "thermal_zone10", "CV0-therm     offline"} {
+		"12 online (0-11)", "throttling:  no", "thermal_zone10", "CV0-therm     offline",
+		"  clusters:  0-11 (capacity unknown), alike: pin lanes with CPU lists (--lanes 6@0-5,6@6-11)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text output lacks %q:\n%s", want, out)
 		}
@@ -431,6 +432,25 @@ func TestInfo(t *testing.T) {
 	if !got.Jetson || got.Board.Family != "Xavier" || got.Board.JetPack != "5.1.3" || got.Power.Name != "MODE_10W_4CORE" ||
 		got.Thermal.Throttling == nil || !*got.Thermal.Throttling {
 		t.Errorf("--json: %+v", got)
+	}
+	// A phone's cores, by the kernel's capacities: --lanes big and little.
+	phone := t.TempDir()
+	cpuDir := filepath.Join(phone, "sys", "devices", "system", "cpu")
+	for c, capacity := range []string{"325", "325", "325", "325", "870", "870", "870", "1024"} {
+		dir := filepath.Join(cpuDir, fmt.Sprintf("cpu%d", c))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cpu_capacity"), []byte(capacity+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cpuDir, "online"), []byte("0-7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = tandem(t, "info", "--root", phone)
+	if want := "  clusters:  7 (capacity 1024), 4-6 (capacity 870), 0-3 (capacity 325): --lanes N@big pins a lane to 4-7, N@little to 0-3"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("a phone's cores: exit %d, output lacks %q:\n%s%s", code, want, out, errOut)
 	}
 	// This machine: whatever it is, the probe must succeed.
 	if code, out, errOut := tandem(t, "info"); code != 0 || !strings.Contains(out, "platform:") {
