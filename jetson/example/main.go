@@ -7,6 +7,7 @@
 //
 //	go run ./jetson/example
 //	go run ./jetson/example --model stories260K.gguf --goal "Tom wanted to fly a kite." --steps 4
+//	go run ./jetson/example --cpus 0-1 --threads 2   # the lane on CPUs 0-1, the rest left to control loops
 //
 // With no --model it runs the embedded default model, so it needs no
 // files (that model's text is not a sensible plan, but the scheduling is
@@ -26,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
@@ -47,6 +49,7 @@ func main() {
 // options are the command line.
 type options struct {
 	model, tokenizer, goal string
+	cpus                   cpuset.Set
 	steps, threads         int
 	maxTokens, maxChars    int
 	deadline, execute      time.Duration
@@ -66,6 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.goal, "goal", "Plan: pick up the red cup and put it on the shelf. Steps, one per line:\n", "the planning prompt")
 	fs.IntVar(&o.steps, "steps", 4, "plan steps to execute (the plan may end earlier)")
 	fs.IntVar(&o.threads, "threads", 2, "kernel threads of the planner's lane")
+	cpus := fs.String("cpus", "", "pin the planner's lane to these CPUs (a list such as 0-1, or big or little on a phone), leaving the others to the robot's control loops (default: the OS places it)")
 	fs.IntVar(&o.maxTokens, "max-tokens", 256, "tokens for the whole plan")
 	fs.IntVar(&o.maxChars, "max-step-chars", 120, "a step without a newline ends after this many characters")
 	fs.DurationVar(&o.deadline, "deadline", 500*time.Millisecond, "deadline of each step, from submit or resume")
@@ -82,6 +86,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	case o.deadline <= 0 || o.execute < 0:
 		return o, errors.New("--deadline must be positive and --execute not negative")
 	}
+	if *cpus != "" {
+		var err error
+		if o.cpus, err = cpuset.Named(*cpus); err != nil {
+			return o, fmt.Errorf("--cpus: %w", err)
+		}
+	}
 	return o, nil
 }
 
@@ -95,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: sched.CPULaneSpecs(o.threads), MaxSeqs: 4})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: []sched.LaneSpec{{Threads: o.threads, CPUs: o.cpus}}, MaxSeqs: 4})
 	if err != nil {
 		return err
 	}
@@ -172,8 +182,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		s.Admitted, s.Segment, s.Completed, s.DeadlineHits, s.DeadlineMisses, s.Tokens, s.Evicted,
 		s.EngineWall.Round(time.Microsecond), s.SchedulerWall.Round(time.Microsecond))
 	for _, l := range s.Lanes {
-		fmt.Fprintf(stdout, "lane %s: %d threads, %d steps, step time %v, %d sequences held (%d KiB KV)\n",
-			l.Name, l.Threads, l.Steps, l.StepTime.Round(time.Microsecond), l.Sequences, l.KVBytes>>10)
+		where := ""
+		if l.CPUs != nil {
+			where = " on CPUs " + l.CPUs.String()
+		}
+		fmt.Fprintf(stdout, "lane %s: %d threads%s, %d steps, step time %v, %d sequences held (%d KiB KV)\n",
+			l.Name, l.Threads, where, l.Steps, l.StepTime.Round(time.Microsecond), l.Sequences, l.KVBytes>>10)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 )
 
 // TestPlanner runs the planner briefly on the embedded model: every step
@@ -25,6 +26,23 @@ func TestPlanner(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// TestPlannerPinned: --cpus pins the planner's lane, and says where.
+func TestPlannerPinned(t *testing.T) {
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := cpuset.Set{allowed[len(allowed)-1]}
+	var out bytes.Buffer
+	err = run(context.Background(), []string{"--steps", "2", "--execute", "1ms", "--max-step-chars", "40", "--threads", "1", "--cpus", pin.String()}, &out, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if want := "lane cpu0: 1 threads on CPUs " + pin.String(); !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
 	}
 }
 
@@ -50,6 +68,8 @@ func TestPlannerErrors(t *testing.T) {
 		{[]string{"--steps", "0"}, "at least 1"},
 		{[]string{"--deadline", "0s"}, "--deadline"},
 		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"--cpus", "1-0"}, "--cpus"},
+		{[]string{"--cpus", "0", "--threads", "2"}, "take turns"},
 		{[]string{"--model", "/nowhere/model.gguf"}, "/nowhere/model.gguf"},
 		{[]string{"--model", testutil.Model(t, "llama2xs_model.bin")}, "pass --tokenizer"},
 	} {
