@@ -45,29 +45,44 @@ func TestLaneCPUs(t *testing.T) {
 }
 
 // TestPinnedLanesMatchReference: two lanes pinned to this machine's
-// first and last CPU give the reference text and report their CPUs.
+// first and last CPU give the reference text and report their CPUs,
+// plain and speculative (the draft computes on its lane's pinned pool).
 func TestPinnedLanesMatchReference(t *testing.T) {
 	allowed, err := cpuset.Allowed()
 	if err != nil {
 		t.Fatal(err)
 	}
 	first, last := cpuset.Set{allowed[0]}, cpuset.Set{allowed[len(allowed)-1]}
-	e := newEngine(t, fmt.Sprintf(`{"model": %q, "lane_cpus": [%q, %q]}`, testutil.Model(t, "stories260K.gguf"), first, last))
-	tok, err := tokenizer.Load(testutil.Model(t, "stories260K.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := firstRecord(t, "stories260K.greedy.jsonl")
-	const n = 40
-	r := generate(t, e, fmt.Sprintf(`{"prompt": %q, "max_tokens": %d, "temperature": 0}`, rec.Prompt, n), nil)
-	if want := referenceText(t, tok, rec, n); r.Text != want {
-		t.Errorf("text %q\nwant %q", r.Text, want)
-	}
-	var st statsJSON
-	if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Lanes) != 2 || st.Lanes[0].CPUs != first.String() || st.Lanes[1].CPUs != last.String() || st.Lanes[0].Threads != 1 {
-		t.Errorf("stats lanes %+v, want one thread each on %s and %s", st.Lanes, first, last)
+	pins := fmt.Sprintf(`"lane_cpus": [%q, %q]`, first, last)
+	for _, tc := range []struct {
+		name, cfg, tok string
+	}{
+		{"plain", fmt.Sprintf(`{"model": %q, %s}`, testutil.Model(t, "stories260K.gguf"), pins), "stories260K.gguf"},
+		{"tree", fmt.Sprintf(`{"model": %q, "tokenizer": %q, "draft": %q, "context": 256, %s}`,
+			testutil.Model(t, "stories260K.bin"), testutil.Model(t, "tok512.bin"), testutil.Model(t, "llama2xs_model.bin"), pins), "tok512.bin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, tc.cfg)
+			tok, err := tokenizer.Load(testutil.Model(t, tc.tok))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := firstRecord(t, "stories260K.greedy.jsonl")
+			const n = 40
+			r := generate(t, e, fmt.Sprintf(`{"prompt": %q, "max_tokens": %d, "temperature": 0}`, rec.Prompt, n), nil)
+			if want := referenceText(t, tok, rec, n); r.Text != want {
+				t.Errorf("text %q\nwant %q", r.Text, want)
+			}
+			var st statsJSON
+			if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if len(st.Lanes) != 2 || st.Lanes[0].CPUs != first.String() || st.Lanes[1].CPUs != last.String() || st.Lanes[0].Threads != 1 {
+				t.Errorf("stats lanes %+v, want one thread each on %s and %s", st.Lanes, first, last)
+			}
+			if tc.name == "tree" && (st.Lanes[0].Spec == nil || st.Lanes[1].Spec == nil) {
+				t.Errorf("speculative lanes without speculative stats: %+v", st.Lanes)
+			}
+		})
 	}
 }
