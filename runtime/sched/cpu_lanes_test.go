@@ -2,10 +2,12 @@ package sched
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -142,31 +144,34 @@ func TestLaneSpec(t *testing.T) {
 // model's greedy tokens, and report their CPUs.
 func TestPinnedLanes(t *testing.T) {
 	f, tok := realModel(t)
+	m := loadModel(t, f)
+	baseG := runtime.NumGoroutine()
 	allowed, err := cpuset.Allowed()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sets := []cpuset.Set{{allowed[0]}, {allowed[len(allowed)-1]}}
-	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{{CPUs: sets[0]}, {Threads: 1, CPUs: sets[1]}}, MaxSeqs: 4, Context: 256})
+	// The first lane takes a thread per CPU of its set (one); the second
+	// has worker threads besides its goroutine where there are CPUs.
+	sets := []cpuset.Set{{allowed[0]}, allowed}
+	threads := []int{1, len(allowed)}
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{{CPUs: sets[0]}, {Threads: threads[1], CPUs: sets[1]}}, MaxSeqs: 4, Context: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeLanes()
 	recs := make([]*whereEngine, len(lanes))
 	for i := range lanes {
-		if got := lanes[i].Engine.Info(); got.Threads != 1 || !slices.Equal(got.CPUs, sets[i]) {
-			t.Fatalf("lane %d: %d threads on %v, want 1 on %v", i, got.Threads, got.CPUs, sets[i])
+		if got := lanes[i].Engine.Info(); got.Threads != threads[i] || !slices.Equal(got.CPUs, sets[i]) {
+			t.Fatalf("lane %d: %d threads on %v, want %d on %v", i, got.Threads, got.CPUs, threads[i], sets[i])
 		}
 		recs[i] = &whereEngine{Engine: lanes[i].Engine, ran: map[string]int{}}
 		lanes[i].Engine = recs[i]
 	}
 	s, err := New(Config{}, nil, lanes...)
 	if err != nil {
+		closeLanes()
 		t.Fatal(err)
 	}
-	defer s.Shutdown(context.Background())
 	const n = 12
-	m := loadModel(t, f)
 	var wg sync.WaitGroup
 	for i := range 6 {
 		ids := encode(t, tok, testPrompts[i%len(testPrompts)])
@@ -195,6 +200,18 @@ func TestPinnedLanes(t *testing.T) {
 	}
 	if recs[0].ran[sets[0].String()] == 0 {
 		t.Error("the primary lane never stepped")
+	}
+	// The pinned goroutines end with the scheduler and the lanes.
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Error(err)
+	}
+	if err := closeLanes(); err != nil {
+		t.Error(err)
+	}
+	for start := time.Now(); runtime.NumGoroutine() > baseG; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 30*time.Second { // turns a leak into a failure; it times nothing
+			t.Fatalf("goroutines: %d before the lanes, %d after they closed", baseG, runtime.NumGoroutine())
+		}
 	}
 }
 

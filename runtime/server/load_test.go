@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
@@ -23,7 +24,14 @@ func TestLoadManyClients(t *testing.T) {
 	if testing.Short() {
 		clients = 120
 	}
-	fx := newFixture(t, fixtureOpts{lanes: 2, cfg: sched.Config{MaxQueue: 1024, MaxBatch: 8}})
+	// The second lane is pinned to a CPU, as a phone's little-core lane
+	// is: its goroutine and kernel threads are locked to pinned threads.
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := map[int]cpuset.Set{1: {allowed[len(allowed)-1]}}
+	fx := newFixture(t, fixtureOpts{lanes: 2, cpus: pin, cfg: sched.Config{MaxQueue: 1024, MaxBatch: 8}})
 	prompts := []string{"Once upon a time", "Tom had a red ball.", "The sun was hot", "Lily saw a big dog", "One day, a bird"}
 	type ref struct {
 		text string
