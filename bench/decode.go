@@ -12,7 +12,7 @@ import (
 
 // DecodeConfig describes one decode/prefill measurement.
 type DecodeConfig struct {
-	Threads      int // kernel threads (0: physical cores)
+	Threads      int // kernel threads (0: kernels.DefaultThreads)
 	PromptTokens int // prefill length (default 512)
 	DecodeTokens int // tokens decoded per run (default 32)
 	Runs         int // measured runs; medians are reported (default 5)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,7 +102,7 @@ const spinLoads = 10000
 const waitLoads = 1000
 
 // NewPool starts threads workers (the caller's goroutine is one of them).
-// threads <= 0 means the number of physical cores.
+// threads <= 0 means DefaultThreads.
 func NewPool(threads int) *Pool {
 	p, _ := newPool(threads, nil)
 	return p
@@ -121,7 +122,7 @@ func NewPinnedPool(threads int, cpus cpuset.Set) (*Pool, error) {
 
 func newPool(threads int, cpus cpuset.Set) (*Pool, error) {
 	if threads <= 0 {
-		threads = PhysicalCores()
+		threads = DefaultThreads()
 	}
 	p := &Pool{threads: threads, cpus: cpus, workers: make([]*worker, threads-1), tune: newSplitTuner(threads)}
 	started := make(chan error, len(p.workers))
@@ -349,19 +350,75 @@ func (p *Pool) runJob(n, align, threads int, job Job) {
 // PhysicalCores counts physical cores on Linux (SMT siblings share a
 // core_id within a package); elsewhere it is runtime.NumCPU.
 func PhysicalCores() int {
-	n := runtime.NumCPU()
+	cpus := make(cpuset.Set, runtime.NumCPU())
+	for i := range cpus {
+		cpus[i] = i
+	}
+	return physicalCoresAt(sysCPU, cpus)
+}
+
+// sysCPU is where Linux describes the CPUs.
+const sysCPU = "/sys/devices/system/cpu"
+
+// physicalCoresAt counts the physical cores among cpus, as the sysfs CPU
+// directory dir describes them; len(cpus) where it does not.
+func physicalCoresAt(dir string, cpus cpuset.Set) int {
 	seen := map[string]bool{}
-	for cpu := 0; cpu < n; cpu++ {
-		dir := "/sys/devices/system/cpu/cpu" + strconv.Itoa(cpu) + "/topology/"
-		core, err1 := os.ReadFile(dir + "core_id")
-		pkg, err2 := os.ReadFile(dir + "physical_package_id")
+	for _, cpu := range cpus {
+		topo := dir + "/cpu" + strconv.Itoa(cpu) + "/topology/"
+		core, err1 := os.ReadFile(topo + "core_id")
+		pkg, err2 := os.ReadFile(topo + "physical_package_id")
 		if err1 != nil || err2 != nil {
-			return n
+			return len(cpus)
 		}
 		seen[strings.TrimSpace(string(pkg))+"/"+strings.TrimSpace(string(core))] = true
 	}
-	if len(seen) == 0 || len(seen) > n {
-		return n
+	if len(seen) == 0 || len(seen) > len(cpus) {
+		return len(cpus)
 	}
 	return len(seen)
+}
+
+// DefaultThreads is the thread count a pool gets when none is asked for
+// (NewPool(0); serve's and the mobile engine's default lane): the
+// physical cores, or, on a machine whose cores differ (a phone's big and
+// little ones), those of the fastest clusters that, counted at the
+// slowest of them's speed, compute the most. A kernel's rows are split
+// evenly over its threads, so a step waits for its slowest thread: with 4
+// big cores and 4 little ones at a third of their speed, 4 threads
+// finish a step in two thirds of the time 8 take.
+func DefaultThreads() int {
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		return PhysicalCores()
+	}
+	return defaultThreadsAt(sysCPU, allowed, PhysicalCores())
+}
+
+// defaultThreadsAt is DefaultThreads over the sysfs CPU directory dir,
+// counting only the CPUs in allowed, with physical the answer for
+// alike cores.
+func defaultThreadsAt(dir string, allowed cpuset.Set, physical int) int {
+	t, err := cpuset.ClustersAt(dir)
+	if err != nil || len(t) < 2 {
+		return physical
+	}
+	best, bestWork := physical, 0
+	var cpus cpuset.Set
+	for _, c := range t { // fastest first
+		for _, cpu := range c.CPUs {
+			if allowed.Contains(cpuset.Set{cpu}) {
+				cpus = append(cpus, cpu)
+			}
+		}
+		if len(cpus) == 0 {
+			continue
+		}
+		slices.Sort(cpus)
+		n := physicalCoresAt(dir, cpus)
+		if work := n * c.Capacity; work > bestWork {
+			best, bestWork = n, work
+		}
+	}
+	return best
 }

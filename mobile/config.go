@@ -22,7 +22,7 @@ import (
 )
 
 // config is NewEngine's JSON. Every field is optional: "{}" (or "") runs
-// the embedded default model on one lane of all physical cores.
+// the embedded default model on one lane of kernels.DefaultThreads.
 type config struct {
 	// Model is the GGUF (or llama2.c .bin) file, an absolute path in the
 	// app's private storage; empty: the embedded default model.
@@ -151,11 +151,11 @@ func (c *config) laneThreads() ([]int, error) {
 		}
 		return c.Lanes, nil
 	case c.Threads < 0 || c.Threads > maxThreads:
-		return nil, fmt.Errorf("threads %d: want 1..%d (0: all physical cores)", c.Threads, maxThreads)
+		return nil, fmt.Errorf("threads %d: want 1..%d (0: a thread per big core, or per core where they are alike)", c.Threads, maxThreads)
 	case c.Threads > 0:
 		return []int{c.Threads}, nil
 	}
-	return []int{kernels.PhysicalCores()}, nil
+	return []int{kernels.DefaultThreads()}, nil
 }
 
 // check validates the fields that need no files.

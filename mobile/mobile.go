@@ -56,7 +56,8 @@ type Engine struct {
 //	             mapped), "auto" (half the available memory, leaving the
 //	             rest to the app: the low-memory killer ends apps that
 //	             grow too far), "min", or a size like "512MiB"
-//	threads      kernel threads of one lane (0: all physical cores)
+//	threads      kernel threads of one lane (0: a thread per big core,
+//	             or per physical core where they are alike)
 //	lanes        threads per lane, e.g. [3,1]: the first lane is the
 //	             primary, the second takes long requests, or short ones
 //	             when it is much slower (not with threads)

@@ -1,12 +1,13 @@
 package cpuset
 
 import (
-	"os"
-	"path/filepath"
+	"fmt"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
 )
 
 func TestParse(t *testing.T) {
@@ -66,26 +67,14 @@ func FuzzParse(f *testing.F) {
 // fakeCPUs writes a sysfs CPU directory: online CPUs and, per CPU, the
 // files given (relative to cpuN).
 func fakeCPUs(t *testing.T, online string, files map[int]map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	write := func(name, body string) {
-		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(name, []byte(body+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(dir, "online"), online)
+	tree := map[string]string{"online": online}
 	for c, fs := range files {
 		for name, body := range fs {
-			write(filepath.Join(dir, "cpu"+strings.TrimSpace(itoa(c)), name), body)
+			tree[fmt.Sprintf("cpu%d/%s", c, name)] = body
 		}
 	}
-	return dir
+	return testutil.WriteTree(t, tree)
 }
-
-func itoa(n int) string { return Set{n}.String() }
 
 func TestClusters(t *testing.T) {
 	// A phone: four little cores, three big, one prime (Snapdragon-like),

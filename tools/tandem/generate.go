@@ -59,7 +59,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	minP := fs.Float64("min-p", 0, "drop tokens below this fraction of the top probability (0: off)")
 	repeat := fs.Float64("repeat-penalty", 1, "penalty for tokens already in the context (1: off)")
 	seed := fs.Uint64("seed", 0, "sampling seed: same seed, same text, except with a draft and --trigger cost (the default), which verifies when measured timings say, so the random draws fall differently from run to run; --trigger fixed or adaptive reproduce")
-	threads := fs.Int("threads", 0, "compute threads (0: physical cores)")
+	threads := fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)")
 	ctxLen := fs.Int("ctx", 0, "context length (0: the model's)")
 	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
@@ -304,7 +304,7 @@ func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat flo
 	case maxTokens < 0:
 		return fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
 	case threads < 0:
-		return fmt.Errorf("%w: --threads %d: want 0 (physical cores) or more", errUsage, threads)
+		return fmt.Errorf("%w: --threads %d: want 0 (a thread per physical core, or per big core on a phone) or more", errUsage, threads)
 	}
 	p := sched.Params{Temperature: &temp, TopK: &topK, MinP: &minP, RepeatPenalty: &repeat}
 	if topP != 0 {

@@ -434,20 +434,11 @@ func TestInfo(t *testing.T) {
 		t.Errorf("--json: %+v", got)
 	}
 	// A phone's cores, by the kernel's capacities: --lanes big and little.
-	phone := t.TempDir()
-	cpuDir := filepath.Join(phone, "sys", "devices", "system", "cpu")
+	files := map[string]string{"sys/devices/system/cpu/online": "0-7"}
 	for c, capacity := range []string{"325", "325", "325", "325", "870", "870", "870", "1024"} {
-		dir := filepath.Join(cpuDir, fmt.Sprintf("cpu%d", c))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "cpu_capacity"), []byte(capacity+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		files[fmt.Sprintf("sys/devices/system/cpu/cpu%d/cpu_capacity", c)] = capacity
 	}
-	if err := os.WriteFile(filepath.Join(cpuDir, "online"), []byte("0-7\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	phone := testutil.WriteTree(t, files)
 	code, out, errOut = tandem(t, "info", "--root", phone)
 	if want := "  clusters:  7 (capacity 1024), 4-6 (capacity 870), 0-3 (capacity 325): --lanes N@big pins a lane to 4-7, N@little to 0-3"; code != 0 || !strings.Contains(out, want) {
 		t.Errorf("a phone's cores: exit %d, output lacks %q:\n%s%s", code, want, out, errOut)

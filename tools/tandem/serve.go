@@ -58,7 +58,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	sf := addSpecFlags(fs)
 	modeFlag := fs.String("mode", "tree", "with --draft: tree (token tree), sd (classic speculative decoding) or bild (Big-Little, lossy)")
-	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, pinned to CPUs with @ (4@big, 4@little: a phone's big and little cores; 2@0-1: CPUs 0 and 1; big alone: a thread per big core), cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, the second takes long requests, or short ones when it is much slower (default: one CPU lane on all physical cores, placed by the OS)")
+	lanesFlag := fs.String("lanes", "", "lanes, comma separated: a thread count for a CPU lane, pinned to CPUs with @ (4@big, 4@little: a phone's big and little cores; 2@0-1: CPUs 0 and 1; big alone: a thread per big core), cuda or cuda:N for a GPU lane (GPU N; -tags cuda builds); the first lane is the primary, the second takes long requests, or short ones when it is much slower (default: one CPU lane of a thread per physical core, or per big core on a phone, placed by the OS)")
 	name := fs.String("name", "", "model id in the API (default: the model file's name)")
 	policyFlag := fs.String("policy", "tandem", "scheduling policy: tandem, fifo, luf, edf or rtlm")
 	calib := fs.String("calibration", "", "uncertainty calibration file (default: MODEL.calib.json when it exists)")
@@ -220,7 +220,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 // for a CPU lane (also written cpu:N) or cuda / cuda:N for a lane on GPU
 // N. A CPU lane may be pinned to CPUs: N@big, N@little (a phone's big or
 // little cores), N@0-3, or big or little alone for a thread per core of
-// the cluster. Empty means one CPU lane on all physical cores. Whether
+// the cluster. Empty means one CPU lane of kernels.DefaultThreads. Whether
 // this binary can run a GPU lane is the model's to say when the lane
 // loads.
 func parseLanes(s string) ([]sched.LaneSpec, error) {
@@ -233,7 +233,7 @@ const laneUsage = "want lanes separated by commas: a thread count for a CPU lane
 // parseLanesWith is parseLanes resolving CPU names with named.
 func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.LaneSpec, error) {
 	if strings.TrimSpace(s) == "" {
-		return []sched.LaneSpec{{Threads: kernels.PhysicalCores()}}, nil
+		return []sched.LaneSpec{{Threads: kernels.DefaultThreads()}}, nil
 	}
 	var out []sched.LaneSpec
 	for _, part := range strings.Split(s, ",") {
