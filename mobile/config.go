@@ -45,8 +45,9 @@ type config struct {
 	// whole (mapped) file, "auto" takes autoShare of available memory,
 	// "min" the smallest the model allows, or a size like "512MiB".
 	Budget string `json:"budget"`
-	// Threads is the kernel threads of a single lane (0: all physical
-	// cores); Lanes gives one entry per lane instead.
+	// Threads is the kernel threads of a single lane (0:
+	// kernels.DefaultThreads, a thread per big core on a phone); Lanes
+	// gives one entry per lane instead.
 	Threads int   `json:"threads"`
 	Lanes   []int `json:"lanes"`
 	// LaneCPUs pins each lane to CPUs: "big" (every core but the slowest
