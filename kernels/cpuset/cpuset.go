@@ -121,9 +121,9 @@ func (s Set) Contains(sub Set) bool {
 // cores.
 type Cluster struct {
 	CPUs Set
-	// Capacity is what the kernel says a CPU of the cluster computes
-	// (cpu_capacity, 1024 for the fastest), or its highest clock in kHz
-	// where the kernel gives no capacity.
+	// Capacity is what the kernel says the cluster's slowest CPU
+	// computes (cpu_capacity, 1024 for the fastest), or its highest clock
+	// in kHz where the kernel gives no capacity; 0 when neither is known.
 	Capacity int
 }
 
@@ -145,29 +145,49 @@ func ClustersAt(dir string) (Topology, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cpuset: %s: %w", filepath.Join(dir, "online"), err)
 	}
-	byCap := map[int]Set{}
-	for _, c := range online {
-		capacity := 0
-		cpu := filepath.Join(dir, "cpu"+strconv.Itoa(c))
-		// The capacity is what the scheduler itself weighs cores by; the
-		// highest clock ranks them too where it is missing (older
-		// kernels), though a little core at the big one's clock computes
-		// less.
-		for _, name := range []string{"cpu_capacity", "cpufreq/cpuinfo_max_freq"} {
-			if b, err := readSmall(filepath.Join(cpu, name)); err == nil {
-				if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
-					capacity = v
-					break
-				}
+	// The capacity is what the kernel's scheduler weighs cores by; the
+	// highest clock ranks them where it is missing (older kernels),
+	// though a little core at a big one's clock computes less. One source
+	// for every CPU: the two are not comparable.
+	var caps []int
+	for _, source := range []string{"cpu_capacity", "cpufreq/cpuinfo_max_freq"} {
+		caps = caps[:0]
+		for _, c := range online {
+			b, err := readSmall(filepath.Join(dir, "cpu"+strconv.Itoa(c), source))
+			v, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil || perr != nil || v <= 0 {
+				break
 			}
+			caps = append(caps, v)
 		}
-		byCap[capacity] = append(byCap[capacity], c)
+		if len(caps) == len(online) {
+			break
+		}
 	}
-	out := make(Topology, 0, len(byCap))
-	for capacity, cpus := range byCap {
-		out = append(out, Cluster{CPUs: cpus, Capacity: capacity})
+	if len(caps) != len(online) {
+		return Topology{{CPUs: online}}, nil // nothing ranks them: alike
 	}
-	slices.SortFunc(out, func(a, b Cluster) int { return b.Capacity - a.Capacity })
+	order := make([]int, len(online)) // indexes into online, fastest first
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return caps[b] - caps[a] })
+	var out Topology
+	var tops []int // each cluster's fastest CPU's capacity
+	for _, i := range order {
+		// Within 5% of a cluster's fastest core is the same cluster: some
+		// kernels give alike cores capacities a few units apart.
+		if n := len(out); n > 0 && caps[i]*100 >= tops[n-1]*95 {
+			out[n-1].CPUs = append(out[n-1].CPUs, online[i])
+			out[n-1].Capacity = caps[i]
+			continue
+		}
+		out = append(out, Cluster{CPUs: Set{online[i]}, Capacity: caps[i]})
+		tops = append(tops, caps[i])
+	}
+	for i := range out {
+		slices.Sort(out[i].CPUs)
+	}
 	return out, nil
 }
 

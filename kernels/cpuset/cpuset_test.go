@@ -133,6 +133,25 @@ func TestClusters(t *testing.T) {
 		t.Errorf("big on alike cores: %v, want an error saying to name CPUs", err)
 	}
 
+	// Capacities a few units apart are one cluster, at its slowest's.
+	near := map[int]map[string]string{0: {"cpu_capacity": "1024"}, 1: {"cpu_capacity": "1019"}, 2: {"cpu_capacity": "1024"}}
+	if cl, err = ClustersAt(fakeCPUs(t, "0-2", near)); err != nil || len(cl) != 1 || cl[0].CPUs.String() != "0-2" || cl[0].Capacity != 1019 {
+		t.Errorf("near capacities: %v, %v; want one cluster 0-2 at 1019", cl, err)
+	}
+	// One source for every CPU: a capacity on some and clocks on all
+	// rank by clock; neither on all ranks nothing.
+	mixed := map[int]map[string]string{
+		0: {"cpu_capacity": "1024", "cpufreq/cpuinfo_max_freq": "2000000"},
+		1: {"cpufreq/cpuinfo_max_freq": "3000000"},
+	}
+	if cl, err = ClustersAt(fakeCPUs(t, "0-1", mixed)); err != nil || len(cl) != 2 || cl[0].CPUs.String() != "1" {
+		t.Errorf("mixed sources: %v, %v; want CPU 1 first, by clock", cl, err)
+	}
+	unranked := map[int]map[string]string{0: {"cpu_capacity": "1024"}}
+	if cl, err = ClustersAt(fakeCPUs(t, "0-1", unranked)); err != nil || len(cl) != 1 || cl[0].Capacity != 0 || cl[0].CPUs.String() != "0-1" {
+		t.Errorf("a capacity on one CPU of two: %v, %v; want one cluster of capacity 0", cl, err)
+	}
+
 	if _, err := ClustersAt(t.TempDir()); err == nil {
 		t.Error("a directory without online: no error")
 	}
