@@ -184,6 +184,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding, policy %s, context %d, estimator %s\n",
 		len(lanes), describeLanes(lanes, laneSpecs), decoding, policy, sc.Context(), estimator)
+	if topo, err := cpuset.Clusters(); err == nil {
+		if hint := pinHint(laneSpecs, topo); hint != "" {
+			fmt.Fprintln(stderr, "tandem serve: "+hint)
+		}
+	}
 
 	select {
 	case err := <-serveErr:
@@ -272,6 +277,25 @@ func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.L
 		out = append(out, spec)
 	}
 	return out, nil
+}
+
+// pinHint suggests pinning when two or more CPU lanes float on a machine
+// with big and little cores: the OS then moves every busy lane thread to
+// the big cores, and the lanes are not the big and little lanes they
+// look like.
+func pinHint(specs []sched.LaneSpec, topo cpuset.Topology) string {
+	floating := 0
+	for _, l := range specs {
+		if !l.GPU() && l.CPUs == nil {
+			floating++
+		}
+	}
+	if floating < 2 || len(topo) < 2 {
+		return ""
+	}
+	big, _ := topo.Named("big")
+	little, _ := topo.Named("little")
+	return fmt.Sprintf("note: this machine has big cores (%s) and little ones (%s), and the OS moves busy lane threads to the big cores whichever lane they serve; --lanes %d@big,%d@little pins a lane to each", big, little, len(big), len(little))
 }
 
 // describeLanes says what each lane runs on: "cuda0 on cuda, cpu1 with 4

@@ -64,6 +64,31 @@ func TestParseLanes(t *testing.T) {
 	}
 }
 
+// TestPinHint: serve suggests pinning two floating CPU lanes on a
+// phone's big and little cores, and nothing elsewhere.
+func TestPinHint(t *testing.T) {
+	phone := cpuset.Topology{{CPUs: cpuset.Set{4, 5, 6, 7}, Capacity: 870}, {CPUs: cpuset.Set{0, 1, 2, 3}, Capacity: 325}}
+	alike := cpuset.Topology{{CPUs: cpuset.Set{0, 1, 2, 3}, Capacity: 1024}}
+	floating := []sched.LaneSpec{{Threads: 4}, {Threads: 2}}
+	if got := pinHint(floating, phone); !strings.Contains(got, "--lanes 4@big,4@little") || !strings.Contains(got, "big cores (4-7) and little ones (0-3)") {
+		t.Errorf("two floating lanes on a phone: %q", got)
+	}
+	for _, tc := range []struct {
+		name  string
+		specs []sched.LaneSpec
+		topo  cpuset.Topology
+	}{
+		{"alike cores", floating, alike},
+		{"one lane", floating[:1], phone},
+		{"pinned", []sched.LaneSpec{{Threads: 4, CPUs: cpuset.Set{4, 5, 6, 7}}, {Threads: 2}}, phone},
+		{"GPU and CPU", []sched.LaneSpec{{Device: "cuda"}, {Threads: 4}}, phone},
+	} {
+		if got := pinHint(tc.specs, tc.topo); got != "" {
+			t.Errorf("%s: %q, want no hint", tc.name, got)
+		}
+	}
+}
+
 // TestServeGPULaneWithoutCUDA: serve with a GPU lane in a build without
 // -tags cuda exits with the model's error saying to rebuild, not a
 // panic. (A cuda build serves it; runtime/sched's cuda tests cover that.)
