@@ -46,16 +46,16 @@ func MeasureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 		var c StepCosts
 		err := cpuset.Run(cfg.CPUs, func() error {
 			var err error
-			c, err = measureStepCosts(f, cfg, cfg.CPUs)
+			c, err = measureStepCosts(f, cfg)
 			return err
 		})
 		return c, err
 	}
-	return measureStepCosts(f, cfg, nil)
+	return measureStepCosts(f, cfg)
 }
 
-func measureStepCosts(f *weights.File, cfg CostConfig, cpus cpuset.Set) (StepCosts, error) {
-	m, err := model.Load(f, model.Options{Threads: cfg.Threads, Device: cfg.Device, CPUs: cpus})
+func measureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
+	m, err := model.Load(f, model.Options{Threads: cfg.Threads, Device: cfg.Device, CPUs: cfg.CPUs})
 	if err != nil {
 		return StepCosts{}, err
 	}

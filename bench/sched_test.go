@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/weights"
 )
 
 func TestWorkloadShape(t *testing.T) {
@@ -502,6 +505,29 @@ func TestMeasureStepCostsRealModel(t *testing.T) {
 	a, b := schedLineFit([]float64{1, 2, 4, 8}, []float64{3, 5, 9, 17})
 	if math.Abs(a-1) > 1e-9 || math.Abs(b-2) > 1e-9 {
 		t.Errorf("fit %v + %v·x, want 1 + 2·x", a, b)
+	}
+}
+
+// TestMeasureStepCostsPinned: a pinned lane's costs are timed on its
+// CPUs; a set the process may not use is refused, not timed elsewhere.
+func TestMeasureStepCostsPinned(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := CostConfig{Threads: 1, CPUs: cpuset.Set{allowed[len(allowed)-1]}, Batches: []int{1, 2}, Reps: 2, Context: 128}
+	c, err := MeasureStepCosts(f, cfg)
+	if err != nil || c.A+c.B <= 0 {
+		t.Fatalf("pinned: %+v, %v", c, err)
+	}
+	cfg.CPUs = cpuset.Set{allowed[len(allowed)-1] + 1}
+	if _, err := MeasureStepCosts(f, cfg); err == nil || !strings.Contains(err.Error(), "may use only") {
+		t.Errorf("CPUs outside the process: %v, want the CPUs it may use", err)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,11 +353,8 @@ func PhysicalCores() int {
 	for i := range cpus {
 		cpus[i] = i
 	}
-	return physicalCoresAt(sysCPU, cpus)
+	return physicalCoresAt(cpuset.SysCPU, cpus)
 }
-
-// sysCPU is where Linux describes the CPUs.
-const sysCPU = "/sys/devices/system/cpu"
 
 // physicalCoresAt counts the physical cores among cpus, as the sysfs CPU
 // directory dir describes them; len(cpus) where it does not.
@@ -392,7 +388,7 @@ func DefaultThreads() int {
 	if err != nil {
 		return PhysicalCores()
 	}
-	return defaultThreadsAt(sysCPU, allowed, PhysicalCores())
+	return defaultThreadsAt(cpuset.SysCPU, allowed, PhysicalCores())
 }
 
 // defaultThreadsAt is DefaultThreads over the sysfs CPU directory dir,
@@ -407,14 +403,13 @@ func defaultThreadsAt(dir string, allowed cpuset.Set, physical int) int {
 	var cpus cpuset.Set
 	for _, c := range t { // fastest first
 		for _, cpu := range c.CPUs {
-			if allowed.Contains(cpuset.Set{cpu}) {
+			if allowed.Has(cpu) {
 				cpus = append(cpus, cpu)
 			}
 		}
 		if len(cpus) == 0 {
 			continue
 		}
-		slices.Sort(cpus)
 		n := physicalCoresAt(dir, cpus)
 		if work := n * c.Capacity; work > bestWork {
 			best, bestWork = n, work

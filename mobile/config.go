@@ -125,10 +125,10 @@ func (c *config) lanes() ([]sched.LaneSpec, error) {
 		if alone {
 			specs[i].Threads = len(cpus)
 		}
-		if specs[i].Threads > len(cpus) {
-			return nil, fmt.Errorf("lane_cpus[%d] %q: %d threads on %d CPUs (%s) would take turns on them; give the lane at most %d threads", i, name, specs[i].Threads, len(cpus), cpus, len(cpus))
-		}
 		specs[i].CPUs = cpus
+		if err := specs[i].Check(); err != nil {
+			return nil, fmt.Errorf("lane_cpus[%d] %q: %w", i, name, err)
+		}
 	}
 	return specs, nil
 }

@@ -182,12 +182,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		s.Admitted, s.Segment, s.Completed, s.DeadlineHits, s.DeadlineMisses, s.Tokens, s.Evicted,
 		s.EngineWall.Round(time.Microsecond), s.SchedulerWall.Round(time.Microsecond))
 	for _, l := range s.Lanes {
-		where := ""
-		if l.CPUs != nil {
-			where = " on CPUs " + l.CPUs.String()
-		}
 		fmt.Fprintf(stdout, "lane %s: %d threads%s, %d steps, step time %v, %d sequences held (%d KiB KV)\n",
-			l.Name, l.Threads, where, l.Steps, l.StepTime.Round(time.Microsecond), l.Sequences, l.KVBytes>>10)
+			l.Name, l.Threads, l.CPUs.Where(), l.Steps, l.StepTime.Round(time.Microsecond), l.Sequences, l.KVBytes>>10)
 	}
 	return nil
 }

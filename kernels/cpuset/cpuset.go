@@ -107,14 +107,29 @@ func (s Set) String() string {
 	return b.String()
 }
 
+// Has reports whether cpu is in s.
+func (s Set) Has(cpu int) bool {
+	_, ok := slices.BinarySearch(s, cpu)
+	return ok
+}
+
 // Contains reports whether every CPU of sub is in s.
 func (s Set) Contains(sub Set) bool {
 	for _, c := range sub {
-		if _, ok := slices.BinarySearch(s, c); !ok {
+		if !s.Has(c) {
 			return false
 		}
 	}
 	return true
+}
+
+// Where says where a pinned lane computes, for the lines that describe
+// it: " on CPUs 4-7", or "" for nil (placed by the OS).
+func (s Set) Where() string {
+	if s == nil {
+		return ""
+	}
+	return " on CPUs " + s.String()
 }
 
 // Cluster is a group of CPUs of one capacity: a phone's big or little
@@ -127,12 +142,12 @@ type Cluster struct {
 	Capacity int
 }
 
-// sysCPU is where Linux describes the CPUs.
-const sysCPU = "/sys/devices/system/cpu"
+// SysCPU is where Linux describes the CPUs.
+const SysCPU = "/sys/devices/system/cpu"
 
 // Clusters groups this machine's online CPUs by capacity, fastest first.
 // A machine whose CPUs are alike has one cluster.
-func Clusters() (Topology, error) { return ClustersAt(sysCPU) }
+func Clusters() (Topology, error) { return ClustersAt(SysCPU) }
 
 // ClustersAt is Clusters reading the sysfs CPU directory dir (a captured
 // tree's, for tandem info --root).
@@ -248,7 +263,11 @@ func (t Topology) Named(name string) (Set, error) {
 
 // Run calls fn on a thread pinned to s and waits for it. The thread
 // exits after fn instead of going back to run other goroutines pinned.
+// A set the process may not use is refused as Check says.
 func Run(s Set, fn func() error) error {
+	if err := Check(s); err != nil {
+		return err
+	}
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine

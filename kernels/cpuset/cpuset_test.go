@@ -34,6 +34,9 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) = %v (%q), want %v (%q)", tc.in, got, got.String(), tc.want, tc.str)
 		}
 	}
+	if s := (Set{0, 1, 2, 6}); !s.Has(6) || s.Has(3) || !s.Contains(Set{1, 6}) || s.Contains(Set{1, 7}) || s.Where() != " on CPUs 0-2,6" || Set(nil).Where() != "" {
+		t.Errorf("Has, Contains or Where wrong on %v", s)
+	}
 	// Repeats stay a set of at most MaxCPU+1, however long the list.
 	if s, err := Parse(strings.Repeat("0-8191,", 1000) + "0"); err != nil || len(s) != MaxCPU+1 {
 		t.Errorf("a repeated full range: %d CPUs, %v", len(s), err)

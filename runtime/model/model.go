@@ -41,7 +41,7 @@ type Options struct {
 	// CPUs, when set, pins the threads of the pool Load makes to these
 	// CPUs (a phone's big or little cores; kernels.NewPinnedPool). The
 	// goroutine that calls Forward pins itself: the scheduler's lane
-	// goroutine does (sched.Lane.CPUs).
+	// goroutine does, from sched.EngineInfo.CPUs.
 	CPUs cpuset.Set
 }
 

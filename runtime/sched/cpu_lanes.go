@@ -36,6 +36,22 @@ func (l LaneSpec) GPU() bool {
 	return gpu && err == nil
 }
 
+// Check reports what makes the spec one no lane can run: a negative
+// thread count, a GPU lane pinned to CPUs, or more threads than CPUs
+// (they would take turns). LoadLanes, --lanes and the mobile config all
+// ask it before anything loads.
+func (l LaneSpec) Check() error {
+	switch {
+	case l.Threads < 0:
+		return fmt.Errorf("%d threads; want 0 or more", l.Threads)
+	case l.CPUs != nil && l.GPU():
+		return errors.New("a GPU lane is not pinned to CPUs; pin CPU lanes only")
+	case l.CPUs != nil && l.Threads > len(l.CPUs):
+		return fmt.Errorf("%d threads on %d CPUs (%s) would take turns on them; give at most %d threads, or more CPUs", l.Threads, len(l.CPUs), l.CPUs, len(l.CPUs))
+	}
+	return nil
+}
+
 // String is the lane as --lanes writes it: 4, 2@4-7, cuda or cuda:1.
 func (l LaneSpec) String() string {
 	if l.Device != "" && l.Device != "cpu" {
@@ -105,18 +121,12 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 			kind = "cuda"
 		}
 		name := fmt.Sprintf("%s%d", kind, i)
-		if ls.Threads < 0 {
+		if err := ls.Check(); err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("sched: lane %s: %d threads; want 0 or more", name, ls.Threads)
+			return nil, nil, fmt.Errorf("sched: lane %s: %w", name, err)
 		}
 		mopt := model.Options{Threads: ls.Threads, Device: ls.Device, CPUs: ls.CPUs}
 		switch {
-		case ls.CPUs != nil && ls.GPU():
-			closeAll()
-			return nil, nil, fmt.Errorf("sched: lane %s: a GPU lane is not pinned to CPUs; pin CPU lanes only", name)
-		case ls.CPUs != nil && ls.Threads > len(ls.CPUs):
-			closeAll()
-			return nil, nil, fmt.Errorf("sched: lane %s: %d threads on %d CPUs (%s) would take turns on them; give at most %d threads, or more CPUs", name, ls.Threads, len(ls.CPUs), ls.CPUs, len(ls.CPUs))
 		case ls.CPUs != nil && ls.Threads == 0:
 			mopt.Threads = len(ls.CPUs)
 		case ls.GPU() && mopt.Threads == 0:

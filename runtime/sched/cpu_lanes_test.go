@@ -171,6 +171,12 @@ func TestPinnedLanes(t *testing.T) {
 		closeLanes()
 		t.Fatal(err)
 	}
+	// New returns once each lane goroutine has pinned itself.
+	for i, l := range s.Stats().Lanes {
+		if !slices.Equal(l.CPUs, sets[i]) {
+			t.Errorf("lane %d right after New: CPUs %v, want %v", i, l.CPUs, sets[i])
+		}
+	}
 	const n = 12
 	var wg sync.WaitGroup
 	for i := range 6 {

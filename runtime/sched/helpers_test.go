@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sample"
 )
 
@@ -56,6 +57,7 @@ type fakeEngine struct {
 	delay    time.Duration // real sleep per step (live-mode tests)
 	spin     time.Duration // real computation per step, never blocking (live-mode tests)
 	spun     atomic.Int64  // steps that spun
+	cpus     cpuset.Set    // reported in Info: the lane goroutine pins itself there
 	hold     string        // a step with this tag waits for gate to close (live-mode tests)
 	gate     chan struct{}
 	failNext bool
@@ -74,7 +76,7 @@ func newFakeEngine(clock *fakeClock) *fakeEngine {
 }
 
 func (e *fakeEngine) Info() EngineInfo {
-	return EngineInfo{Name: e.name, MaxSeqs: e.maxSeqs, Context: e.ctx, SeqBytes: 1000, Threads: 1}
+	return EngineInfo{Name: e.name, MaxSeqs: e.maxSeqs, Context: e.ctx, SeqBytes: 1000, Threads: 1, CPUs: e.cpus}
 }
 
 // emittedBefore counts what earlier (evicted) sequences of tag produced.

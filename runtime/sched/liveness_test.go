@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/kernels/cpuset"
 )
 
 // TestRandomWorkLeavesNothingWaiting drives two lanes, under every
@@ -170,30 +172,41 @@ func TestStatsReportAStall(t *testing.T) {
 // due in 4 ms, and tandem met 60-73% of the deadlines; after each step's
 // yield, 1.5-2.7 ms and 94-97% (docs/scheduling.md).
 func TestLaneYieldsBetweenSteps(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	e := newFakeEngine(nil)
-	e.spin = time.Millisecond
-	s, err := New(Config{}, nil, Lane{Engine: e})
+	allowed, err := cpuset.Allowed()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Shutdown(context.Background())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := s.Submit(ctx, Request{Prompt: prompt(2), MaxTokens: 100000}); err != nil {
-		t.Fatal(err)
-	}
-	for e.spun.Load() < 2 {
-		time.Sleep(100 * time.Microsecond)
-	}
-	// Each sleep of this goroutine ends when the lane next lets it run.
-	worst := int64(0)
-	for range 5 {
-		before := e.spun.Load()
-		time.Sleep(100 * time.Microsecond)
-		worst = max(worst, e.spun.Load()-before)
-	}
-	if worst > 3 {
-		t.Errorf("a goroutine woken during a 1 ms step waited %d steps to run, want at most 3: the lane does not yield between steps", worst)
+	// A pinned lane's goroutine is locked to its thread and yields once a
+	// millisecond (pinnedYield), here once every step or two.
+	for _, pin := range []cpuset.Set{nil, {allowed[0]}} {
+		t.Run(fmt.Sprintf("cpus=%v", pin), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			e := newFakeEngine(nil)
+			e.spin = time.Millisecond
+			e.cpus = pin
+			s, err := New(Config{}, nil, Lane{Engine: e})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Shutdown(context.Background())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if _, err := s.Submit(ctx, Request{Prompt: prompt(2), MaxTokens: 100000}); err != nil {
+				t.Fatal(err)
+			}
+			for e.spun.Load() < 2 {
+				time.Sleep(100 * time.Microsecond)
+			}
+			// Each sleep of this goroutine ends when the lane next lets it run.
+			worst := int64(0)
+			for range 5 {
+				before := e.spun.Load()
+				time.Sleep(100 * time.Microsecond)
+				worst = max(worst, e.spun.Load()-before)
+			}
+			if worst > 3 {
+				t.Errorf("a goroutine woken during a 1 ms step waited %d steps to run, want at most 3: the lane does not yield between steps", worst)
+			}
+		})
 	}
 }

@@ -613,12 +613,13 @@ func (s *Scheduler) preempt(l *lane, now time.Time, limit int) bool {
 	// u: the earliest deadline among the waiting requests and the
 	// running ones that miss it in this batch, that can be met alone.
 	n := len(l.running)
+	secondary := s.leavesDeadlinesToPrimary(l) // makes no room for a running deadline
 	var u *task
 	for _, t := range s.deadlined(now) { // earliest deadline first
 		// Cheap tests first: this runs every step.
 		switch {
 		case t.state == running && t.lane == l.idx:
-			if n == 1 || t.starting || t.prefilling || !finish(t, n).After(t.deadline) || s.leavesDeadlinesToPrimary(l) {
+			if secondary || n == 1 || t.starting || t.prefilling || !finish(t, n).After(t.deadline) {
 				continue
 			}
 		case t.state != waiting || t.qi != qi || (t.hasSeq && t.lane != l.idx):

@@ -223,11 +223,6 @@ func (s *Scheduler) addLane(i int, l Lane) error {
 	if name == "" {
 		name = info.Name
 	}
-	if info.CPUs != nil && !s.cfg.Manual {
-		if err := cpuset.Check(info.CPUs); err != nil {
-			return fmt.Errorf("sched: lane %d (%s): %w", i, name, err)
-		}
-	}
 	if c, ok := l.Engine.(claimable); ok && !c.claim(s) {
 		return fmt.Errorf("%w: lane %d (%s)", ErrEngineInUse, i, name)
 	}
@@ -691,9 +686,10 @@ func (s *Scheduler) laneLoop(l *lane, ready chan<- struct{}) {
 	if pinned {
 		// The lane computes a share of every kernel on its own goroutine:
 		// it runs where the engine's threads are pinned. Never unlocked:
-		// the pinned thread ends with the lane. New checked the set;
-		// should the kernel refuse it since, the lane computes where it
-		// is placed, and its stats say so (LaneStats.CPUs nil).
+		// the pinned thread ends with the lane. The pool that pinned the
+		// engine's threads checked the set; should the kernel refuse it
+		// now, the lane computes where it is placed, and its stats say so
+		// (LaneStats.CPUs nil).
 		runtime.LockOSThread()
 		if cpuset.Pin(l.info.CPUs) == nil {
 			s.mu.Lock()

@@ -543,10 +543,7 @@ func laneStepCosts(f *weights.File, specs []sched.LaneSpec, maxBatch int, stderr
 			costs[i] = costs[j]
 			continue
 		}
-		where, threads := fmt.Sprintf("%d thread(s)", sp.Threads), sp.Threads
-		if sp.CPUs != nil {
-			where += " on CPUs " + sp.CPUs.String()
-		}
+		where, threads := fmt.Sprintf("%d thread(s)%s", sp.Threads, sp.CPUs.Where()), sp.Threads
 		if sp.GPU() {
 			where, threads = sp.Device, 1 // as sched.LoadLanes runs a GPU lane's host side
 		}

@@ -204,34 +204,30 @@ func infoText(in jetson.Info, w io.Writer) error {
 // clusterSummary lists the core clusters and how --lanes names them.
 func clusterSummary(cl []jetson.Cluster) string {
 	var parts []string
+	var topo cpuset.Topology
 	for _, c := range cl {
 		capacity := "capacity unknown"
 		if c.Capacity > 0 {
 			capacity = fmt.Sprintf("capacity %d", c.Capacity)
 		}
 		parts = append(parts, fmt.Sprintf("%s (%s)", c.CPUs, capacity))
+		cpus, err := cpuset.Parse(c.CPUs)
+		if err != nil {
+			return strings.Join(parts, ", ")
+		}
+		topo = append(topo, cpuset.Cluster{CPUs: cpus, Capacity: c.Capacity})
 	}
-	if len(cl) == 1 {
-		cpus, err := cpuset.Parse(cl[0].CPUs)
-		if err != nil || len(cpus) < 2 {
+	big, err := topo.Named("big")
+	if err != nil { // alike cores: split them in two for the example
+		cpus := topo[0].CPUs
+		if len(cpus) < 2 {
 			return parts[0]
 		}
 		a, b := cpus[:len(cpus)/2], cpus[len(cpus)/2:]
 		return fmt.Sprintf("%s, alike: pin lanes with CPU lists (--lanes %d@%s,%d@%s)", parts[0], len(a), a, len(b), b)
 	}
-	return strings.Join(parts, ", ") + ": --lanes N@big pins a lane to " + bigCPUs(cl) + ", N@little to " + cl[len(cl)-1].CPUs
-}
-
-// bigCPUs is every cluster's CPUs but the slowest's, as one list.
-func bigCPUs(cl []jetson.Cluster) string {
-	var big []string
-	for _, c := range cl[:len(cl)-1] {
-		big = append(big, c.CPUs)
-	}
-	if set, err := cpuset.Parse(strings.Join(big, ",")); err == nil {
-		return set.String()
-	}
-	return strings.Join(big, ",")
+	little, _ := topo.Named("little")
+	return fmt.Sprintf("%s: --lanes N@big pins a lane to %s, N@little to %s", strings.Join(parts, ", "), big, little)
 }
 
 func cpuSummary(c jetson.CPU) string {

@@ -270,8 +270,8 @@ func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.L
 			if n == 0 {
 				spec.Threads = len(spec.CPUs)
 			}
-			if spec.Threads > len(spec.CPUs) {
-				return nil, fmt.Errorf("%w: --lanes %q: %d threads on %d CPUs (%s) would take turns on them; give at most %d", errUsage, s, spec.Threads, len(spec.CPUs), spec.CPUs, len(spec.CPUs))
+			if err := spec.Check(); err != nil {
+				return nil, fmt.Errorf("%w: --lanes %q: %v", errUsage, s, err)
 			}
 		}
 		out = append(out, spec)
@@ -307,11 +307,7 @@ func describeLanes(lanes []sched.Lane, specs []sched.LaneSpec) string {
 			parts = append(parts, fmt.Sprintf("%s on %s", l.Name, specs[i].Device))
 		} else {
 			info := l.Engine.Info()
-			where := ""
-			if info.CPUs != nil {
-				where = " on CPUs " + info.CPUs.String()
-			}
-			parts = append(parts, fmt.Sprintf("%s with %d threads%s", l.Name, info.Threads, where))
+			parts = append(parts, fmt.Sprintf("%s with %d threads%s", l.Name, info.Threads, info.CPUs.Where()))
 		}
 	}
 	return strings.Join(parts, ", ")
