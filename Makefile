@@ -103,7 +103,8 @@ mobile-check:
 # Debian's CUDA toolkit when cuda.h is missing (cuda-deps, needs root),
 # vets the tagged code, builds bin/tandem-cuda and compiles the tagged
 # test binaries into bin/cuda/ (run them on a machine with an NVIDIA GPU;
-# see README, "CUDA (Jetson GPU)"). Without a GPU they skip.
+# tools/cuda-tests.sh runs them there, see README, "CUDA (Jetson GPU)").
+# Without a GPU they skip.
 CUDA_TEST_PKGS = ./kernels/cuda ./runtime/model ./runtime/sched ./tools/tandem
 CUDA_HEADERS = test -f /usr/include/cuda.h || test -f /usr/local/cuda/include/cuda.h
 cuda:

@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -74,6 +75,8 @@ func ptxName(module string, arch int) string { return fmt.Sprintf("ptx/%s.sm_%d.
 // SHA-256 of every .cu and .cuh file of fsys, by name order, each as its
 // name, a NUL, its bytes and a NUL. Tests compare it with the sources on
 // disk, so PTX that was not regenerated after a kernel change is caught.
+// A folder without sources is an error, not the digest of nothing: a test
+// binary run from another folder would otherwise report stale PTX.
 func SourcesDigest(fsys fs.FS) (string, error) {
 	var names []string
 	for _, pat := range []string{"*.cu", "*.cuh"} {
@@ -82,6 +85,9 @@ func SourcesDigest(fsys fs.FS) (string, error) {
 			return "", err
 		}
 		names = append(names, m...)
+	}
+	if len(names) == 0 {
+		return "", errors.New("cuda: no .cu or .cuh files in this folder: run the test from kernels/cuda, as go test does (tools/cuda-tests.sh runs the compiled tests so)")
 	}
 	sort.Strings(names)
 	h := sha256.New()

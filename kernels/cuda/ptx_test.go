@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
+	"testing/fstest"
 )
 
 // TestPTX checks the embedded PTX, which CI cannot regenerate (it has no
@@ -39,6 +41,24 @@ func TestPTX(t *testing.T) {
 	}
 	if got != want {
 		t.Fatalf("the embedded PTX was made from other sources (ptx/SOURCES %s, the .cu files now %s): run make cuda-ptx", got, want)
+	}
+}
+
+// TestSourcesDigestNeedsSources: a folder without .cu files (a test binary
+// run from the repository root) is an error saying where to run, not the
+// digest of nothing, which TestPTX reported as stale PTX.
+func TestSourcesDigestNeedsSources(t *testing.T) {
+	_, err := SourcesDigest(fstest.MapFS{"README.md": {Data: []byte("x")}})
+	if err == nil || !strings.Contains(err.Error(), "kernels/cuda") {
+		t.Fatalf("SourcesDigest of a folder without sources: %v, want an error naming kernels/cuda", err)
+	}
+	a, err := SourcesDigest(fstest.MapFS{"a.cu": {Data: []byte("x")}, "b.cuh": {Data: []byte("y")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := SourcesDigest(fstest.MapFS{"a.cu": {Data: []byte("x")}, "b.cuh": {Data: []byte("z")}})
+	if err != nil || a == b {
+		t.Fatalf("digests %s and %s (%v): a changed header must change the digest", a, b, err)
 	}
 }
 
