@@ -75,7 +75,6 @@ const (
 	defaultMaxBatch  = 4
 	defaultMaxTokens = 256
 	maxLanes         = 8
-	maxThreads       = 256
 )
 
 // autoShare is the share of available memory budget "auto" gives the
@@ -146,13 +145,13 @@ func (c *config) laneThreads() ([]int, error) {
 		return nil, fmt.Errorf("lanes %v: at most %d lanes", c.Lanes, maxLanes)
 	case len(c.Lanes) > 0:
 		for i, n := range c.Lanes {
-			if n < 1 || n > maxThreads {
-				return nil, fmt.Errorf("lanes[%d] = %d: want 1..%d threads", i, n, maxThreads)
+			if n < 1 || n > sched.MaxLaneThreads {
+				return nil, fmt.Errorf("lanes[%d] = %d: want 1..%d threads", i, n, sched.MaxLaneThreads)
 			}
 		}
 		return c.Lanes, nil
-	case c.Threads < 0 || c.Threads > maxThreads:
-		return nil, fmt.Errorf("threads %d: want 1..%d (0: a thread per big core, or per core where they are alike)", c.Threads, maxThreads)
+	case c.Threads < 0 || c.Threads > sched.MaxLaneThreads:
+		return nil, fmt.Errorf("threads %d: want 1..%d (0: a thread per big core, or per core where they are alike)", c.Threads, sched.MaxLaneThreads)
 	case c.Threads > 0:
 		return []int{c.Threads}, nil
 	}

@@ -27,6 +27,7 @@ func TestLaneCPUs(t *testing.T) {
 		{`{"lanes": [5], "lane_cpus": ["little"]}`, "", "at most 4 threads"},
 		{`{"lane_cpus": ["big", "mid"]}`, "", `lane_cpus[1] "mid"`},
 		{`{"lane_cpus": ["0","1","2","3","4","5","6","7","0"]}`, "", "at most 8 lanes"},
+		{`{"lane_cpus": ["0-270"]}`, "", "271 threads, one per CPU of 0-270; a lane takes at most 256"},
 	} {
 		var c config
 		if err := json.Unmarshal([]byte(tc.cfg), &c); err != nil {

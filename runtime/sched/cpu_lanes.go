@@ -36,14 +36,22 @@ func (l LaneSpec) GPU() bool {
 	return gpu && err == nil
 }
 
+// MaxLaneThreads bounds a lane's threads, written or implied by its CPUs
+// (a thread per CPU): more is a typo, not a machine.
+const MaxLaneThreads = 256
+
 // Check reports what makes the spec one no lane can run: a negative
-// thread count, a GPU lane pinned to CPUs, or more threads than CPUs
-// (they would take turns). LoadLanes, --lanes and the mobile config all
-// ask it before anything loads.
+// thread count or one above MaxLaneThreads, a GPU lane pinned to CPUs,
+// or more threads than CPUs (they would take turns). LoadLanes, --lanes
+// and the mobile config all ask it before anything loads.
 func (l LaneSpec) Check() error {
 	switch {
 	case l.Threads < 0:
 		return fmt.Errorf("%d threads; want 0 or more", l.Threads)
+	case l.Threads > MaxLaneThreads && l.CPUs != nil:
+		return fmt.Errorf("%d threads, one per CPU of %s; a lane takes at most %d, so give a thread count", l.Threads, l.CPUs, MaxLaneThreads)
+	case l.Threads > MaxLaneThreads:
+		return fmt.Errorf("%d threads; a lane takes at most %d", l.Threads, MaxLaneThreads)
 	case l.CPUs != nil && l.GPU():
 		return errors.New("a GPU lane is not pinned to CPUs; pin CPU lanes only")
 	case l.CPUs != nil && l.Threads > len(l.CPUs):

@@ -72,6 +72,7 @@ func TestLoadLanesErrors(t *testing.T) {
 		{"budget below the minimum", LaneOptions{Lanes: CPULaneSpecs(1), Stream: &weights.StreamOptions{Mode: weights.StreamPipelined, Budget: 1}}, "lane cpu0"},
 		{"bad kv type", LaneOptions{Lanes: CPULaneSpecs(1), KVType: weights.Q4_0}, "engine cpu0"},
 		{"negative threads", LaneOptions{Lanes: CPULaneSpecs(1, -1)}, "lane cpu1"},
+		{"absurd threads", LaneOptions{Lanes: CPULaneSpecs(MaxLaneThreads + 1)}, "at most 256"},
 		{"unknown device", LaneOptions{Lanes: []LaneSpec{{Device: "tpu"}}}, "unknown device"},
 		{"pinned GPU lane", LaneOptions{Lanes: []LaneSpec{{Device: "cuda", CPUs: cpuset.Set{0}}}}, "not pinned"},
 		{"more threads than CPUs", LaneOptions{Lanes: []LaneSpec{{Threads: 2, CPUs: cpuset.Set{0}}}}, "take turns"},

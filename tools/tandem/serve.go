@@ -259,7 +259,7 @@ func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.L
 		}
 		threads, where, pinned := strings.Cut(strings.TrimPrefix(part, "cpu:"), "@")
 		n, err := strconv.Atoi(threads)
-		if err != nil || n < 0 || n > 256 || n == 0 && !pinned {
+		if err != nil || n < 0 || n > sched.MaxLaneThreads || n == 0 && !pinned {
 			return nil, fmt.Errorf("%w: --lanes %q: %s", errUsage, s, laneUsage)
 		}
 		spec := sched.LaneSpec{Threads: n}

@@ -40,6 +40,7 @@ func TestParseLanes(t *testing.T) {
 		{"0@2-3,cuda", []sched.LaneSpec{pinned(2, 2, 3), gpu("cuda")}, true},
 		{"3@0-1", nil, false}, {"5@big", nil, false}, {"4@", nil, false}, {"4@mid", nil, false},
 		{"@big", nil, false}, {"cuda@big", nil, false}, {"cuda:0@1", nil, false}, {"1@3-1", nil, false},
+		{"0@0-270", nil, false}, {"257", nil, false}, {"257@0-300", nil, false},
 	} {
 		got, err := parseLanesWith(tc.in, phone)
 		if (err == nil) != tc.ok || (tc.ok && fmt.Sprint(got) != fmt.Sprint(tc.want)) {
@@ -58,10 +59,47 @@ func TestParseLanes(t *testing.T) {
 	if _, err := parseLanesWith("3@0-1", phone); err == nil || !strings.Contains(err.Error(), "at most 2") {
 		t.Errorf("--lanes 3@0-1: %v, want at most 2 threads", err)
 	}
+	if _, err := parseLanesWith("0@0-270", phone); err == nil || !strings.Contains(err.Error(), "271 threads, one per CPU of 0-270; a lane takes at most 256, so give a thread count") {
+		t.Errorf("--lanes 0@0-270: %v, want at most 256 threads", err)
+	}
 	// On this machine: a CPU list resolves as written.
 	if got, err := parseLanes("1@0"); err != nil || fmt.Sprint(got) != fmt.Sprint([]sched.LaneSpec{pinned(1, 0)}) {
 		t.Errorf("--lanes 1@0 = %v, %v", got, err)
 	}
+}
+
+// FuzzParseLanes: --lanes never panics, refuses with a usage error, and
+// what it accepts is a set of lanes that pass their own check and read
+// back the same when written as --lanes writes them.
+func FuzzParseLanes(f *testing.F) {
+	phone := cpuset.Topology{{CPUs: cpuset.Set{4, 5, 6, 7}, Capacity: 1024}, {CPUs: cpuset.Set{0, 1, 2, 3}, Capacity: 325}}.Named
+	for _, s := range []string{"3,1", "cpu:2", "cuda,4", "4, cuda:1", "4@big,2@little", "big,little",
+		"cpu:1@6, 2@0-1", "0@2-3,cuda", "3@0-1", "cuda:0@1", "1@3-1", "2@0,2,4-5", "cuda:99999999999999999999", " , "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parseLanesWith(s, phone)
+		if err != nil {
+			if !errors.Is(err, errUsage) {
+				t.Fatalf("parseLanes(%q): %v is not a usage error", s, err)
+			}
+			return
+		}
+		parts := make([]string, len(got))
+		for i, l := range got {
+			if err := l.Check(); err != nil {
+				t.Fatalf("parseLanes(%q) accepted lane %d (%v), which its check refuses: %v", s, i, l, err)
+			}
+			if !l.GPU() && (l.Threads < 1 || l.Threads > 256) {
+				t.Fatalf("parseLanes(%q): lane %d has %d threads", s, i, l.Threads)
+			}
+			parts[i] = l.String()
+		}
+		again, err := parseLanesWith(strings.Join(parts, ","), phone)
+		if err != nil || fmt.Sprint(again) != fmt.Sprint(got) {
+			t.Fatalf("parseLanes(%q) = %v, written %q, read back as %v, %v", s, got, strings.Join(parts, ","), again, err)
+		}
+	})
 }
 
 // TestPinHint: serve suggests pinning two floating CPU lanes on a
