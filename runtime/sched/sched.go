@@ -25,6 +25,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -165,16 +166,17 @@ func (c *Config) defaults() {
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 8
 	}
-	if c.Lookahead < 1 {
+	// The checks are written so that NaN takes the default too.
+	if !(c.Lookahead >= 1) || math.IsInf(c.Lookahead, 1) {
 		c.Lookahead = 2
 	}
-	if c.Lambda <= 1 {
-		c.Lambda = 4
+	if !(c.Lambda > 1) {
+		c.Lambda = 4 // +Inf stays: never cut
 	}
-	if c.Alpha <= 0 || c.Alpha >= 1 {
+	if !(c.Alpha > 0 && c.Alpha < 1) {
 		c.Alpha = 0.5
 	}
-	if c.TauQuantile <= 0 || c.TauQuantile >= 1 {
+	if !(c.TauQuantile > 0 && c.TauQuantile < 1) {
 		c.TauQuantile = 0.9
 	}
 	if c.MaxQueue <= 0 {

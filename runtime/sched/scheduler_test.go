@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,6 +129,30 @@ func TestPolicyOrders(t *testing.T) {
 				t.Errorf("order %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestConfigDefaults: zero, out-of-range and NaN tuning values take the
+// defaults (NaN slipped past checks written as x < lo).
+func TestConfigDefaults(t *testing.T) {
+	nan := math.NaN()
+	for _, c := range []Config{{}, {Lookahead: nan, Lambda: nan, Alpha: nan, TauQuantile: nan}, {Lookahead: math.Inf(1), Lambda: 0.5, Alpha: 2, TauQuantile: -1}} {
+		c.defaults()
+		if c.Lookahead != 2 || c.Lambda != 4 || c.Alpha != 0.5 || c.TauQuantile != 0.9 {
+			t.Errorf("defaults: lookahead %v, lambda %v, alpha %v, tau quantile %v; want 2, 4, 0.5, 0.9", c.Lookahead, c.Lambda, c.Alpha, c.TauQuantile)
+		}
+	}
+	// A tandem scheduler configured with NaN orders requests as the
+	// default one does.
+	reqs := []Request{
+		{ID: "a", Prompt: prompt(60), MaxTokens: 60},
+		{ID: "b", Prompt: prompt(5), MaxTokens: 5, Deadline: 900 * time.Millisecond},
+		{ID: "c", Prompt: prompt(20), MaxTokens: 20, Deadline: 300 * time.Millisecond},
+	}
+	lengths := map[string]int{"a": 60, "b": 5, "c": 20}
+	want := order(t, Config{Policy: Tandem}, reqs, lengths)
+	if got := order(t, Config{Policy: Tandem, Lookahead: nan, Lambda: nan, Alpha: nan, TauQuantile: nan}, reqs, lengths); !slices.Equal(got, want) {
+		t.Errorf("order with NaN tuning %v, want the default's %v", got, want)
 	}
 }
 

@@ -165,8 +165,10 @@ func (c Config) validate() error {
 	switch {
 	case c.Method < Tree || c.Method > BiLD:
 		return fmt.Errorf("spec: unknown method %d", c.Method)
-	case c.BranchThreshold < 0, c.Floor < 0, c.Fallback < 0, c.Rollback < 0:
-		return fmt.Errorf("spec: thresholds must not be negative (branch %g, floor %g, fallback %g, rollback %g)", c.BranchThreshold, c.Floor, c.Fallback, c.Rollback)
+	// Written so that NaN fails too (a branch threshold is +Inf for SD
+	// and BiLD, which open no branches).
+	case !(c.BranchThreshold >= 0), !(c.Floor >= 0), !(c.Fallback >= 0), !(c.Rollback >= 0):
+		return fmt.Errorf("spec: thresholds must be numbers, not negative (branch %g, floor %g, fallback %g, rollback %g)", c.BranchThreshold, c.Floor, c.Fallback, c.Rollback)
 	case c.MaxBranches < 0, c.MaxTree < 0, c.DraftBatch < 0, c.DraftLen < 0, c.PipelineCap < 0:
 		return fmt.Errorf("spec: sizes must not be negative (branches %d, tree %d, draft batch %d, draft length %d, pipeline cap %d)",
 			c.MaxBranches, c.MaxTree, c.DraftBatch, c.DraftLen, c.PipelineCap)

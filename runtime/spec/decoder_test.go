@@ -428,6 +428,11 @@ func TestSpeculateBadPairs(t *testing.T) {
 	if _, err := New(draft, target, arNewCache(t, draft, 64), arNewCache(t, target, 64), nil, Config{MaxTree: -1}); err == nil {
 		t.Error("a negative tree size was accepted")
 	}
+	for _, c := range []Config{{BranchThreshold: math.NaN()}, {Method: BiLD, Fallback: math.NaN()}, {Method: BiLD, Rollback: math.NaN()}, {Floor: math.NaN()}} {
+		if _, err := New(draft, target, arNewCache(t, draft, 64), arNewCache(t, target, 64), nil, c); err == nil {
+			t.Errorf("a NaN threshold was accepted: %+v", c)
+		}
+	}
 }
 
 // TestCheckDraftFile: a llama2.c draft is checked with its own tokenizer

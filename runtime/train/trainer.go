@@ -104,10 +104,10 @@ func NewTrainerWindows(p *Params[float32], train, valid *Windows, teacher Teache
 		return nil, fmt.Errorf("train: steps %d and batch %d must be positive", o.Steps, o.Batch)
 	case o.SeqLen <= 0 || o.SeqLen > c.Context:
 		return nil, fmt.Errorf("train: sequence length %d is outside 1..%d (the model's context)", o.SeqLen, c.Context)
-	case !(o.LR > 0) || o.MinLR < 0 || o.MinLR > o.LR:
-		return nil, fmt.Errorf("train: learning rate %g and minimum %g: want 0 <= min <= lr, lr > 0", o.LR, o.MinLR)
-	case o.Warmup < 0 || o.Clip < 0:
-		return nil, fmt.Errorf("train: warmup %d and clip %g must not be negative", o.Warmup, o.Clip)
+	case !(o.LR > 0 && o.LR < math.Inf(1)) || !(o.MinLR >= 0 && o.MinLR <= o.LR):
+		return nil, fmt.Errorf("train: learning rate %g and minimum %g: want 0 <= min <= lr, lr > 0 and finite", o.LR, o.MinLR)
+	case o.Warmup < 0 || !(o.Clip >= 0):
+		return nil, fmt.Errorf("train: warmup %d and clip %g: want numbers, not negative", o.Warmup, o.Clip)
 	}
 	if train.t != o.SeqLen || (valid != nil && valid.t != o.SeqLen) {
 		return nil, fmt.Errorf("train: windows of %d tokens for a sequence length of %d", train.t, o.SeqLen)

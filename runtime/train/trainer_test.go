@@ -134,6 +134,41 @@ func microTrainer(t *testing.T, o Options, pool *kernels.Pool) *Trainer {
 	return tr
 }
 
+// TestBadOptions: options no run can use are refused, NaN and infinities
+// included (a check written x < 0 lets NaN through).
+func TestBadOptions(t *testing.T) {
+	tokens, vocab := microCorpus(12)
+	c := model.Config{Dim: 32, Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: vocab, Context: 32, Tied: true}
+	p, err := NewParams[float32](c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := kernels.NewPool(1)
+	defer pool.Close()
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+	}{
+		{"lr NaN", func(o *Options) { o.LR = nan }},
+		{"lr +Inf", func(o *Options) { o.LR, o.MinLR = inf, inf }},
+		{"lr 0", func(o *Options) { o.LR = 0 }},
+		{"min lr NaN", func(o *Options) { o.MinLR = nan }},
+		{"min lr above lr", func(o *Options) { o.MinLR = 1 }},
+		{"clip NaN", func(o *Options) { o.Clip = nan }},
+		{"clip negative", func(o *Options) { o.Clip = -1 }},
+	} {
+		o := microOptions(2)
+		tc.edit(&o)
+		if _, err := NewTrainer(p, tokens[:200], tokens[200:], nil, pool, o); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	if _, err := NewTrainer(p, tokens[:200], tokens[200:], nil, pool, microOptions(2)); err != nil {
+		t.Errorf("good options: %v", err)
+	}
+}
+
 // TestLossFalls: a micro model on a micro corpus learns it: the training
 // loss drops to under a third of where it starts and the held-out loss
 // under half of the uniform guess.

@@ -213,7 +213,7 @@ func parseFloats(flag, s string, lo, hi float64) ([]float64, error) {
 	var out []float64
 	for _, p := range strings.Split(s, ",") {
 		x, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-		if err != nil || x < lo || x > hi {
+		if err != nil || !(x >= lo && x <= hi) { // NaN fails too
 			return nil, fmt.Errorf("%w: %s %q: want numbers in %g..%g separated by commas", errUsage, flag, s, lo, hi)
 		}
 		out = append(out, x)

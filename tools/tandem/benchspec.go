@@ -61,15 +61,8 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
 	}
-	if *maxTree < 1 || *maxBranches < 1 || *threshold <= 0 || *threshold >= 1 {
+	if *maxTree < 1 || *maxBranches < 1 || !(*threshold > 0 && *threshold < 1) {
 		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want positive sizes and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold)
-	}
-	if err := plotsDir(*plots); err != nil {
-		return err
-	}
-	prompts, err := readPromptIDs(*promptsPath)
-	if err != nil {
-		return err
 	}
 	pcts, err := parsePercents(*budgets)
 	if err != nil {
@@ -79,7 +72,6 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
 	var lens []int
 	for _, s := range strings.Split(*sdLens, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
@@ -88,6 +80,14 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		}
 		lens = append(lens, k)
 	}
+	if err := plotsDir(*plots); err != nil {
+		return err
+	}
+	prompts, err := readPromptIDs(*promptsPath)
+	if err != nil {
+		return err
+	}
+	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
 	want := map[string]bool{}
 	if *modes != "" {
 		for _, m := range strings.Split(*modes, ",") {
@@ -366,7 +366,7 @@ func parsePercents(s string) ([]float64, error) {
 	var out []float64
 	for _, p := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(p), "%"), 64)
-		if err != nil || v <= 0 || v > 100 {
+		if err != nil || !(v > 0 && v <= 100) { // NaN fails too
 			return nil, fmt.Errorf("%w: budgets %q: want percentages in (0, 100] separated by commas", errUsage, s)
 		}
 		out = append(out, v)

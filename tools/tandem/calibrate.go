@@ -50,7 +50,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || *temp < 0 {
+	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || !(*temp >= 0) {
 		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive, --temperature >= 0", errUsage)
 	}
 	specs := onePerCore()

@@ -53,7 +53,8 @@ func TestHelpAndUsage(t *testing.T) {
 	// before anything loads (--min-p 2 used to panic in the draft's
 	// sampler; --trigger bogus without a draft passed unseen).
 	for _, bad := range [][]string{{"--min-p", "2"}, {"--temperature", "-1"}, {"--top-p", "2"}, {"--top-k", "-3"},
-		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}, {"--trigger", "bogus"}, {"--max-tree", "0"}} {
+		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}, {"--trigger", "bogus"}, {"--max-tree", "0"},
+		{"--branch-threshold", "NaN"}, {"--temperature", "NaN"}} {
 		code, out, errOut := tandem(t, append([]string{"generate", "--temperature", "1"}, bad...)...)
 		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]) || !strings.Contains(errOut, bad[1]) {
 			t.Errorf("generate %v: exit %d, stdout %q, stderr %q", bad, code, out, errOut)
@@ -88,6 +89,15 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
 		{"serve", "--ctx", "-5"},
 		{"serve", "--ctx", "2"},
+		// NaN passes a check written as x < lo || x > hi.
+		{"bench", "sched", "--real=false", "--loads", "NaN"},
+		{"bench", "sched", "--real=false", "--adversarial", "0,NaN"},
+		{"bench", "sched", "--real=false", "--sim-costs", "NaN,1,1"},
+		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--budgets", "NaN"},
+		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--branch-threshold", "NaN"},
+		{"generate", "--trigger", "adaptive", "--alpha", "NaN"},
+		{"calibrate", "--model", gguf, "--temperature", "NaN"},
+		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "NaN"},
 		// K types are read, not written.
 		{"convert", "--type", "q4_k", gguf, filepath.Join(t.TempDir(), "k.gguf")},
 		// A llama2.c model has no vocabulary to tokenize with.

@@ -68,7 +68,8 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 	cfg := spec.Config{Method: method, BranchThreshold: *sf.threshold, MaxTree: *sf.maxTree, MaxBranches: *sf.maxBranches,
 		DraftBatch: *sf.draftBatch, DraftLen: *sf.draftLen, Fallback: *sf.fallback, Rollback: *sf.rollback,
 		Pipeline: lane != nil && !*sf.noPipeline, Lane: lane}
-	if cfg.BranchThreshold <= 0 || cfg.BranchThreshold > 1 {
+	// The checks are written so that NaN fails them too.
+	if !(cfg.BranchThreshold > 0 && cfg.BranchThreshold <= 1) {
 		return cfg, fmt.Errorf("%w: --branch-threshold %g: want a probability in (0, 1]", errUsage, cfg.BranchThreshold)
 	}
 	for name, v := range map[string]int{"--max-tree": cfg.MaxTree, "--max-branches": cfg.MaxBranches, "--draft-batch": cfg.DraftBatch, "--draft-len": cfg.DraftLen} {
@@ -80,7 +81,7 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 	case "cost":
 		cfg.Trigger = &spec.CostAware{}
 	case "adaptive":
-		if *sf.alpha <= 0 || *sf.alpha > 1 {
+		if !(*sf.alpha > 0 && *sf.alpha <= 1) {
 			return cfg, fmt.Errorf("%w: --alpha %g: want a confidence in (0, 1]", errUsage, *sf.alpha)
 		}
 		cfg.Trigger = &spec.Adaptive{Alpha: *sf.alpha}

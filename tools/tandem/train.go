@@ -197,7 +197,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	} else {
-		if *validFrac < 0 || *validFrac >= 1 {
+		if !(*validFrac >= 0 && *validFrac < 1) { // NaN fails too
 			return fmt.Errorf("%w: --valid-frac %g: want 0 <= f < 1", errUsage, *validFrac)
 		}
 		k := int(float64(len(docs)) * *validFrac)
