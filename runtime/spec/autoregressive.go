@@ -124,7 +124,13 @@ func Generate(ctx context.Context, m *model.Model, cache *kv.Cache, prompt []int
 
 	start = time.Now()
 	defer func() { res.Decode = time.Since(start) }()
-	history := append(make([]int32, 0, len(prompt)+opt.MaxTokens), prompt...)
+	// The context bounds what can be generated, whatever MaxTokens asks
+	// (a huge one reserved gigabytes up front).
+	room := limit - len(prompt) + 1
+	if opt.MaxTokens > 0 {
+		room = min(room, opt.MaxTokens)
+	}
+	history := append(make([]int32, 0, len(prompt)+room), prompt...)
 	logits := out.Row(b.Len() - 1)
 	for {
 		id := sampler.Sample(logits, history)

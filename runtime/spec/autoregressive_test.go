@@ -3,6 +3,7 @@ package spec
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -117,6 +118,12 @@ func TestGenerateContextFull(t *testing.T) {
 	}
 	if res.Reason != StopContextFull || !slices.Equal(res.Ids, full.Ids[:7]) {
 		t.Fatalf("reason %v ids %v; want %v and %v", res.Reason, res.Ids, StopContextFull, full.Ids[:7])
+	}
+	// MaxTokens far beyond any context ends there too; it used to reserve
+	// room for every token it asked for (8 GB for two billion).
+	res, err = Generate(context.Background(), m, arNewCache(t, m, 10), prompt, GenOptions{MaxTokens: math.MaxInt / 8})
+	if err != nil || res.Reason != StopContextFull || !slices.Equal(res.Ids, full.Ids[:7]) {
+		t.Fatalf("a huge MaxTokens: reason %v ids %v, %v; want %v and %v", res.Reason, res.Ids, err, StopContextFull, full.Ids[:7])
 	}
 	_, err = Generate(context.Background(), m, arNewCache(t, m, 3), prompt, GenOptions{})
 	if !errors.Is(err, kv.ErrContextFull) {
