@@ -89,6 +89,8 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
 		{"serve", "--ctx", "-5"},
 		{"serve", "--ctx", "2"},
+		{"serve", "--drain-timeout", "-5s"},
+		{"serve", "--park-ttl", "0s"},
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--adversarial", "0,NaN"},

@@ -103,6 +103,12 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 {
 		return fmt.Errorf("%w: --max-seqs, --max-batch, --max-queue and --max-tokens must be positive", errUsage)
 	}
+	if *drain < 0 {
+		return fmt.Errorf("%w: --drain-timeout %v: want 0 (cancel at once) or more", errUsage, *drain)
+	}
+	if *parkTTL <= 0 {
+		return fmt.Errorf("%w: --park-ttl %v: want a positive duration, such as 30s", errUsage, *parkTTL)
+	}
 	if *ctxLen < 0 || *ctxLen > 0 && *ctxLen < sched.MinContext {
 		return fmt.Errorf("%w: --ctx %d: want 0 (the model's) or at least %d, for a prompt and its answer", errUsage, *ctxLen, sched.MinContext)
 	}
