@@ -66,9 +66,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	// 600, as in the simulator: the p99 of fewer requests is set by one
 	// or two of them (150 scattered from −19% to −38% against FIFO at 20%
 	// adversarial in five runs, 600 from −33% to −39%).
-	requests := fs.Int("requests", 600, "requests per real-engine run")
+	requests := fs.Int("requests", 600, "requests per real-engine run (10 to 100000)")
 	repeat := fs.Int("repeat", 3, "real-engine runs per setting and policy; the rows are their medians")
-	simRequests := fs.Int("sim-requests", 600, "requests per simulated run")
+	simRequests := fs.Int("sim-requests", 600, "requests per simulated run (10 to 100000)")
 	lanesFlag := fs.String("lanes", "1,1", "the real engine's lanes, comma separated: threads per CPU lane, pinned to CPUs with @ (1@0,1@1; 4@big,4@little on a phone), or cuda / cuda:N for a GPU lane (a build with -tags cuda); the simulator uses as many lanes")
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
@@ -104,6 +104,11 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	}
 	if *requests < 10 || *simRequests < 10 || *maxBatch < 1 || *repeat < 1 {
 		return fmt.Errorf("%w: --requests and --sim-requests must be at least 10, --max-batch and --repeat at least 1", errUsage)
+	}
+	// A million simulated requests took 3 GB and a minute; two billion ran
+	// out of memory.
+	if *requests > maxBenchRequests || *simRequests > maxBenchRequests {
+		return fmt.Errorf("%w: --requests %d, --sim-requests %d: at most %d per run; use --repeat for more runs", errUsage, *requests, *simRequests, maxBenchRequests)
 	}
 	if *outDir != "" {
 		if err := os.MkdirAll(*outDir, 0o755); err != nil {
@@ -188,6 +193,9 @@ var ablations = []policyVariant{
 	{"tandem -admit", sched.Tandem, sched.Ablation{NoAdmission: true}},
 	{"tandem -route", sched.Tandem, sched.Ablation{NoRouting: true}},
 }
+
+// maxBenchRequests bounds the requests of one benchmark run.
+const maxBenchRequests = 100_000
 
 func parsePolicies(s string) ([]policyVariant, error) {
 	var out []policyVariant

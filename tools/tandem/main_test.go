@@ -93,6 +93,7 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"serve", "--park-ttl", "0s"},
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
+		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},
 		{"bench", "sched", "--real=false", "--adversarial", "0,NaN"},
 		{"bench", "sched", "--real=false", "--sim-costs", "NaN,1,1"},
 		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--budgets", "NaN"},
