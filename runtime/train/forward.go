@@ -88,6 +88,19 @@ func NewEngine[T Float](c model.Config, pool *kernels.Pool) (*Engine[T], error) 
 // Config is the engine's model shape.
 func (e *Engine[T]) Config() model.Config { return e.cfg }
 
+// activationElems counts the elements size allocates for b sequences of
+// t tokens, in float64 so that absurd batches do not overflow: the T
+// buffers, and the float64 per-row losses apart. TestActivationElems
+// keeps the two in step.
+func activationElems(c model.Config, b, t int) (ts, f64s float64) {
+	n, d, kvd, hid := float64(b)*float64(t), float64(c.Dim), float64(c.KVHeads*(c.Dim/c.Heads)), float64(c.Hidden)
+	perLayer := n*(6*d+2+2*kvd+3*hid) + float64(b)*float64(c.Heads)*float64(t)*float64(t)
+	ts = n*d + float64(c.Layers)*perLayer + // the first block's input, the blocks
+		n*(d+1+2*float64(c.Vocab)) + // final norm, logits and their gradient
+		n*(8*d+2*kvd+3*hid) // the backward pass's buffers
+	return ts, n
+}
+
 // size (re)allocates the activation buffers for B sequences of T tokens.
 func (e *Engine[T]) size(b, t int) {
 	if e.b == b && e.t == t {

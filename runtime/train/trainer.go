@@ -10,7 +10,11 @@ import (
 	"math"
 	"time"
 
+	"github.com/shirou/gopsutil/v3/mem"
+
+	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -112,6 +116,14 @@ func NewTrainerWindows(p *Params[float32], train, valid *Windows, teacher Teache
 	if train.t != o.SeqLen || (valid != nil && valid.t != o.SeqLen) {
 		return nil, fmt.Errorf("train: windows of %d tokens for a sequence length of %d", train.t, o.SeqLen)
 	}
+	// Refused here rather than failing the first allocation: a batch of
+	// two billion ran the process out of memory.
+	if need := activationBytes(c, o.Batch, o.SeqLen, teacher != nil); need > 0 {
+		if avail, err := availableMemory(); err == nil && need > float64(avail) {
+			return nil, fmt.Errorf("train: %d sequences of %d tokens a step need %s for activations, and %s is available; lower the batch",
+				o.Batch, o.SeqLen, progress.Bytes(uint64(min(need, math.MaxInt64))), progress.Bytes(avail))
+		}
+	}
 	t := &Trainer{P: p, pool: pool, train: train, valid: valid, teacher: teacher, opts: o}
 	var err error
 	if t.eng, err = NewEngine[float32](c, pool); err != nil {
@@ -124,6 +136,27 @@ func NewTrainerWindows(p *Params[float32], train, valid *Windows, teacher Teache
 	t.State = State{Steps: o.Steps, Batch: o.Batch, SeqLen: o.SeqLen, Seed: o.Seed, Shape: ShapeString(c),
 		DataHash: hashTokens(train.tokens, train.stride), LR: o.LR, MinLR: o.MinLR, Warmup: o.Warmup, Clip: o.Clip, Distill: teacher != nil}
 	return t, nil
+}
+
+// activationBytes is what a step of b sequences of t tokens allocates
+// for activations (float32), with the teacher's soft targets when
+// distilling.
+func activationBytes(c model.Config, b, t int, distill bool) float64 {
+	ts, f64s := activationElems(c, b, t)
+	need := 4*ts + 8*f64s
+	if distill {
+		need += 4 * float64(b) * float64(t) * float64(c.Vocab)
+	}
+	return need
+}
+
+// availableMemory is the memory the machine has free (a test seam).
+var availableMemory = func() (uint64, error) {
+	vm, err := mem.VirtualMemory()
+	if err != nil {
+		return 0, err
+	}
+	return vm.Available, nil
 }
 
 // SetLog replaces Options.Log.

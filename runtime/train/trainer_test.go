@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -166,6 +167,66 @@ func TestBadOptions(t *testing.T) {
 	}
 	if _, err := NewTrainer(p, tokens[:200], tokens[200:], nil, pool, microOptions(2)); err != nil {
 		t.Errorf("good options: %v", err)
+	}
+	// A batch whose activations exceed the memory available is refused
+	// before anything is allocated (two billion ran the process out of
+	// memory).
+	o := microOptions(2)
+	o.Batch = 2_000_000_000
+	if _, err := NewTrainer(p, tokens[:200], tokens[200:], nil, pool, o); err == nil || !strings.Contains(err.Error(), "lower the batch") {
+		t.Errorf("a batch of two billion: %v, want an error saying to lower the batch", err)
+	}
+	defer func(old func() (uint64, error)) { availableMemory = old }(availableMemory)
+	availableMemory = func() (uint64, error) { return 1 << 20, nil }
+	o.Batch = 64
+	if _, err := NewTrainer(p, tokens[:200], tokens[200:], nil, pool, o); err == nil || !strings.Contains(err.Error(), "1.0 MiB is available") {
+		t.Errorf("64 sequences with 1 MiB free: %v, want an error naming the memory available", err)
+	}
+}
+
+// TestActivationElems: the estimate the memory check uses counts every
+// buffer the engine allocates, once (a block's output is the next one's
+// input).
+func TestActivationElems(t *testing.T) {
+	for _, c := range []model.Config{
+		{Dim: 32, Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, Context: 32},
+		{Dim: 48, Hidden: 96, Layers: 3, Heads: 6, KVHeads: 6, Vocab: 70, Context: 16},
+	} {
+		e, err := NewEngine[float32](c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bt := range [][2]int{{1, 1}, {3, 7}, {4, 16}} {
+			e.size(bt[0], bt[1])
+			seen := map[uintptr]bool{}
+			var ts, f64s int
+			count := func(v reflect.Value) {
+				for i := range v.NumField() {
+					f := v.Field(i)
+					if f.Kind() != reflect.Slice || f.Len() == 0 || seen[f.Pointer()] {
+						continue
+					}
+					switch f.Type().Elem().Kind() {
+					case reflect.Float32:
+						seen[f.Pointer()] = true
+						ts += f.Len()
+					case reflect.Float64:
+						seen[f.Pointer()] = true
+						f64s += f.Len()
+					}
+				}
+			}
+			ev := reflect.ValueOf(e).Elem()
+			for l := range e.acts {
+				count(reflect.ValueOf(&e.acts[l]).Elem())
+			}
+			count(ev)
+			ts -= len(e.cos) + len(e.sin) // the RoPE table, not activations
+			wantTs, wantF64s := activationElems(c, bt[0], bt[1])
+			if float64(ts) != wantTs || float64(f64s) != wantF64s {
+				t.Errorf("%s, %d×%d: the engine allocates %d + %d float64 elements, the estimate says %v + %v", ShapeString(c), bt[0], bt[1], ts, f64s, wantTs, wantF64s)
+			}
+		}
 	}
 }
 

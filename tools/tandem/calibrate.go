@@ -24,6 +24,9 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
+// maxCalibrationPrompts bounds --n.
+const maxCalibrationPrompts = 100_000
+
 func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("calibrate", "[--model FILE] [--tokenizer FILE] [--prompts FILE] [flags]",
 		"Trains the scheduler's uncertainty estimator for a model: generates answers\n"+
@@ -40,7 +43,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	promptsPath := fs.String("prompts", "", "prompt file: text lines or JSON lines (default: the built-in corpus)")
-	n := fs.Int("n", 400, "prompts from the built-in corpus")
+	n := fs.Int("n", 400, "prompts from the built-in corpus (at most 100000)")
 	maxTokens := fs.Int("max-tokens", 448, "cap on every generation")
 	temp := fs.Float64("temperature", 0.8, "sampling temperature of the generations (0: greedy)")
 	seed := fs.Uint64("seed", 1, "corpus, sampling and training seed")
@@ -52,6 +55,10 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	}
 	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || !(*temp >= 0) {
 		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive, --temperature >= 0", errUsage)
+	}
+	// Two billion prompts ran out of memory building the corpus.
+	if *n > maxCalibrationPrompts {
+		return fmt.Errorf("%w: --n %d: at most %d prompts (a few hundred calibrate well)", errUsage, *n, maxCalibrationPrompts)
 	}
 	specs := onePerCore()
 	if *lanes != "" {

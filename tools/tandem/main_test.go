@@ -100,6 +100,7 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--branch-threshold", "NaN"},
 		{"generate", "--trigger", "adaptive", "--alpha", "NaN"},
 		{"calibrate", "--model", gguf, "--temperature", "NaN"},
+		{"calibrate", "--model", gguf, "--n", "2000000000"},
 		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "NaN"},
 		// K types are read, not written.
 		{"convert", "--type", "q4_k", gguf, filepath.Join(t.TempDir(), "k.gguf")},
