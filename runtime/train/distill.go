@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sample"
@@ -47,6 +48,14 @@ func Sample(ctx context.Context, m *model.Model, o SampleOptions) ([]int32, erro
 	for i, p := range o.Prompts {
 		if 1+len(p) >= o.Length {
 			return nil, fmt.Errorf("train: sample: prompt %d has %d tokens, too long for sequences of %d", i, len(p), o.Length)
+		}
+	}
+	// The text is kept whole; two trillion tokens asked for ran the
+	// process out of memory before the first was sampled.
+	if need := 4 * float64(o.Sequences) * float64(o.Length); need > 0 {
+		if avail, err := availableMemory(); err == nil && need > float64(avail) {
+			return nil, fmt.Errorf("train: sample %d sequences of %d tokens: they need %s, and %s is available; sample fewer tokens",
+				o.Sequences, o.Length, progress.Bytes(uint64(min(need, math.MaxInt64))), progress.Bytes(avail))
 		}
 	}
 	if o.Parallel <= 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tandem-llm/tandem/kernels"
@@ -57,6 +58,11 @@ func TestDistillRaisesAgreement(t *testing.T) {
 		if samples[i] != again[i] {
 			t.Fatal("sampling depends on how many sequences decode together")
 		}
+	}
+	// More text than memory holds is refused before anything is
+	// allocated (two trillion tokens ran the process out of memory).
+	if _, err := Sample(context.Background(), target, SampleOptions{Sequences: 1 << 40, Length: 25, BOS: bos, EOS: -1}); err == nil || !strings.Contains(err.Error(), "sample fewer tokens") {
+		t.Errorf("2^40 sequences: %v, want an error saying to sample fewer tokens", err)
 	}
 
 	dc := model.Config{Dim: 16, Hidden: 32, Layers: 1, Heads: 2, KVHeads: 1, Vocab: tc.Vocab, Context: 32, Tied: true}
