@@ -27,9 +27,10 @@ type Config struct {
 // KVDim is the width of one KV cache row per layer.
 func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
 
-// maxDim bounds every hyperparameter so that the products used to size
-// buffers cannot overflow; it is far above any real model.
-const maxDim = 1 << 20
+// MaxDim bounds every hyperparameter a model file may give, so that the
+// products used to size buffers cannot overflow; it is far above any real
+// model. Tools that write models refuse more.
+const MaxDim = 1 << 20
 
 // ConfigFrom reads the hyperparameters of a llama-architecture file and
 // checks them against the shapes of its tensors.
@@ -44,8 +45,8 @@ func ConfigFrom(f *weights.File) (Config, error) {
 		if !ok {
 			return 0, fmt.Errorf("%s: metadata key %s is missing or not a non-negative integer", f.Path, key)
 		}
-		if v == 0 || v > maxDim {
-			return 0, fmt.Errorf("%s: metadata %s = %d is outside 1..%d", f.Path, key, v, maxDim)
+		if v == 0 || v > MaxDim {
+			return 0, fmt.Errorf("%s: metadata %s = %d is outside 1..%d", f.Path, key, v, MaxDim)
 		}
 		return int(v), nil
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -45,8 +46,8 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *ctx < 0 {
-		return fmt.Errorf("%w: --ctx %d: want 0 (the source's) or more", errUsage, *ctx)
+	if *ctx < 0 || *ctx > model.MaxDim {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the source's) up to %d, the most a model may have", errUsage, *ctx, model.MaxDim)
 	}
 	sh.Context = *ctx
 	dt, err := weights.ParseWriteType(*typ)

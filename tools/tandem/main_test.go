@@ -87,6 +87,8 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "-1"},
 		{"synth", "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "s.gguf")},
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
+		{"synth", "--shape", "stories15m", "--ctx", "2000000000", filepath.Join(t.TempDir(), "s.gguf")},
+		{"inflate", "--from", gguf, "--shape", "stories110m", "--ctx", "2000000000", filepath.Join(t.TempDir(), "i.gguf")},
 		{"serve", "--ctx", "-5"},
 		{"serve", "--ctx", "2"},
 		{"serve", "--drain-timeout", "-5s"},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -37,8 +38,8 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *ctx < 0 {
-		return fmt.Errorf("%w: --ctx %d: want 0 (the shape's) or more", errUsage, *ctx)
+	if *ctx < 0 || *ctx > model.MaxDim {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the shape's) up to %d, the most a model may have", errUsage, *ctx, model.MaxDim)
 	}
 	if *ctx > 0 {
 		sh.Context = *ctx
