@@ -88,6 +88,10 @@ func TestWriteAndRead(t *testing.T) {
 	if _, err := ReadDocuments(strings.NewReader("ok\n\xff\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("bad UTF-8: %v", err)
 	}
+	long := "ok\n\n" + strings.Repeat("a", 65<<20) + "\n"
+	if _, err := ReadDocuments(strings.NewReader(long)); err == nil || !strings.Contains(err.Error(), "line 3 is over 64 MiB") {
+		t.Errorf("a 65 MiB line: %v", err)
+	}
 }
 
 func FuzzReadDocuments(f *testing.F) {

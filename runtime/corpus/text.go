@@ -45,7 +45,9 @@ func ReadDocuments(r io.Reader) ([]string, error) {
 		}
 		cur = append(cur, t)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("corpus: line %d is over 64 MiB; break the text into lines (documents are separated by blank lines)", line+1)
+	} else if err != nil {
 		return nil, fmt.Errorf("corpus: after line %d: %w", line, err)
 	}
 	flush()

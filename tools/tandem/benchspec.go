@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -340,7 +341,8 @@ func readPromptIDs(path string) ([][]int32, error) {
 	var out [][]int32
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
-	for line := 1; sc.Scan(); line++ {
+	line := 1
+	for ; sc.Scan(); line++ {
 		var rec struct {
 			PromptIDs []int32 `json:"prompt_ids"`
 		}
@@ -352,7 +354,9 @@ func readPromptIDs(path string) ([][]int32, error) {
 		}
 		out = append(out, rec.PromptIDs)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("--prompts: %s line %d is over 64 MiB; each line holds one prompt's ids", path, line)
+	} else if err != nil {
 		return nil, fmt.Errorf("--prompts: %w", err)
 	}
 	if len(out) == 0 {

@@ -173,7 +173,8 @@ func readPrompts(path string, maxTokens int) ([]bench.WorkRequest, error) {
 	var out []bench.WorkRequest
 	sc := bufio.NewScanner(fh)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for line := 1; sc.Scan(); line++ {
+	line := 1
+	for ; sc.Scan(); line++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" {
 			continue
@@ -196,7 +197,9 @@ func readPrompts(path string, maxTokens int) ([]bench.WorkRequest, error) {
 		}
 		out = append(out, r)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("%s:%d: a line over 1 MiB; each prompt is one line, and must fit the model's context", path, line)
+	} else if err != nil {
 		return nil, err
 	}
 	if len(out) < 10 {

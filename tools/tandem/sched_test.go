@@ -49,12 +49,16 @@ func TestCalibrate(t *testing.T) {
 	for name, body := range map[string]string{
 		"few.txt":  "one\ntwo\n",
 		"bad.json": strings.Repeat(`{"prompt":"x","max_tokens":"many"}`+"\n", 12),
+		"long.txt": strings.Repeat("short\n", 12) + strings.Repeat("a", 2<<20) + "\n", // said the scanner's "token too long" alone
 	} {
 		p := filepath.Join(dir, name)
 		os.WriteFile(p, []byte(body), 0o644)
 		if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", p, "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, name) {
 			t.Errorf("%s: exit %d: %s", name, code, stderr)
 		}
+	}
+	if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", filepath.Join(dir, "long.txt"), "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, "long.txt:13: a line over 1 MiB") {
+		t.Errorf("a 2 MiB line: exit %d: %s", code, stderr)
 	}
 	if code, _, _ := tandem(t, "calibrate", "--n", "0"); code != 2 {
 		t.Errorf("--n 0: exit %d, want 2", code)
