@@ -100,6 +100,10 @@ const spinLoads = 10000
 // (F16 2048×5632 on two threads).
 const waitLoads = 1000
 
+// MaxThreads bounds the threads the tools and the scheduler's lanes accept:
+// more is a typo, not a machine, and every worker spins while it waits.
+const MaxThreads = 256
+
 // NewPool starts threads workers (the caller's goroutine is one of them).
 // threads <= 0 means DefaultThreads.
 func NewPool(threads int) *Pool {

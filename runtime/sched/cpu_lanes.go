@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -38,7 +39,7 @@ func (l LaneSpec) GPU() bool {
 
 // MaxLaneThreads bounds a lane's threads, written or implied by its CPUs
 // (a thread per CPU): more is a typo, not a machine.
-const MaxLaneThreads = 256
+const MaxLaneThreads = kernels.MaxThreads
 
 // Check reports what makes the spec one no lane can run: a negative
 // thread count or one above MaxLaneThreads, a GPU lane pinned to CPUs,

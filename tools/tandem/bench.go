@@ -73,8 +73,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	var thr []int
 	for _, s := range strings.Split(*threads, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			return fmt.Errorf("%w: --threads %q: want positive integers separated by commas", errUsage, *threads)
+		if err != nil || n <= 0 || n > kernels.MaxThreads {
+			return fmt.Errorf("%w: --threads %q: want integers from 1 to %d separated by commas", errUsage, *threads, kernels.MaxThreads)
 		}
 		thr = append(thr, n)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
@@ -58,7 +59,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	simShape := fs.String("sim-shape", "tinyllama-1.1b", "shape whose step costs the simulator uses ('' skips the simulator)")
 	simType := fs.String("sim-type", "q4_0", "weight type of the synthetic model")
 	simCosts := fs.String("sim-costs", "", "simulator step costs in ms: A,B,C[,D] = per step, per decoding member, per prefill token, and per decoding member per token of its context (D: attention reading the KV cache; 0 when left out) (skips measuring); A,B,C/A,B,C/... gives each simulated lane its own, the first the primary (a GPU lane beside a CPU lane, say)")
-	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs")
+	simThreads := fs.Int("sim-threads", 1, "threads per lane when measuring the simulator's costs (1 to 256)")
 	policies := fs.String("policies", "tandem,fifo,luf,edf,rtlm", "policies to compare; tandem-shed, tandem-admit and tandem-route are tandem without that part")
 	loads := fs.String("loads", "0.3,0.6,0.9,1.2,1.6", "offered loads (1.0: the measured capacity)")
 	adversarial := fs.String("adversarial", "0,0.2,0.4", "shares of adversarial long-output prompts")
@@ -101,6 +102,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	specs, err := parseLanes(*lanesFlag)
 	if err != nil {
 		return err
+	}
+	if *simThreads < 1 || *simThreads > kernels.MaxThreads {
+		return fmt.Errorf("%w: --sim-threads %d: want 1 to %d", errUsage, *simThreads, kernels.MaxThreads)
 	}
 	if *requests < 10 || *simRequests < 10 || *maxBatch < 1 || *repeat < 1 {
 		return fmt.Errorf("%w: --requests and --sim-requests must be at least 10, --max-batch and --repeat at least 1", errUsage)

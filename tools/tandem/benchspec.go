@@ -53,7 +53,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	runs := fs.Int("runs", 5, "runs per mode (the median is reported)")
 	tokens := fs.Int("tokens", 32, "tokens generated per run of a speculative mode")
 	stdTokens := fs.Int("std-tokens", 8, "tokens generated per run of the target alone (every one costs a full pass)")
-	threads := fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)")
+	threads := threadsFlag(fs)
 	dir := fs.String("dir", "", "where inflated models go (default: a temporary directory, removed afterwards)")
 	plots := fs.String("plots", ".", "directory for the SVG plots (empty: none)")
 	if _, err := parse(fs, args, 0, 0); err != nil {

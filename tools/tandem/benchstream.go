@@ -40,7 +40,7 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 	modes := fs.String("modes", "resident,std,stdpl", "modes to measure")
 	runs := fs.Int("runs", 5, "measured runs per configuration (the median is reported)")
 	tokens := fs.Int("tokens", 2, "decode tokens per run (a run's latency is its time ÷ tokens)")
-	threads := fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)")
+	threads := threadsFlag(fs)
 	ioMethod := fs.String("io", "pread", "how streamed weights are read: pread or mmap")
 	dir := fs.String("dir", "", "where inflated targets go (default: a new temporary directory, removed afterwards)")
 	plots := fs.String("plots", ".", "directory for the SVG plots (empty: none)")

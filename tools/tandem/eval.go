@@ -37,7 +37,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	ctxLen := fs.Int("ctx", 256, "tokens per held-out window (capped by the contexts)")
 	windows := fs.Int("windows", 0, "evaluate at most this many windows (0: all)")
 	gen := fs.Int("gen", 128, "tokens the model generates per prompt")
-	threads := fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)")
+	threads := threadsFlag(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err

@@ -59,7 +59,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	minP := fs.Float64("min-p", 0, "drop tokens below this fraction of the top probability (0: off)")
 	repeat := fs.Float64("repeat-penalty", 1, "penalty for tokens already in the context (1: off)")
 	seed := fs.Uint64("seed", 0, "sampling seed: same seed, same text, except with a draft and --trigger cost (the default), which verifies when measured timings say, so the random draws fall differently from run to run; --trigger fixed or adaptive reproduce")
-	threads := fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)")
+	threads := threadsFlag(fs)
 	ctxLen := fs.Int("ctx", 0, "context length (0: the model's)")
 	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
@@ -70,7 +70,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat, *threads); err != nil {
+	if err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat); err != nil {
 		return err
 	}
 	if _, err := sf.config(spec.Tree, nil); err != nil { // the speculative flags, with or without a draft
@@ -299,12 +299,10 @@ func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.T
 // before a model is loaded: out of range they used to switch a transform
 // off silently, or fail mid-generation. The sampling ranges are the HTTP
 // API's (sched.Params), except that a top-p of 0 turns it off here.
-func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64, threads int) error {
+func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64) error {
 	switch {
 	case maxTokens < 0:
 		return fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
-	case threads < 0:
-		return fmt.Errorf("%w: --threads %d: want 0 (a thread per physical core, or per big core on a phone) or more", errUsage, threads)
 	}
 	p := sched.Params{Temperature: &temp, TopK: &topK, MinP: &minP, RepeatPenalty: &repeat}
 	if topP != 0 {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -165,6 +166,10 @@ func newFlags(name, args, about string, stdout, stderr io.Writer, examples ...st
 	return fs
 }
 
+// invalidFlagValue matches the flag package's error for a value its
+// flag.Value refused.
+var invalidFlagValue = regexp.MustCompile(`^invalid value "(.*)" for flag -(\S+): (.*)$`)
+
 // parse parses flags placed anywhere among the positional arguments and
 // checks the positional count is within [minArgs, maxArgs] (-1: any).
 func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
@@ -181,7 +186,12 @@ func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, err
 				help()
 				return nil, err
 			}
-			return nil, fmt.Errorf("%w: %v (see tandem %s --help)", errUsage, err, fs.Name())
+			msg := err.Error()
+			// As the other usage errors write a flag: --threads -2: ...
+			if m := invalidFlagValue.FindStringSubmatch(msg); m != nil {
+				msg = fmt.Sprintf("--%s %s: %s", m[2], m[1], m[3])
+			}
+			return nil, fmt.Errorf("%w: %s (see tandem %s --help)", errUsage, msg, fs.Name())
 		}
 		args = fs.Args()
 		if len(args) == 0 {

@@ -54,7 +54,7 @@ func TestHelpAndUsage(t *testing.T) {
 	// sampler; --trigger bogus without a draft passed unseen).
 	for _, bad := range [][]string{{"--min-p", "2"}, {"--temperature", "-1"}, {"--top-p", "2"}, {"--top-k", "-3"},
 		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}, {"--trigger", "bogus"}, {"--max-tree", "0"},
-		{"--branch-threshold", "NaN"}, {"--temperature", "NaN"}} {
+		{"--branch-threshold", "NaN"}, {"--temperature", "NaN"}, {"--threads", "100000"}} {
 		code, out, errOut := tandem(t, append([]string{"generate", "--temperature", "1"}, bad...)...)
 		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]) || !strings.Contains(errOut, bad[1]) {
 			t.Errorf("generate %v: exit %d, stdout %q, stderr %q", bad, code, out, errOut)
@@ -96,6 +96,15 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},
+		// A typo of 100000 threads started as many spinning workers.
+		{"eval", "--threads", "100000"},
+		{"train", "--threads", "257"},
+		{"distill", "--threads", "-1"},
+		{"bench", "stream", "--threads", "100000"},
+		{"bench", "spec", "--threads", "100000"},
+		{"bench", "decode", "--threads", "1,300"},
+		{"bench", "sched", "--real=false", "--sim-threads", "100000"},
+		{"bench", "sched", "--real=false", "--sim-threads", "0"},
 		{"bench", "sched", "--real=false", "--adversarial", "0,NaN"},
 		{"bench", "sched", "--real=false", "--sim-costs", "NaN,1,1"},
 		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--budgets", "NaN"},

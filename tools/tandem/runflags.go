@@ -12,6 +12,7 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/units"
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
@@ -254,4 +255,29 @@ func (s *streamStats) String() string {
 		s.Mode, s.IO, progress.Bytes(s.BudgetBytes), progress.Bytes(s.PinnedBytes), progress.Bytes(s.WindowBytes),
 		progress.Bytes(s.ResidentBytes), progress.Bytes(s.PeakResidentBytes), progress.Bytes(s.BytesReadPerToken), bw,
 		s.ReadSeconds, s.IOStallSeconds)
+}
+
+// threadCount is a --threads flag, refused as it is parsed when it is
+// negative or above kernels.MaxThreads: a typo of 100000 started as many
+// spinning workers, and a negative count meant the default silently.
+type threadCount int
+
+func (t *threadCount) String() string { return strconv.Itoa(int(*t)) }
+
+func (t *threadCount) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > kernels.MaxThreads {
+		return fmt.Errorf("want 0 (a thread per physical core, or per big core on a phone) to %d", kernels.MaxThreads)
+	}
+	*t = threadCount(n)
+	return nil
+}
+
+// threadsFlag defines --threads on fs.
+func threadsFlag(fs interface {
+	Var(flag.Value, string, string)
+}) *int {
+	n := new(int)
+	fs.Var((*threadCount)(n), "threads", "compute threads (0: a thread per physical core, or per big core on a phone)")
+	return n
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -34,6 +35,7 @@ func addTrainFlags(fs interface {
 	Uint64(string, uint64, string) *uint64
 	String(string, string, string) *string
 	Bool(string, bool, string) *bool
+	Var(flag.Value, string, string)
 }, lr float64) trainFlags {
 	return trainFlags{
 		tokens:    fs.Int64("tokens", 0, "tokens to train on (sets --steps: tokens / (batch × sequence length))"),
@@ -44,7 +46,7 @@ func addTrainFlags(fs interface {
 		warmup:    fs.Int("warmup", 0, "warmup steps (default: 5% of the steps, at most 200)"),
 		clip:      fs.Float64("clip", 1, "clip the gradient's global norm to this (0: off)"),
 		seed:      fs.Uint64("seed", 1, "seed for the initial weights and the data order"),
-		threads:   fs.Int("threads", 0, "compute threads (0: a thread per physical core, or per big core on a phone)"),
+		threads:   threadsFlag(fs),
 		typ:       fs.String("type", "f32", "weight type of the output file: f32, f16, q8_0 or q4_0"),
 		ckpt:      fs.String("ckpt", "", "checkpoint file (default: OUT.ckpt.gguf; its optimizer state goes beside it as .state)"),
 		ckptEvery: fs.Int("ckpt-every", 100, "write a checkpoint every N steps (and at the end and on Ctrl-C)"),
