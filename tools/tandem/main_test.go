@@ -54,7 +54,7 @@ func TestHelpAndUsage(t *testing.T) {
 	// sampler; --trigger bogus without a draft passed unseen).
 	for _, bad := range [][]string{{"--min-p", "2"}, {"--temperature", "-1"}, {"--top-p", "2"}, {"--top-k", "-3"},
 		{"--repeat-penalty", "0"}, {"--threads", "-2"}, {"--max-tokens", "-5"}, {"--trigger", "bogus"}, {"--max-tree", "0"},
-		{"--branch-threshold", "NaN"}, {"--temperature", "NaN"}, {"--threads", "100000"}} {
+		{"--branch-threshold", "NaN"}, {"--temperature", "NaN"}, {"--threads", "100000"}, {"--max-tree", "100000000"}} {
 		code, out, errOut := tandem(t, append([]string{"generate", "--temperature", "1"}, bad...)...)
 		if code != 2 || out != "" || !strings.Contains(errOut, bad[0]) || !strings.Contains(errOut, bad[1]) {
 			t.Errorf("generate %v: exit %d, stdout %q, stderr %q", bad, code, out, errOut)

@@ -63,6 +63,10 @@ func (sf *specFlags) wanted(modelPath, mode string) bool {
 	return true
 }
 
+// maxTreeSize bounds --max-tree, --max-branches, --draft-batch and
+// --draft-len: the target verifies a tree in one pass of that many tokens.
+const maxTreeSize = 4096
+
 // config turns the flags into a decoder configuration for method.
 func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, error) {
 	cfg := spec.Config{Method: method, BranchThreshold: *sf.threshold, MaxTree: *sf.maxTree, MaxBranches: *sf.maxBranches,
@@ -73,8 +77,10 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 		return cfg, fmt.Errorf("%w: --branch-threshold %g: want a probability in (0, 1]", errUsage, cfg.BranchThreshold)
 	}
 	for name, v := range map[string]int{"--max-tree": cfg.MaxTree, "--max-branches": cfg.MaxBranches, "--draft-batch": cfg.DraftBatch, "--draft-len": cfg.DraftLen} {
-		if v < 1 {
-			return cfg, fmt.Errorf("%w: %s %d: want at least 1", errUsage, name, v)
+		// The top is far past any useful tree; 100000000 failed later,
+		// asking to lower the context.
+		if v < 1 || v > maxTreeSize {
+			return cfg, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name, v, maxTreeSize)
 		}
 	}
 	switch *sf.trigger {
