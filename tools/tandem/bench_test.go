@@ -56,7 +56,7 @@ func TestBenchStreamSmall(t *testing.T) {
 // TestBenchSpecTreeFlags: a tree shape that cannot work is a usage error
 // before any model is inflated.
 func TestBenchSpecTreeFlags(t *testing.T) {
-	for _, bad := range [][]string{{"--max-tree", "0"}, {"--max-branches", "0"}, {"--branch-threshold", "1"}, {"--branch-threshold", "0"}} {
+	for _, bad := range [][]string{{"--max-tree", "0"}, {"--max-branches", "0"}, {"--branch-threshold", "1"}, {"--branch-threshold", "0"}, {"--max-tree", "5000"}} {
 		args := append([]string{"bench", "spec", "--from", "a.bin", "--draft", "b.bin", "--prompts", "p.jsonl"}, bad...)
 		if code, _, errOut := tandem(t, args...); code != 2 || !strings.Contains(errOut, bad[0]) {
 			t.Errorf("%v: exit %d, %q; want a usage error naming the flag", bad, code, errOut)

@@ -62,8 +62,8 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
 	}
-	if *maxTree < 1 || *maxBranches < 1 || !(*threshold > 0 && *threshold < 1) {
-		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want positive sizes and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold)
+	if *maxTree < 1 || *maxBranches < 1 || *maxTree > maxTreeSize || *maxBranches > maxTreeSize || !(*threshold > 0 && *threshold < 1) {
+		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want sizes from 1 to %d and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold, maxTreeSize)
 	}
 	pcts, err := parsePercents(*budgets)
 	if err != nil {
