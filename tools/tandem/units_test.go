@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -51,6 +53,46 @@ func FuzzParseBandwidth(f *testing.F) {
 		n, err := units.ParseSize(strings.TrimSpace(s)[:len(strings.TrimSpace(s))-2])
 		if err != nil || float64(n) != bw {
 			t.Fatalf("%q -> %g, but its size reads %d, %v", s, bw, n, err)
+		}
+	})
+}
+
+// FuzzListFlags: the comma lists of the benchmarks (--loads, --budgets,
+// --storage, --policies) never panic, refuse with a usage error, and what
+// they accept lies in the flag's range: NaN once passed a check written
+// x < lo || x > hi.
+func FuzzListFlags(f *testing.F) {
+	for _, s := range []string{"0.3,0.6,1.6", "NaN", "25%,50", "disk,400MB/s", "tandem,fifo,tandem-admit", "1e400", "-0", " , ", "Inf"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if xs, err := parseFloats("--loads", s, 0.01, 100); err != nil {
+			if !errors.Is(err, errUsage) {
+				t.Fatalf("parseFloats(%q): %v is not a usage error", s, err)
+			}
+		} else {
+			for _, x := range xs {
+				if !(x >= 0.01 && x <= 100) {
+					t.Fatalf("parseFloats(%q) accepted %v", s, x)
+				}
+			}
+		}
+		if ps, err := parsePercents(s); err == nil {
+			for _, p := range ps {
+				if !(p > 0 && p <= 100) {
+					t.Fatalf("parsePercents(%q) accepted %v", s, p)
+				}
+			}
+		}
+		if bws, err := parseStorage(s); err == nil {
+			for _, bw := range bws {
+				if !(bw >= 0) || math.IsInf(bw, 0) {
+					t.Fatalf("parseStorage(%q) accepted %v", s, bw)
+				}
+			}
+		}
+		if ps, err := parsePolicies(s); err == nil && len(ps) != len(strings.Split(s, ",")) {
+			t.Fatalf("parsePolicies(%q) = %d policies for %d names", s, len(ps), len(strings.Split(s, ",")))
 		}
 	})
 }
