@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -97,6 +98,24 @@ func TestLoadBadFile(t *testing.T) {
 				t.Fatalf("error %q does not mention %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestLoadBadThreads: a thread count outside 0..kernels.MaxThreads is an
+// error, not a pool of 100000 spinning workers.
+func TestLoadBadThreads(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, n := range []int{-1, kernels.MaxThreads + 1, 100000} {
+		if m, err := Load(f, Options{Threads: n}); err == nil {
+			m.Close()
+			t.Errorf("Load with %d threads succeeded", n)
+		} else if !strings.Contains(err.Error(), "threads") {
+			t.Errorf("Load with %d threads: %v, want an error about the threads", n, err)
+		}
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 // Options configures Load.
 type Options struct {
 	// Threads sizes the kernel pool Load makes when Pool is nil (0 lets
-	// the kernels choose).
+	// the kernels choose; at most kernels.MaxThreads).
 	Threads int
 	// Pool, when set, is shared with other models (the draft and the
 	// target of a pair run on one pool); the Model does not close it.
@@ -88,6 +88,10 @@ type Model struct {
 // Load checks f's hyperparameters against its tensors and prepares the
 // model. Norm weights are converted to float32; matrices stay in the file.
 func Load(f *weights.File, opt Options) (*Model, error) {
+	if opt.Threads < 0 || opt.Threads > kernels.MaxThreads {
+		// 100000 started as many spinning workers.
+		return nil, fmt.Errorf("model: %d threads: want 0 (the kernels choose) to %d", opt.Threads, kernels.MaxThreads)
+	}
 	cfg, err := ConfigFrom(f)
 	if err != nil {
 		return nil, err
