@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -195,6 +196,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintln(stderr, "tandem serve: "+hint)
 		}
 	}
+	if allowed, err := cpuset.Allowed(); err == nil {
+		if hint := crowdHint(laneSpecs, allowed); hint != "" {
+			fmt.Fprintln(stderr, "tandem serve: "+hint)
+		}
+	}
 
 	select {
 	case err := <-serveErr:
@@ -302,6 +308,22 @@ func pinHint(specs []sched.LaneSpec, topo cpuset.Topology) string {
 	big, _ := topo.Named("big")
 	little, _ := topo.Named("little")
 	return fmt.Sprintf("note: this machine has big cores (%s) and little ones (%s), and the OS moves busy lane threads to the big cores whichever lane they serve; --lanes %d@big,%d@little pins a lane to each", big, little, len(big), len(little))
+}
+
+// crowdHint warns when pinned lanes hold every CPU the process may use:
+// a pinned lane yields its CPU only once a millisecond, so the HTTP
+// handlers and clients wait for it (on a 2-vCPU VM, about 6 points fewer
+// deadlines met at 0% adversarial prompts; docs/scheduling.md).
+func crowdHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
+	var held []int
+	for _, l := range specs {
+		held = append(held, l.CPUs...)
+	}
+	slices.Sort(held) // Set's lookups search a sorted list
+	if len(allowed) == 0 || !cpuset.Set(held).Contains(allowed) {
+		return ""
+	}
+	return fmt.Sprintf("note: the pinned lanes hold every CPU this process may use (%s); a pinned lane yields only once a millisecond, so requests wait for it: leave a CPU out of --lanes for the server where one can be spared", allowed)
 }
 
 // describeLanes says what each lane runs on: "cuda0 on cuda, cpu1 with 4

@@ -127,6 +127,28 @@ func TestPinHint(t *testing.T) {
 	}
 }
 
+// TestCrowdHint: serve warns when pinned lanes hold every CPU the process
+// may use, and only then.
+func TestCrowdHint(t *testing.T) {
+	pinned := func(n int, cpus ...int) sched.LaneSpec { return sched.LaneSpec{Threads: n, CPUs: cpus} }
+	phone := cpuset.Set{0, 1, 2, 3, 4, 5, 6, 7}
+	if got := crowdHint([]sched.LaneSpec{pinned(4, 4, 5, 6, 7), pinned(4, 0, 1, 2, 3)}, phone); !strings.Contains(got, "every CPU this process may use (0-7)") {
+		t.Errorf("big and little lanes on all eight cores: %q", got)
+	}
+	if got := crowdHint([]sched.LaneSpec{pinned(1, 1), {Device: "cuda"}, pinned(1, 0)}, cpuset.Set{0, 1}); got == "" {
+		t.Error("lanes on CPUs 1 and 0 of 0-1: no hint")
+	}
+	for name, specs := range map[string][]sched.LaneSpec{
+		"a core left":              {pinned(3, 5, 6, 7), pinned(4, 0, 1, 2, 3)},
+		"floating lanes":           {{Threads: 4}, {Threads: 4}},
+		"one pinned, one floating": {pinned(4, 4, 5, 6, 7), {Threads: 4}},
+	} {
+		if got := crowdHint(specs, phone); got != "" {
+			t.Errorf("%s: %q, want no hint", name, got)
+		}
+	}
+}
+
 // TestServeGPULaneWithoutCUDA: serve with a GPU lane in a build without
 // -tags cuda exits with the model's error saying to rebuild, not a
 // panic. (A cuda build serves it; runtime/sched's cuda tests cover that.)
