@@ -72,7 +72,7 @@ const DefaultAlpha = 0.01
 const minAlpha = 1e-6
 
 func (a *Adaptive) Verify(s TreeState) bool {
-	if a.Alpha <= 0 {
+	if !(a.Alpha > 0) { // NaN too: no threshold would end a tree
 		a.Alpha = DefaultAlpha
 	}
 	return s.Handover || s.Branches == 0 || s.MaxConf < a.Alpha
@@ -82,7 +82,7 @@ func (a *Adaptive) Observe(o Outcome) {
 	if o.Branch <= 0 {
 		return
 	}
-	if a.Alpha <= 0 {
+	if !(a.Alpha > 0) {
 		a.Alpha = DefaultAlpha
 	}
 	if o.Correct >= o.Branch {

@@ -128,6 +128,12 @@ func TestAdaptiveTrigger(t *testing.T) {
 	if a.Alpha != 0.75 {
 		t.Errorf("alpha after 1 of 4 accepted = %v, want 0.75", a.Alpha)
 	}
+	// A NaN threshold starts at the default, as 0 does: below NaN no
+	// confidence falls, so only the size cap ended a tree.
+	nan := &Adaptive{Alpha: math.NaN()}
+	if !nan.Verify(TreeState{Nodes: 3, Branches: 2, MaxConf: 0.005}) || nan.Alpha != DefaultAlpha {
+		t.Errorf("a NaN alpha did not verify below the default threshold (alpha now %v)", nan.Alpha)
+	}
 	f := FixedSize{N: 4}
 	if f.Verify(TreeState{Nodes: 3, Branches: 1}) || !f.Verify(TreeState{Nodes: 4, Branches: 1}) {
 		t.Error("FixedSize{4} does not verify at exactly 4 nodes")
