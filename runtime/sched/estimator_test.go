@@ -167,6 +167,10 @@ func TestCalibrationRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// NaN step size and decay take the defaults (they trained NaN weights).
+	if _, err := TrainMLP(xs, ys, TrainOptions{Seed: 1, Epochs: 100, LearnRate: math.NaN(), WeightDecay: math.NaN()}); err != nil {
+		t.Errorf("NaN learning rate and decay: %v, want the defaults", err)
+	}
 	c := &Calibration{Format: CalibrationFormat, Model: "m.gguf", Created: time.Unix(0, 0).UTC(), Samples: 200,
 		MLP: m, Scores: Percentiles(ys), Features: FeatureNames[:]}
 	path := filepath.Join(t.TempDir(), "m.gguf.calib.json")

@@ -148,10 +148,11 @@ func TrainMLP(xs [][]float64, ys []float64, opt TrainOptions) (*MLP, error) {
 	if opt.Epochs <= 0 {
 		opt.Epochs = 1500
 	}
-	if opt.LearnRate <= 0 {
+	// Written so that NaN takes the default too (NaN trained NaN weights).
+	if !(opt.LearnRate > 0) || math.IsInf(opt.LearnRate, 1) {
 		opt.LearnRate = 0.01
 	}
-	if opt.WeightDecay < 0 {
+	if !(opt.WeightDecay >= 0) || math.IsInf(opt.WeightDecay, 1) {
 		opt.WeightDecay = 0
 	} else if opt.WeightDecay == 0 {
 		opt.WeightDecay = 1e-4
