@@ -278,6 +278,6 @@ func threadsFlag(fs interface {
 	Var(flag.Value, string, string)
 }) *int {
 	n := new(int)
-	fs.Var((*threadCount)(n), "threads", "compute threads (0: a thread per physical core, or per big core on a phone)")
+	fs.Var((*threadCount)(n), "threads", fmt.Sprintf("compute threads: `N` from 0 to %d (0: a thread per physical core, or per big core on a phone)", kernels.MaxThreads))
 	return n
 }
