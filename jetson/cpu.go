@@ -17,16 +17,7 @@ type CPU struct {
 	Cores       []Core `json:"cores,omitempty"`
 	// Clusters group the online cores by capacity, fastest first (one
 	// for alike cores): what tandem's --lanes names big and little.
-	Clusters []Cluster `json:"clusters,omitempty"`
-}
-
-// Cluster is cores of one capacity (cpuset.Cluster).
-type Cluster struct {
-	CPUs string `json:"cpus"`
-	// Capacity is the kernel's cpu_capacity (1024 for the fastest), or
-	// the highest clock in kHz where it gives none; 0 when neither is
-	// known.
-	Capacity int `json:"capacity"`
+	Clusters cpuset.Topology `json:"clusters,omitempty"`
 }
 
 // Core is one logical CPU.
@@ -73,9 +64,7 @@ func (p *prober) cpu() CPU {
 	if c.OnlineCount != nil {
 		// The online list parsed; anything else missing counts as alike.
 		if t, err := cpuset.ClustersAt(p.path(sys)); err == nil {
-			for _, cl := range t {
-				c.Clusters = append(c.Clusters, Cluster{CPUs: cl.CPUs.String(), Capacity: cl.Capacity})
-			}
+			c.Clusters = t
 		}
 	}
 	return c

@@ -107,6 +107,30 @@ func (s Set) String() string {
 	return b.String()
 }
 
+// MarshalText writes s as a CPU list, so JSON shows "4-7".
+func (s Set) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a CPU list; an empty one is the empty set.
+func (s *Set) UnmarshalText(b []byte) error {
+	if len(strings.TrimSpace(string(b))) == 0 {
+		*s = nil
+		return nil
+	}
+	t, err := Parse(string(b))
+	*s = t
+	return err
+}
+
+// Union is every CPU of the sets, ascending and without repeats.
+func Union(sets ...Set) Set {
+	var u Set
+	for _, s := range sets {
+		u = append(u, s...)
+	}
+	slices.Sort(u)
+	return slices.Compact(u)
+}
+
 // Has reports whether cpu is in s.
 func (s Set) Has(cpu int) bool {
 	_, ok := slices.BinarySearch(s, cpu)
@@ -135,11 +159,11 @@ func (s Set) Where() string {
 // Cluster is a group of CPUs of one capacity: a phone's big or little
 // cores.
 type Cluster struct {
-	CPUs Set
+	CPUs Set `json:"cpus"`
 	// Capacity is what the kernel says the cluster's slowest CPU
 	// computes (cpu_capacity, 1024 for the fastest), or its highest clock
 	// in kHz where the kernel gives no capacity; 0 when neither is known.
-	Capacity int
+	Capacity int `json:"capacity"`
 }
 
 // SysCPU is where Linux describes the CPUs.
@@ -243,22 +267,21 @@ func (t Topology) Named(name string) (Set, error) {
 		return Parse(name)
 	}
 	if len(t) < 2 {
-		var all Set
-		for _, c := range t {
-			all = append(all, c.CPUs...)
-		}
-		slices.Sort(all)
-		return nil, fmt.Errorf("cpuset: %q: this machine's CPUs (%s) are alike, with no big and little cores; name CPUs instead, such as 0-1", name, all)
+		return nil, fmt.Errorf("cpuset: %q: this machine's CPUs (%s) are alike, with no big and little cores; name CPUs instead, such as 0-1", name, clusterCPUs(t))
 	}
 	if name == "little" {
 		return t[len(t)-1].CPUs, nil
 	}
-	var big Set
-	for _, c := range t[:len(t)-1] {
-		big = append(big, c.CPUs...)
+	return clusterCPUs(t[:len(t)-1]), nil
+}
+
+// clusterCPUs is the union of the clusters' CPUs.
+func clusterCPUs(clusters []Cluster) Set {
+	var sets []Set
+	for _, c := range clusters {
+		sets = append(sets, c.CPUs)
 	}
-	slices.Sort(big)
-	return big, nil
+	return Union(sets...)
 }
 
 // Run calls fn on a thread pinned to s and waits for it. The thread

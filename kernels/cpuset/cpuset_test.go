@@ -1,6 +1,7 @@
 package cpuset
 
 import (
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"slices"
@@ -77,6 +78,33 @@ func fakeCPUs(t *testing.T, online string, files map[int]map[string]string) stri
 		}
 	}
 	return testutil.WriteTree(t, tree)
+}
+
+// TestUnionAndText: a union is ascending without repeats, and a set
+// reads and writes as a CPU list in JSON.
+func TestUnionAndText(t *testing.T) {
+	if got := Union(Set{4, 5}, nil, Set{0, 5, 7}, Set{1}); !slices.Equal(got, Set{0, 1, 4, 5, 7}) {
+		t.Errorf("Union = %v, want 0-1,4-5,7", got)
+	}
+	if got := Union(); got != nil {
+		t.Errorf("Union() = %v, want nil", got)
+	}
+	b, err := json.Marshal(struct {
+		CPUs Set `json:"cpus"`
+	}{Set{0, 1, 2, 6}})
+	if err != nil || string(b) != `{"cpus":"0-2,6"}` {
+		t.Errorf("JSON %s, %v; want {\"cpus\":\"0-2,6\"}", b, err)
+	}
+	var back struct{ CPUs Set }
+	if err := json.Unmarshal([]byte(`{"CPUs":"0-2,6"}`), &back); err != nil || !slices.Equal(back.CPUs, Set{0, 1, 2, 6}) {
+		t.Errorf("read back %v, %v", back.CPUs, err)
+	}
+	if err := json.Unmarshal([]byte(`{"CPUs":""}`), &back); err != nil || back.CPUs != nil {
+		t.Errorf("empty list: %v, %v; want the empty set", back.CPUs, err)
+	}
+	if err := json.Unmarshal([]byte(`{"CPUs":"3-1"}`), &back); err == nil {
+		t.Error("a backwards range was read")
+	}
 }
 
 func TestClusters(t *testing.T) {

@@ -199,23 +199,15 @@ func infoText(in jetson.Info, w io.Writer) error {
 	return nil
 }
 
-// cpuSummary gives the online count and the spread of current clocks,
-// which is what nvpmodel changes.
 // clusterSummary lists the core clusters and how --lanes names them.
-func clusterSummary(cl []jetson.Cluster) string {
+func clusterSummary(topo cpuset.Topology) string {
 	var parts []string
-	var topo cpuset.Topology
-	for _, c := range cl {
+	for _, c := range topo {
 		capacity := "capacity unknown"
 		if c.Capacity > 0 {
 			capacity = fmt.Sprintf("capacity %d", c.Capacity)
 		}
 		parts = append(parts, fmt.Sprintf("%s (%s)", c.CPUs, capacity))
-		cpus, err := cpuset.Parse(c.CPUs)
-		if err != nil {
-			return strings.Join(parts, ", ")
-		}
-		topo = append(topo, cpuset.Cluster{CPUs: cpus, Capacity: c.Capacity})
 	}
 	big, err := topo.Named("big")
 	if err != nil { // alike cores: split them in two for the example
@@ -230,6 +222,8 @@ func clusterSummary(cl []jetson.Cluster) string {
 	return fmt.Sprintf("%s: --lanes N@big pins a lane to %s, N@little to %s", strings.Join(parts, ", "), big, little)
 }
 
+// cpuSummary gives the online count and the spread of current clocks,
+// which is what nvpmodel changes.
 func cpuSummary(c jetson.CPU) string {
 	s := unknown + " online"
 	if c.OnlineCount != nil {

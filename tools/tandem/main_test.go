@@ -468,6 +468,11 @@ func TestInfo(t *testing.T) {
 	if want := "  clusters:  7 (capacity 1024), 4-6 (capacity 870), 0-3 (capacity 325): --lanes N@big pins a lane to 4-7, N@little to 0-3"; code != 0 || !strings.Contains(out, want) {
 		t.Errorf("a phone's cores: exit %d, output lacks %q:\n%s%s", code, want, out, errOut)
 	}
+	// --json gives the clusters as CPU lists.
+	code, out, errOut = tandem(t, "info", "--json", "--root", phone)
+	if want := `"clusters":[{"cpus":"7","capacity":1024},{"cpus":"4-6","capacity":870},{"cpus":"0-3","capacity":325}]`; code != 0 || !strings.Contains(strings.Join(strings.Fields(out), ""), want) {
+		t.Errorf("a phone's cores, --json: exit %d, output lacks %s:\n%s%s", code, want, out, errOut)
+	}
 	// This machine: whatever it is, the probe must succeed.
 	if code, out, errOut := tandem(t, "info"); code != 0 || !strings.Contains(out, "platform:") {
 		t.Errorf("info on this machine: exit %d, %s%s", code, out, errOut)

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -315,12 +314,11 @@ func pinHint(specs []sched.LaneSpec, topo cpuset.Topology) string {
 // handlers and clients wait for it (on a 2-vCPU VM, about 6 points fewer
 // deadlines met at 0% adversarial prompts; docs/scheduling.md).
 func crowdHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
-	var held []int
+	var held []cpuset.Set
 	for _, l := range specs {
-		held = append(held, l.CPUs...)
+		held = append(held, l.CPUs)
 	}
-	slices.Sort(held) // Set's lookups search a sorted list
-	if len(allowed) == 0 || !cpuset.Set(held).Contains(allowed) {
+	if len(allowed) == 0 || !cpuset.Union(held...).Contains(allowed) {
 		return ""
 	}
 	return fmt.Sprintf("note: the pinned lanes hold every CPU this process may use (%s); a pinned lane yields only once a millisecond, so requests wait for it: leave a CPU out of --lanes for the server where one can be spared", allowed)
