@@ -122,12 +122,13 @@ func (c *config) lanes() ([]sched.LaneSpec, error) {
 			return nil, fmt.Errorf("lane_cpus[%d] %q: %w", i, name, err)
 		}
 		if alone {
-			specs[i].Threads = len(cpus)
+			specs[i].Threads = 0 // one per CPU
 		}
 		specs[i].CPUs = cpus
 		if err := specs[i].Check(); err != nil {
 			return nil, fmt.Errorf("lane_cpus[%d] %q: %w", i, name, err)
 		}
+		specs[i].Threads = specs[i].ThreadCount()
 	}
 	return specs, nil
 }

@@ -41,22 +41,34 @@ func (l LaneSpec) GPU() bool {
 // (a thread per CPU): more is a typo, not a machine.
 const MaxLaneThreads = kernels.MaxThreads
 
+// ThreadCount is the threads the lane runs: Threads, or for a pinned CPU
+// lane without a count, one per CPU (0 still lets the kernels choose for
+// a lane the OS places).
+func (l LaneSpec) ThreadCount() int {
+	if l.Threads == 0 && l.CPUs != nil && !l.GPU() {
+		return len(l.CPUs)
+	}
+	return l.Threads
+}
+
 // Check reports what makes the spec one no lane can run: a negative
-// thread count or one above MaxLaneThreads, a GPU lane pinned to CPUs,
-// or more threads than CPUs (they would take turns). LoadLanes, --lanes
-// and the mobile config all ask it before anything loads.
+// thread count or one above MaxLaneThreads (written, or one per CPU), a
+// GPU lane pinned to CPUs, or more threads than CPUs (they would take
+// turns). LoadLanes, --lanes and the mobile config all ask it before
+// anything loads.
 func (l LaneSpec) Check() error {
+	n := l.ThreadCount()
 	switch {
 	case l.Threads < 0:
 		return fmt.Errorf("%d threads; want 0 or more", l.Threads)
-	case l.Threads > MaxLaneThreads && l.CPUs != nil:
-		return fmt.Errorf("%d threads, one per CPU of %s; a lane takes at most %d, so give a thread count", l.Threads, l.CPUs, MaxLaneThreads)
-	case l.Threads > MaxLaneThreads:
-		return fmt.Errorf("%d threads; a lane takes at most %d", l.Threads, MaxLaneThreads)
+	case n > MaxLaneThreads && l.Threads == 0:
+		return fmt.Errorf("%d threads, one per CPU of %s; a lane takes at most %d, so give a thread count", n, l.CPUs, MaxLaneThreads)
+	case n > MaxLaneThreads:
+		return fmt.Errorf("%d threads; a lane takes at most %d", n, MaxLaneThreads)
 	case l.CPUs != nil && l.GPU():
 		return errors.New("a GPU lane is not pinned to CPUs; pin CPU lanes only")
-	case l.CPUs != nil && l.Threads > len(l.CPUs):
-		return fmt.Errorf("%d threads on %d CPUs (%s) would take turns on them; give at most %d threads, or more CPUs", l.Threads, len(l.CPUs), l.CPUs, len(l.CPUs))
+	case l.CPUs != nil && n > len(l.CPUs):
+		return fmt.Errorf("%d threads on %d CPUs (%s) would take turns on them; give at most %d threads, or more CPUs", n, len(l.CPUs), l.CPUs, len(l.CPUs))
 	}
 	return nil
 }
@@ -134,11 +146,8 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 			closeAll()
 			return nil, nil, fmt.Errorf("sched: lane %s: %w", name, err)
 		}
-		mopt := model.Options{Threads: ls.Threads, Device: ls.Device, CPUs: ls.CPUs}
-		switch {
-		case ls.CPUs != nil && ls.Threads == 0:
-			mopt.Threads = len(ls.CPUs)
-		case ls.GPU() && mopt.Threads == 0:
+		mopt := model.Options{Threads: ls.ThreadCount(), Device: ls.Device, CPUs: ls.CPUs}
+		if ls.GPU() && mopt.Threads == 0 {
 			mopt.Threads = 1
 		}
 		if opt.Stream != nil {

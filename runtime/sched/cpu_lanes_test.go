@@ -76,6 +76,8 @@ func TestLoadLanesErrors(t *testing.T) {
 		{"unknown device", LaneOptions{Lanes: []LaneSpec{{Device: "tpu"}}}, "unknown device"},
 		{"pinned GPU lane", LaneOptions{Lanes: []LaneSpec{{Device: "cuda", CPUs: cpuset.Set{0}}}}, "not pinned"},
 		{"more threads than CPUs", LaneOptions{Lanes: []LaneSpec{{Threads: 2, CPUs: cpuset.Set{0}}}}, "take turns"},
+		{"one thread per CPU past the bound", LaneOptions{Lanes: []LaneSpec{{CPUs: cpuRange(300)}}}, "300 threads, one per CPU of 0-299; a lane takes at most 256"},
+		{"written threads past the bound", LaneOptions{Lanes: []LaneSpec{{Threads: 300, CPUs: cpuRange(400)}}}, "300 threads; a lane takes at most 256"},
 		{"a CPU the process may not use", LaneOptions{Lanes: []LaneSpec{{Threads: 1, CPUs: cpuset.Set{cpuset.MaxCPU}}}}, "may use only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,6 +91,15 @@ func TestLoadLanesErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cpuRange is the set of CPUs 0 to n-1.
+func cpuRange(n int) cpuset.Set {
+	s := make(cpuset.Set, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }
 
 // TestLoadLanesWithoutCUDA: in a binary built without -tags cuda, a GPU

@@ -278,12 +278,10 @@ func parseLanesWith(s string, named func(string) (cpuset.Set, error)) ([]sched.L
 			if spec.CPUs, err = named(where); err != nil {
 				return nil, fmt.Errorf("%w: --lanes %q: %v", errUsage, s, err)
 			}
-			if n == 0 {
-				spec.Threads = len(spec.CPUs)
-			}
 			if err := spec.Check(); err != nil {
 				return nil, fmt.Errorf("%w: --lanes %q: %v", errUsage, s, err)
 			}
+			spec.Threads = spec.ThreadCount() // written out, as the ready line shows it
 		}
 		out = append(out, spec)
 	}
