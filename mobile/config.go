@@ -7,9 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/shirou/gopsutil/v3/mem"
-
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/sysmem"
 	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
@@ -84,13 +83,7 @@ const (
 const autoShare = 0.5
 
 // availableMemory reports the memory budget "auto" divides (a test seam).
-var availableMemory = func() (uint64, error) {
-	vm, err := mem.VirtualMemory()
-	if err != nil {
-		return 0, err
-	}
-	return vm.Available, nil
-}
+var availableMemory = sysmem.Available
 
 // lanes returns the lanes to load: threads and CPUs of each.
 func (c *config) lanes() ([]sched.LaneSpec, error) {

@@ -10,9 +10,8 @@ import (
 	"math"
 	"time"
 
-	"github.com/shirou/gopsutil/v3/mem"
-
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/sysmem"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
@@ -151,13 +150,7 @@ func activationBytes(c model.Config, b, t int, distill bool) float64 {
 }
 
 // availableMemory is the memory the machine has free (a test seam).
-var availableMemory = func() (uint64, error) {
-	vm, err := mem.VirtualMemory()
-	if err != nil {
-		return 0, err
-	}
-	return vm.Available, nil
-}
+var availableMemory = sysmem.Available
 
 // SetLog replaces Options.Log.
 func (t *Trainer) SetLog(f func(Progress)) { t.opts.Log = f }

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shirou/gopsutil/v3/mem"
-
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/sysmem"
 	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -80,13 +79,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 		io:        fs.String("io", "pread", "how streamed weights are read: pread (into buffers tandem owns) or mmap (the file mapping)"),
 		bandwidth: fs.String("io-bandwidth", "off", "emulate slower storage for streamed reads, like 400MB/s (eMMC) or 1.5GB/s (UFS); off: the disk's own speed"),
 		latency:   fs.String("io-latency", "0", "emulated latency of each streamed read request, like 100us"),
-		available: func() (uint64, error) {
-			vm, err := mem.VirtualMemory()
-			if err != nil {
-				return 0, err
-			}
-			return vm.Available, nil
-		},
+		available: sysmem.Available,
 	}
 }
 
