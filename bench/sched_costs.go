@@ -60,7 +60,8 @@ func measureStepCosts(f *weights.File, cfg CostConfig) (StepCosts, error) {
 		return StepCosts{}, err
 	}
 	defer m.Close()
-	e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{MaxSeqs: slices.Max(cfg.Batches), Context: min(cfg.Context, m.Config().Context), PrefillChunk: costChunk})
+	e, err := sched.NewModelEngine(m, sched.ModelEngineOptions{MaxSeqs: slices.Max(cfg.Batches), Context: min(cfg.Context, m.Config().Context), PrefillChunk: costChunk,
+		NoPrefixReuse: true})
 	if err != nil {
 		return StepCosts{}, err
 	}

@@ -73,6 +73,10 @@ func RunLive(ctx context.Context, s *sched.Scheduler, reqs []WorkRequest, encode
 	}
 	run.SubmitLagP99, run.SubmitLagMax = lagSummary(lags)
 	after := s.Stats()
+	for _, p := range prompts {
+		run.PromptTokens += len(p)
+	}
+	run.ReusedTokens = int(after.ReusedTokens - before.ReusedTokens)
 	run.phases(before, atLastArrival, after)
 	run.SchedWall = after.SchedulerWall - before.SchedulerWall
 	run.IntakeWall = after.IntakeWall - before.IntakeWall

@@ -214,6 +214,10 @@ type Run struct {
 	// the clients share the CPUs with busy lanes they fall behind and
 	// submit in bursts, which the workload did not ask for.
 	SubmitLagP99, SubmitLagMax time.Duration
+	// PromptTokens are the run's prompt tokens, and ReusedTokens those the
+	// real engine's lanes took from freed sequences' KV rows instead of
+	// prefilling them (prefix reuse; zero in the simulator).
+	PromptTokens, ReusedTokens int
 }
 
 // SimConfig configures Simulate.

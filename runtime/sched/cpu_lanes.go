@@ -104,6 +104,9 @@ type LaneOptions struct {
 	MaxSeqs int
 	Context int
 	KVType  weights.DType
+	// NoPrefixReuse turns off each plain lane's prefix reuse (see
+	// ModelEngine). Speculative lanes prefill every context whole.
+	NoPrefixReuse bool
 	// Stream, when set, streams each lane's weights under Stream.Budget
 	// (each lane holds its own budget of host RAM; a GPU lane streams
 	// them on to the device, see model.Options.Stream); nil computes on
@@ -162,7 +165,8 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		}
 		models = append(models, m)
 		if opt.Draft == nil {
-			e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
+			e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
+				NoPrefixReuse: opt.NoPrefixReuse})
 			if err != nil {
 				closeAll()
 				return nil, nil, err

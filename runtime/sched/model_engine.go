@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -27,12 +28,28 @@ type ModelEngineOptions struct {
 	// bounds how much a joining request slows the members already
 	// decoding.
 	PrefillChunk int
+	// NoPrefixReuse turns off prefix reuse (see ModelEngine): every
+	// sequence then prefills its whole context.
+	NoPrefixReuse bool
 }
 
 // ModelEngine is the plain engine: one model.Forward per step with one
 // root slot per decoding member and a chain per prefilling one, so a lane
 // decodes its whole batch reading the weights once. It yields exactly one
 // token per decoding member per step.
+//
+// Prefix reuse: a freed sequence keeps its KV rows, with the tokens they
+// hold, in a slot that no request owns. A new sequence whose context
+// starts with some of those tokens takes that slot, rolls it back to the
+// common prefix and prefills only the rest: a chat's next turn (the
+// conversation so far, resent whole), a planner's fixed instructions, or
+// a parked sequence rebuilt after its eviction. The rows hold what a
+// prefill would compute for the same tokens at the same positions, so
+// the output is unchanged. Kept sequences count as free (Live,
+// KVBytesInUse): a host cache keeps a freed sequence's buffer for reuse
+// anyway, and a new sequence with nothing to reuse empties the oldest
+// kept one before it takes memory for another. A cache whose rows live
+// on a GPU frees them as before: reuse there awaits a device to test it.
 type ModelEngine struct {
 	owner // claimed by the scheduler that runs it
 	m     *model.Model
@@ -41,10 +58,20 @@ type ModelEngine struct {
 	seqs  map[SeqID]*modelSeq
 	live  atomic.Int64 // len(seqs), readable from any goroutine
 
+	kept   []keptSeq    // freed sequences whose rows may be reused, oldest first
+	reuse  bool         // prefix reuse is on
+	reused atomic.Int64 // context tokens not evaluated thanks to reuse
+
 	batch  model.Batch
 	logits model.Logits
 	slot   []int // per member: the slot whose logits it samples, or -1
 	eval   []int // per member: the pending tokens the step evaluates
+}
+
+// keptSeq is a freed sequence that still holds the KV rows of tokens.
+type keptSeq struct {
+	id     int
+	tokens []int32
 }
 
 type modelSeq struct {
@@ -83,7 +110,8 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 	if cache, err = kv.New(cfg); err != nil {
 		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
 	}
-	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}}, nil
+	reuse := !opt.NoPrefixReuse && cfg.Rows == nil
+	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}, reuse: reuse}, nil
 }
 
 // Info implements Engine.
@@ -101,6 +129,11 @@ func (e *ModelEngine) Live() int { return int(e.live.Load()) }
 // from any goroutine.
 func (e *ModelEngine) KVBytesInUse() int64 { return e.live.Load() * e.cache.Config().SeqBytes() }
 
+// ReusedTokens is how many context tokens new sequences took from freed
+// ones instead of evaluating them (prefix reuse). Safe to call from any
+// goroutine.
+func (e *ModelEngine) ReusedTokens() int64 { return e.reused.Load() }
+
 // Start implements Engine.
 func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (SeqID, error) {
 	if len(tokens) == 0 {
@@ -115,7 +148,7 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 			return 0, fmt.Errorf("%w: token %d at %d is outside the vocabulary of %d", ErrInvalid, t, i, vocab)
 		}
 	}
-	id, err := e.cache.NewSeq()
+	id, have, err := e.newSeq(tokens)
 	if err != nil {
 		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
 	}
@@ -123,19 +156,66 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 		sampler = sample.New(sample.Options{})
 	}
 	hist := append(make([]int32, 0, len(tokens)+64), tokens...)
-	e.seqs[SeqID(id)] = &modelSeq{pending: hist[:len(tokens):len(tokens)], history: hist, sampler: sampler}
+	e.seqs[SeqID(id)] = &modelSeq{pending: hist[have:len(tokens):len(tokens)], history: hist, sampler: sampler}
 	e.live.Add(1)
+	e.reused.Add(int64(have))
 	return SeqID(id), nil
 }
 
-// Free implements Engine.
+// newSeq finds a sequence for tokens: the kept one sharing the longest
+// prefix with them, rolled back to it (have: the tokens it holds), else
+// the oldest kept one emptied, else a new one. A new sequence only when
+// none is kept keeps the memory at what the most sequences live at once
+// took, as without reuse. The last token is always evaluated again: its
+// logits pick the first new token.
+func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
+	if len(e.kept) == 0 {
+		id, err = e.cache.NewSeq()
+		return id, 0, err
+	}
+	best := 0
+	for i, k := range e.kept {
+		if n := min(commonPrefix(k.tokens, tokens), len(tokens)-1); n > have {
+			best, have = i, n
+		}
+	}
+	id = e.kept[best].id
+	e.kept = slices.Delete(e.kept, best, best+1)
+	return id, have, e.cache.Truncate(id, have)
+}
+
+// commonPrefix is how many leading tokens a and b share.
+func commonPrefix(a, b []int32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// Free implements Engine. With prefix reuse the sequence's committed rows
+// are kept for a later sequence that starts with the same tokens.
 func (e *ModelEngine) Free(id SeqID) error {
-	if _, ok := e.seqs[id]; !ok {
+	s, ok := e.seqs[id]
+	if !ok {
 		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
 	}
 	delete(e.seqs, id)
 	e.live.Add(-1)
-	return e.cache.Free(int(id))
+	n := e.cache.Len(int(id))
+	if !e.reuse || n == 0 {
+		return e.cache.Free(int(id))
+	}
+	// The committed rows hold the history's first n tokens (the last
+	// sampled token is never evaluated); tentative rows of a failed step
+	// go.
+	if err := e.cache.Truncate(int(id), n); err != nil {
+		return err
+	}
+	e.kept = append(e.kept, keptSeq{id: int(id), tokens: s.history[:n:n]})
+	return nil
 }
 
 // Step implements Engine: one Forward over a decode slot per decoding

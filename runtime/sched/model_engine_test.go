@@ -16,7 +16,7 @@ import (
 )
 
 // realModel opens stories260K.gguf with its tokenizer.
-func realModel(t *testing.T) (*weights.File, *tokenizer.Tokenizer) {
+func realModel(t testing.TB) (*weights.File, *tokenizer.Tokenizer) {
 	t.Helper()
 	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
 	if err != nil {
@@ -30,7 +30,7 @@ func realModel(t *testing.T) (*weights.File, *tokenizer.Tokenizer) {
 	return f, tok
 }
 
-func loadModel(t *testing.T, f *weights.File) *model.Model {
+func loadModel(t testing.TB, f *weights.File) *model.Model {
 	t.Helper()
 	m, err := model.Load(f, model.Options{Threads: 1})
 	if err != nil {
@@ -91,15 +91,18 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 	}
 	got := make([][]int32, len(prompts))
 	prefilled := make([]int, len(prompts)) // the scheduler's cost model counts these as prefill
+	reused := make([]int, len(prompts))    // taken from a freed sequence's rows (prefix reuse)
 	seqs := make([]SeqID, len(prompts))
 	active := map[int]bool{}
 	start := func(i int) {
+		before := e.ReusedTokens()
 		id, err := e.Start(prompts[i], nil, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		seqs[i] = id
 		active[i] = true
+		reused[i] = int(e.ReusedTokens() - before)
 	}
 	start(0)
 	start(1)
@@ -147,8 +150,8 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("prompt %q: batched %v\nalone %v", testPrompts[i], got[i], want[i])
 		}
-		if prefilled[i] != len(prompts[i]) {
-			t.Errorf("prompt %q: %d tokens reported prefilled, the prompt has %d", testPrompts[i], prefilled[i], len(prompts[i]))
+		if prefilled[i]+reused[i] != len(prompts[i]) {
+			t.Errorf("prompt %q: %d tokens reported prefilled and %d reused, the prompt has %d", testPrompts[i], prefilled[i], reused[i], len(prompts[i]))
 		}
 	}
 	if e.Live() != 0 {
@@ -339,5 +342,179 @@ func TestEngineHeldUntilShutdown(t *testing.T) {
 	}
 	if err := second.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// decodeAlone runs one sequence of e alone for n tokens from ctx and
+// frees it: the tokens, how many context tokens the engine reported
+// prefilled and how many it took from a freed sequence (prefix reuse).
+func decodeAlone(t *testing.T, e *ModelEngine, ctx []int32, n int) (got []int32, prefilled, reused int) {
+	t.Helper()
+	before := e.ReusedTokens()
+	id, err := e.Start(ctx, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reused = int(e.ReusedTokens() - before)
+	out := make([]StepOut, 1)
+	for len(got) < n {
+		if err := e.Step(context.Background(), []Member{{Seq: id, Limit: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Err != nil {
+			t.Fatal(out[0].Err)
+		}
+		prefilled += out[0].Prefilled
+		got = append(got, out[0].Tokens...)
+	}
+	if err := e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	return got, prefilled, reused
+}
+
+// TestModelEnginePrefixReuse: a sequence that starts with tokens a freed
+// one evaluated takes its KV rows and prefills only the rest, and the
+// tokens are still the reference greedy ones: a chat's next turn (the
+// conversation so far, resent whole), the same prompt again, prompts
+// sharing only BOS, and a context that matches nothing; and the cache
+// never holds more sequences than were live at once.
+func TestModelEnginePrefixReuse(t *testing.T) {
+	f, _ := realModel(t)
+	recs := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, PrefillChunk: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, got, want []int32, prefilled, reused, wantReused, ctx int) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: got %v\nwant %v", what, got, want)
+		}
+		if reused != wantReused || prefilled+reused != ctx {
+			t.Errorf("%s: %d context tokens reused and %d prefilled, want %d reused of %d", what, reused, prefilled, wantReused, ctx)
+		}
+	}
+	for i, r := range recs[:3] {
+		p, gen := r.PromptIDs, r.GeneratedIDs
+		got, pre, re := decodeAlone(t, e, p, len(gen))
+		wantRe := 0
+		if i > 0 {
+			wantRe = commonPrefix(p, recs[i-1].PromptIDs) // the last sequence freed holds the last prompt and its answer
+		}
+		check(r.Prompt+": first turn", got, gen, pre, re, wantRe, len(p))
+
+		// The next turn resends the conversation: all but its last token
+		// come from the rows the first turn left.
+		turn := slices.Concat(p, gen[:100])
+		got, pre, re = decodeAlone(t, e, turn, len(gen)-100)
+		check(r.Prompt+": next turn", got, gen[100:], pre, re, len(turn)-1, len(turn))
+
+		got, pre, re = decodeAlone(t, e, p, 50)
+		check(r.Prompt+": again", got, gen[:50], pre, re, len(p)-1, len(p))
+	}
+	// No BOS: nothing matches, and the new sequence empties the kept one
+	// rather than take memory for another: one sequence was live at a
+	// time, and the cache holds one.
+	one := e.cache.Config().SeqBytes()
+	p := recs[0].PromptIDs[1:]
+	want := reference(t, loadModel(t, f), p, 30)
+	before := e.ReusedTokens()
+	a, err := e.Start(p, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.kept) != 0 || e.Live() != 1 || e.ReusedTokens() != before || e.cache.Bytes() != one {
+		t.Fatalf("%d kept, %d live, %d reused, %d bytes held; want the kept sequence emptied and taken, %d bytes", len(e.kept), e.Live(), e.ReusedTokens()-before, e.cache.Bytes(), one)
+	}
+	if err := e.Step(context.Background(), []Member{{Seq: a, Limit: 1}}, make([]StepOut, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	got, pre, re := decodeAlone(t, e, p, 30)
+	check("no BOS", got, want, pre, re, len(p)-1, len(p))
+
+	// Two at once: the first takes the kept sequence, the second a new
+	// one; prefilled and freed, both are kept, and nothing is live.
+	var members []Member
+	for _, r := range recs[:2] {
+		id, err := e.Start(r.PromptIDs, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, Member{Seq: id, Limit: 1})
+	}
+	if err := e.Step(context.Background(), members, make([]StepOut, 2)); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members {
+		if err := e.Free(m.Seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.Live() != 0 || e.KVBytesInUse() != 0 || len(e.kept) != 2 || e.cache.Bytes() != 2*one {
+		t.Fatalf("%d sequences live (%d bytes), %d kept, %d bytes held; want none live, both kept in %d bytes", e.Live(), e.KVBytesInUse(), len(e.kept), e.cache.Bytes(), 2*one)
+	}
+}
+
+// TestModelEngineNoPrefixReuse: with NoPrefixReuse every context is
+// prefilled whole and freed sequences release their slot.
+func TestModelEngineNoPrefixReuse(t *testing.T) {
+	f, _ := realModel(t)
+	r := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[0]
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 1, Context: 512, NoPrefixReuse: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		got, pre, re := decodeAlone(t, e, r.PromptIDs, 20)
+		if !slices.Equal(got, r.GeneratedIDs[:20]) || pre != len(r.PromptIDs) || re != 0 {
+			t.Fatalf("got %v with %d prefilled and %d reused; want %v, %d and 0", got, pre, re, r.GeneratedIDs[:20], len(r.PromptIDs))
+		}
+	}
+	if len(e.kept) != 0 || e.ReusedTokens() != 0 {
+		t.Fatalf("%d sequences kept, %d tokens reused", len(e.kept), e.ReusedTokens())
+	}
+}
+
+// BenchmarkNextTurn times a chat's next turn up to its first token: the
+// conversation so far (about 390 tokens of stories260K) started again,
+// prefilled whole or, with prefix reuse, from the rows the last turn
+// left. go test -bench NextTurn ./runtime/sched
+func BenchmarkNextTurn(b *testing.B) {
+	f, _ := realModel(b)
+	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
+	ctx := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs, recs[1].GeneratedIDs)
+	for _, reuse := range []bool{false, true} {
+		name := "prefill"
+		if reuse {
+			name = "reuse"
+		}
+		b.Run(name, func(b *testing.B) {
+			e, err := NewModelEngine(loadModel(b, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, NoPrefixReuse: !reuse})
+			if err != nil {
+				b.Fatal(err)
+			}
+			out := make([]StepOut, 1)
+			prefilled := 0
+			for b.Loop() {
+				id, err := e.Start(ctx, nil, "")
+				if err != nil {
+					b.Fatal(err)
+				}
+				for out[0].Tokens = nil; len(out[0].Tokens) == 0; {
+					if err := e.Step(context.Background(), []Member{{Seq: id, Limit: 1}}, out); err != nil || out[0].Err != nil {
+						b.Fatal(err, out[0].Err)
+					}
+					prefilled += out[0].Prefilled
+				}
+				if err := e.Free(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(prefilled)/float64(b.N), "prefilled/op")
+		})
 	}
 }

@@ -66,7 +66,11 @@ type Stats struct {
 	// mean context, which sets how much attention a token costs and so
 	// why the same lanes decode slower on long answers.
 	Attended uint64
-	Utility  float64
+	// ReusedTokens counts context tokens that new sequences took from
+	// freed ones' KV rows instead of prefilling them (prefix reuse, see
+	// ModelEngine), all lanes.
+	ReusedTokens uint64
+	Utility      float64
 	// OfferedLoad is the recent arrival rate of predicted tokens over the
 	// lanes' full-batch capacity: above 1 the scheduler is overloaded and
 	// sheds optional tokens early.
@@ -86,6 +90,10 @@ type Stats struct {
 	Lanes []LaneStats
 }
 
+// prefixReuser is an engine that reuses freed sequences' KV rows
+// (ModelEngine).
+type prefixReuser interface{ ReusedTokens() int64 }
+
 // LaneStats describes one lane.
 type LaneStats struct {
 	Name      string
@@ -97,6 +105,8 @@ type LaneStats struct {
 	KVBytes   int64 // KV memory of the allocated sequences
 	Steps     uint64
 	Tokens    uint64 // generated on this lane
+	// ReusedTokens: context tokens not prefilled thanks to prefix reuse.
+	ReusedTokens uint64
 	// MuchSlower: the lane's time per token at full batch is over 1.5
 	// times the fastest lane's, so routing sends it short requests
 	// without deadlines instead of long ones (see Config.TauQuantile).
@@ -146,6 +156,10 @@ func (s *Scheduler) Stats() Stats {
 			SeqBytes: l.info.SeqBytes, BatchCap: s.batchCap(l, s.cfg.Now())}
 		if len(s.queues) > 1 {
 			ls.Waiting = len(s.queues[i])
+		}
+		if r, ok := l.eng.(prefixReuser); ok {
+			ls.ReusedTokens = uint64(r.ReusedTokens())
+			st.ReusedTokens += ls.ReusedTokens
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)

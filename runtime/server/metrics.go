@@ -82,6 +82,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	m.counter("tandem_parked_expired_total", "Parked requests dropped after the park TTL.", float64(st.Expired))
 	m.counter("tandem_tokens_generated_total", "Generated tokens, all lanes.", float64(st.Tokens))
 	m.counter("tandem_attended_tokens_total", "Sum over generated tokens of the context each followed; over tandem_tokens_generated_total, the mean context, which sets what attention costs a token (long answers decode slower).", float64(st.Attended))
+	m.counter("tandem_prefix_reused_tokens_total", "Prompt tokens not prefilled because a freed sequence's KV cache already held them (prefix reuse: a chat's earlier turns, a shared instruction).", float64(st.ReusedTokens))
 	m.gauge("tandem_tokens_per_second", "Generated tokens per second over the last 10 seconds.", tokRate)
 	m.counter("tandem_scheduler_seconds_total", "Time spent in the scheduler's own code (planning and delivery in wall time, scoring in CPU time).", st.SchedulerWall.Seconds())
 	m.counter("tandem_engine_seconds_total", "Wall time spent in engine steps.", st.EngineWall.Seconds())
@@ -107,6 +108,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
 		{"tandem_lane_waiting", "Requests waiting in each lane's own queue (with two or more lanes; routing picks the queue).", func(l sched.LaneStats) float64 { return float64(l.Waiting) }},
 		{"tandem_lane_tokens_generated_total", "Generated tokens per lane.", func(l sched.LaneStats) float64 { return float64(l.Tokens) }},
+		{"tandem_lane_prefix_reused_tokens_total", "Prompt tokens each lane took from freed sequences' KV caches instead of prefilling them.", func(l sched.LaneStats) float64 { return float64(l.ReusedTokens) }},
 		{"tandem_lane_much_slower", "1 for a lane over 1.5 times slower per token than the fastest: it is routed short requests without deadlines, not long ones.", func(l sched.LaneStats) float64 {
 			if l.MuchSlower {
 				return 1

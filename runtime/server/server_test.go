@@ -16,6 +16,7 @@ import (
 
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
 )
 
 func TestCompletionMatchesReference(t *testing.T) {
@@ -122,6 +123,60 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 		{"role":"user","content":"And a dog?"}],"max_tokens":4,"tools":null,"response_format":null,"store":false,"metadata":{},"logprobs":false}`
 	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
 		t.Fatalf("status %d: %s", code, out)
+	}
+}
+
+// TestChatNextTurnReusesPrefix: a chat's next turn resends the
+// conversation, and the lane starts it from the KV rows the first turn
+// left (prefix reuse), prefilling only the new part; the answer is the
+// model's own, and /metrics counts the reused tokens.
+func TestChatNextTurnReusesPrefix(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	turn := []map[string]any{
+		{"role": "system", "content": "You tell short stories."},
+		{"role": "user", "content": "Tell me about a cat."},
+	}
+	ask := func() string {
+		t.Helper()
+		code, _, body := post(t, fx.http.URL+"/v1/chat/completions", map[string]any{"messages": turn, "max_tokens": 24, "temperature": 0})
+		if code != 200 {
+			t.Fatalf("status %d: %s", code, body)
+		}
+		return parse(t, body).Choices[0].Message.Content
+	}
+	first := ask()
+	before := fx.engines[0].ReusedTokens()
+	turn = append(turn, map[string]any{"role": "assistant", "content": first}, map[string]any{"role": "user", "content": "What did the cat do next?"})
+	got := ask()
+	reused := fx.engines[0].ReusedTokens() - before
+
+	prompt := "You tell short stories.\n\nUser: Tell me about a cat.\nAssistant:" + first + "\nUser: What did the cat do next?\nAssistant:"
+	want, _ := fx.reference(t, prompt, 24)
+	if i := strings.Index(want, "\nUser:"); i >= 0 {
+		want = want[:i]
+	}
+	if got != want {
+		t.Errorf("next turn %q\nwant %q", got, want)
+	}
+	// The first turn's prompt is a prefix of the next one's in tokens too
+	// (it ends in "Assistant:"), so at least that much comes from its rows.
+	ids := func(s string) []int32 {
+		out, err := fx.tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	p1, p2 := ids("You tell short stories.\n\nUser: Tell me about a cat.\nAssistant:"), ids(prompt)
+	shared := 0
+	for shared < min(len(p1), len(p2)) && p1[shared] == p2[shared] {
+		shared++
+	}
+	if shared < len(p1)-1 || reused < int64(shared) || reused >= int64(len(p2)) {
+		t.Errorf("%d of the next turn's %d prompt tokens reused; it shares %d with the first turn's %d", reused, len(p2), shared, len(p1))
+	}
+	if m := fmt.Sprintf("tandem_prefix_reused_tokens_total %d\n", fx.engines[0].ReusedTokens()); !strings.Contains(scrape(t, fx.http.URL), m) {
+		t.Errorf("metrics lack %q", m)
 	}
 }
 

@@ -74,6 +74,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
+	prefixReuse := fs.Bool("prefix-reuse", true, "the real engine's lanes start a request from a finished one's KV cache where their prompts share a prefix, as tandem serve does (every policy alike; the step costs are measured without it)")
 	outDir := fs.String("out", "", "directory for sched.md, sched.json and sched.svg")
 	seed := fs.Uint64("seed", 1, "workload seed")
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -122,7 +123,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
-		repeat: *repeat, seed: *seed, stderr: stderr}
+		repeat: *repeat, seed: *seed, noPrefixReuse: !*prefixReuse, stderr: stderr}
 
 	var rows []bench.SchedRow
 	var notes []string
@@ -179,7 +180,9 @@ type schedBench struct {
 	maxBatch    int
 	repeat      int // real-engine runs per setting and policy
 	seed        uint64
-	stderr      io.Writer
+	// noPrefixReuse turns off the real engine's prefix reuse.
+	noPrefixReuse bool
+	stderr        io.Writer
 }
 
 // policyVariant is a policy, possibly with parts of tandem switched off.
@@ -294,7 +297,8 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		calPath = fmt.Sprintf("calibrated now (validation MAE %.1f tokens, fallback %.1f)", cal.Validation.MAE, cal.Validation.FallbackMAE)
 	}
 	ctxLen := min(512, costs[0].Context)
-	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: specs, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32})
+	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: specs, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32,
+		NoPrefixReuse: b.noPrefixReuse})
 	if err != nil {
 		return nil, "", err
 	}
@@ -503,10 +507,15 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			capNote += fmt.Sprintf("; fastest at %d a step", bestBatch)
 		}
 		var lagP99, lagMax time.Duration // the clients' lateness, over this share's runs
+		var prompt, reused int
 		for _, lr := range byLoad {
 			for _, r := range lr.runs {
 				lagP99, lagMax = max(lagP99, r.SubmitLagP99), max(lagMax, r.SubmitLagMax)
+				prompt, reused = prompt+r.PromptTokens, reused+r.ReusedTokens
 			}
+		}
+		if prompt > 0 {
+			capNote += fmt.Sprintf("; prefix reuse took %.1f%% of the runs' prompt tokens from finished requests' KV caches", 100*float64(reused)/float64(prompt))
 		}
 		capNote += fmt.Sprintf("; at load %.2f the floors' rates, at the answers' mean context of %.0f tokens, are %.0f from the probes and %.0f from the runs; answers %.1f tokens on average, the workload asks %.1f; the clients submitted up to %v after a request's arrival time, %v at the 99th percentile)",
 			topLoad, topContext, topBest, topRate, answerLen, meanTokens(work), lagMax.Round(10*time.Microsecond), lagP99.Round(10*time.Microsecond))

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -175,6 +176,11 @@ func TestBenchSchedSmall(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
+	}
+	// Every prompt starts with BOS at least, which a finished request's
+	// rows hold.
+	if m := regexp.MustCompile(`prefix reuse took ([0-9.]+)% of the runs' prompt tokens`).FindStringSubmatch(stdout); m == nil || m[1] == "0.0" {
+		t.Errorf("output lacks the prefix reuse's share, or it is zero: %v\n%s", m, stdout)
 	}
 	var rows []map[string]any
 	data, err := os.ReadFile(filepath.Join(out, "sched.json"))

@@ -102,6 +102,37 @@ func TestServeEndToEnd(t *testing.T) {
 	stopServe(t, addr, done)
 }
 
+// TestServePrefixReuse: by default a prompt sent again starts from the
+// first answer's KV rows; --prefix-reuse=false prefills it whole.
+func TestServePrefixReuse(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		addr, _, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", fmt.Sprintf("--prefix-reuse=%v", on))
+		for range 2 {
+			resp, err := http.Post(addr+"/v1/completions", "application/json",
+				strings.NewReader(`{"prompt":"Once upon a time there was a cat","max_tokens":8,"temperature":0}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+		resp, err := http.Get(addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindSubmatch(body)
+		if m == nil || (string(m[1]) != "0") != on {
+			t.Errorf("--prefix-reuse=%v: reused tokens %q", on, m)
+		}
+		stopServe(t, addr, done)
+	}
+}
+
 // TestServeAnswersWhileDraining: after SIGTERM the server drains its
 // requests and, meanwhile, still answers /healthz (503, shutting down)
 // and /metrics, as a service manager and a dashboard expect.
