@@ -104,8 +104,8 @@ type LaneOptions struct {
 	MaxSeqs int
 	Context int
 	KVType  weights.DType
-	// NoPrefixReuse turns off each plain lane's prefix reuse (see
-	// ModelEngine). Speculative lanes prefill every context whole.
+	// NoPrefixReuse turns off each lane's prefix reuse (see ModelEngine
+	// and SpecEngine; GPU lanes prefill every context whole).
 	NoPrefixReuse bool
 	// Stream, when set, streams each lane's weights under Stream.Budget
 	// (each lane holds its own budget of host RAM; a GPU lane streams
@@ -185,7 +185,8 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		}
 		// The draft shares the target's pool: closed before the target.
 		models = append([]*model.Model{dm}, models...)
-		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType})
+		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
+			NoPrefixReuse: opt.NoPrefixReuse})
 		if err != nil {
 			closeAll()
 			return nil, nil, err

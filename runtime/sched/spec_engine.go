@@ -34,6 +34,8 @@ type SpecEngineOptions struct {
 	// PrefillChunk is the tokens per Forward of a prefill (default:
 	// spec.DefaultChunkSize).
 	PrefillChunk int
+	// NoPrefixReuse turns off prefix reuse (see SpecEngine).
+	NoPrefixReuse bool
 }
 
 // SpecEngine is the speculative engine: each sequence is a spec.Decoder
@@ -47,6 +49,13 @@ type SpecEngineOptions struct {
 // With greedy sampling the tokens are exactly the target's; with
 // temperature they follow the target's distribution (spec.Decoder is
 // lossless for the tree and SD methods).
+//
+// Prefix reuse works as in ModelEngine, for both caches: a freed
+// decoder's sequences are kept with their rows (spec.Decoder.Detach),
+// and a new sequence adopts those sharing the longest prefix with its
+// context, so each model prefills only the rest. For a streamed target,
+// whose every prefill chunk reads all its weights, a chat's next turn
+// then costs no prefill at all.
 type SpecEngine struct {
 	owner          // claimed by the scheduler that runs it
 	draft, target  *model.Model
@@ -59,10 +68,15 @@ type SpecEngine struct {
 	live           atomic.Int64 // len(seqs), readable from any goroutine
 	stats          atomic.Pointer[spec.Stats]
 	done           spec.Stats // counters of freed decoders
+
+	kept   []spec.Held  // freed decoders' sequences whose rows may be reused, oldest first
+	reuse  bool         // prefix reuse is on
+	reused atomic.Int64 // context tokens the target did not evaluate thanks to reuse
 }
 
 type specSeq struct {
 	dec    *spec.Decoder
+	have   int     // the context's first tokens the adopted target rows hold
 	prompt []int32 // the context to prefill; nil once started
 	buf    []int32 // tokens emitted by the decoder, not yet handed out
 	out    []int32 // the slice handed out by the last Step
@@ -136,6 +150,7 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	}
 	e.limit = d.Limit()
 	e.stats.Store(&spec.Stats{Method: cfg.Method.String()})
+	e.reuse = !opt.NoPrefixReuse && e.dcache.Config().Rows == nil && e.tcache.Config().Rows == nil
 	return e, nil
 }
 
@@ -169,6 +184,11 @@ func (e *SpecEngine) KVBytesInUse() int64 {
 	return e.live.Load() * (e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes())
 }
 
+// ReusedTokens is how many context tokens new sequences took from freed
+// ones' target rows instead of prefilling them (prefix reuse). Safe to
+// call from any goroutine.
+func (e *SpecEngine) ReusedTokens() int64 { return e.reused.Load() }
+
 // Stats are the speculative counters of every sequence since the engine
 // was made (updated after each step). Safe to call from any goroutine.
 func (e *SpecEngine) Stats() spec.Stats { return *e.stats.Load() }
@@ -195,22 +215,51 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	if err != nil {
 		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
 	}
+	have := 0
+	if e.reuse && len(e.kept) > 0 {
+		// As in ModelEngine.newSeq: the kept sequences sharing the
+		// longest prefix, else the oldest, so that memory stays what the
+		// most sequences live at once took.
+		best, dhave := 0, 0
+		for i, h := range e.kept {
+			t := min(commonPrefix(h.Tokens[:h.TargetLen], tokens), len(tokens)-1)
+			if t > have {
+				best, have = i, t
+				dhave = min(commonPrefix(h.Tokens[:h.DraftLen], tokens), len(tokens)-1)
+			}
+		}
+		h := e.kept[best]
+		e.kept = slices.Delete(e.kept, best, best+1)
+		h.DraftLen, h.TargetLen = dhave, have
+		d.Adopt(h)
+		e.reused.Add(int64(have))
+	}
 	id := e.next
 	e.next++
-	e.seqs[id] = &specSeq{dec: d, prompt: append([]int32(nil), tokens...)}
+	e.seqs[id] = &specSeq{dec: d, have: have, prompt: append([]int32(nil), tokens...)}
 	e.live.Add(1)
 	return id, nil
 }
 
 // Free implements Engine: the decoder's sequences in both caches are
-// released, and tokens it emitted but did not hand out are dropped (a
-// rebuilt sequence generates them again).
+// released (kept for reuse, with prefix reuse), and tokens it emitted
+// but did not hand out are dropped (a rebuilt sequence generates them
+// again).
 func (e *SpecEngine) Free(id SeqID) error {
 	s, ok := e.seqs[id]
 	if !ok {
 		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
 	}
-	s.dec.Close()
+	if !e.reuse {
+		s.dec.Close()
+	} else if h, ok := s.dec.Detach(); ok {
+		if h.DraftLen > 0 || h.TargetLen > 0 {
+			e.kept = append(e.kept, h)
+		} else {
+			e.dcache.Free(h.Draft)
+			e.tcache.Free(h.Target)
+		}
+	}
 	e.done = addSpecStats(e.done, s.dec.Stats())
 	delete(e.seqs, id)
 	e.live.Add(-1)
@@ -236,7 +285,8 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 		switch {
 		case len(s.buf) > 0:
 		case s.prompt != nil:
-			if prefilled && len(s.prompt) > budget {
+			rest := len(s.prompt) - s.have // what the adopted rows do not hold
+			if prefilled && rest > budget {
 				continue // no prefill budget left this step
 			}
 			if err := s.dec.Start(ctx, s.prompt, e.opt.PrefillChunk); err != nil {
@@ -247,8 +297,8 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 				continue
 			}
 			prefilled = true
-			budget -= len(s.prompt)
-			out[i].Prefilled = len(s.prompt)
+			budget -= rest
+			out[i].Prefilled = rest
 			s.prompt = nil
 			continue
 		default:

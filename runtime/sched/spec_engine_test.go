@@ -49,7 +49,7 @@ func specTokens() int {
 }
 
 // loadShared loads a model from the shared models with one thread.
-func loadShared(t *testing.T, name string) *model.Model {
+func loadShared(t testing.TB, name string) *model.Model {
 	t.Helper()
 	f, err := weights.Open(testutil.Model(t, name))
 	if err != nil {
@@ -161,10 +161,19 @@ func TestSpecEngineLimitOne(t *testing.T) {
 	}
 }
 
-// checkCachesFree allocates every slot of both caches: it fails if a
-// freed sequence still holds one.
+// checkCachesFree frees the sequences kept for prefix reuse, then
+// allocates every slot of both caches: it fails if a freed sequence
+// holds one otherwise.
 func checkCachesFree(t *testing.T, e *SpecEngine) {
 	t.Helper()
+	for _, h := range e.kept {
+		if !e.dcache.Valid(h.Draft) || !e.tcache.Valid(h.Target) {
+			t.Fatalf("kept sequences %d and %d are not allocated", h.Draft, h.Target)
+		}
+		e.dcache.Free(h.Draft)
+		e.tcache.Free(h.Target)
+	}
+	e.kept = nil
 	for _, c := range []*kv.Cache{e.dcache, e.tcache} {
 		var ids []int
 		for range e.opt.MaxSeqs {
@@ -350,4 +359,91 @@ func TestSpecEngineErrors(t *testing.T) {
 		t.Errorf("second free: %v, want kv.ErrUnknownSeq", err)
 	}
 	checkCachesFree(t, e)
+}
+
+// TestSpecEnginePrefixReuse: on a speculative lane a chat's next turn
+// adopts the sequences the first turn left in both caches and prefills
+// only its last token; the tokens are the target's greedy ones, and the
+// rounds (draft steps, target passes) are those of a lane that prefilled
+// the whole context, so both caches held the same rows.
+func TestSpecEnginePrefixReuse(t *testing.T) {
+	r := greedyRecords(t, 120)[0]
+	cfg := spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}}
+	turn := slices.Concat(r.PromptIDs, r.GeneratedIDs[:60])
+	var stats []spec.Stats
+	for _, reuse := range []bool{true, false} {
+		e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"), cfg,
+			SpecEngineOptions{MaxSeqs: 2, Context: specContext, NoPrefixReuse: !reuse})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(ctx []int32, n int) (got []int32, prefilled, reused int) {
+			t.Helper()
+			before := e.ReusedTokens()
+			id, err := e.Start(ctx, nil, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make([]StepOut, 1)
+			for len(got) < n {
+				if err := e.Step(context.Background(), []Member{{Seq: id, Limit: n}}, out); err != nil || out[0].Err != nil {
+					t.Fatal(err, out[0].Err)
+				}
+				prefilled += out[0].Prefilled
+				got = append(got, out[0].Tokens...)
+			}
+			if err := e.Free(id); err != nil {
+				t.Fatal(err)
+			}
+			return got[:n], prefilled, int(e.ReusedTokens() - before)
+		}
+		if got, _, _ := run(r.PromptIDs, 60); !slices.Equal(got, r.GeneratedIDs[:60]) {
+			t.Fatalf("reuse %v: first turn %v, want %v", reuse, got, r.GeneratedIDs[:60])
+		}
+		before := e.Stats()
+		got, prefilled, reused := run(turn, 40)
+		if !slices.Equal(got, r.GeneratedIDs[60:100]) {
+			t.Errorf("reuse %v: next turn %v, want %v", reuse, got, r.GeneratedIDs[60:100])
+		}
+		wantReused := 0
+		if reuse {
+			wantReused = len(turn) - 1
+		}
+		if reused != wantReused || prefilled+reused != len(turn) {
+			t.Errorf("reuse %v: %d reused and %d prefilled of %d, want %d reused", reuse, reused, prefilled, len(turn), wantReused)
+		}
+		st := e.Stats()
+		st.TargetPasses -= before.TargetPasses
+		st.DraftSteps -= before.DraftSteps
+		st.Accepted -= before.Accepted
+		stats = append(stats, st)
+		checkCachesFree(t, e)
+	}
+	if a, b := stats[0], stats[1]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
+		t.Errorf("next turn with reuse: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",
+			a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
+	}
+}
+
+// BenchmarkSpecNextTurn is BenchmarkNextTurn on a speculative lane
+// (llama2xs drafting for stories260K): the conversation so far started
+// again up to the first emitted tokens, prefilled whole into both models
+// or adopted from the last turn's rows.
+func BenchmarkSpecNextTurn(b *testing.B) {
+	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
+	ctx := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs, recs[1].GeneratedIDs)[:specContext-16]
+	for _, reuse := range []bool{false, true} {
+		name := "prefill"
+		if reuse {
+			name = "reuse"
+		}
+		b.Run(name, func(b *testing.B) {
+			e, err := NewSpecEngine(loadShared(b, "llama2xs_model.bin"), loadShared(b, "stories260K.bin"), spec.Config{Method: spec.Tree},
+				SpecEngineOptions{MaxSeqs: 2, Context: specContext, NoPrefixReuse: !reuse})
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchFirstToken(b, e, ctx)
+		})
+	}
 }

@@ -233,7 +233,8 @@ type Decoder struct {
 	dcache, tcache *kv.Cache
 	dseq, tseq     int
 	started        bool
-	limit          int // positions usable in both models and caches
+	adopted        *Held // sequences the next Start continues (Adopt)
+	limit          int   // positions usable in both models and caches
 	notes          []string
 
 	sampler  *sample.Sampler // the target's: picks and accepts tokens
@@ -334,49 +335,115 @@ func (d *Decoder) Stats() Stats {
 	return st
 }
 
-// Start prefills prompt (BOS first) into a new sequence of each model:
-// all but its last token, which becomes the root of the first tree. The
-// target prefills all but the body's last chunk, which rides with the
-// first verification instead: a streamed target then reads its weights
-// once for the prompt and the first tree, not once for each.
+// Held are a decoder's sequences handed over by Detach, for another
+// decoder to Adopt: a sequence in the draft's cache and one in the
+// target's, whose first DraftLen and TargetLen committed rows hold the
+// first tokens of Tokens.
+type Held struct {
+	Draft, Target       int // sequence ids in the draft's and the target's cache
+	DraftLen, TargetLen int
+	Tokens              []int32 // the prompt and the emitted tokens
+}
+
+// Detach ends the generation as Close does, but hands its sequences
+// over with their committed rows instead of freeing them (prefix reuse:
+// a later prompt that starts with the same tokens need not prefill
+// them). The rows of the prompt and of the emitted tokens the draft or
+// the target evaluated are committed; tentative rows are dropped. ok is
+// false when the decoder holds no sequences (it never started, or an
+// error freed them); sequences adopted but not yet started are handed
+// back.
+func (d *Decoder) Detach() (h Held, ok bool) {
+	if !d.started {
+		if d.adopted == nil {
+			return Held{}, false
+		}
+		h, d.adopted = *d.adopted, nil
+		return h, true
+	}
+	dn, tn := d.dcache.Len(d.dseq), d.tcache.Len(d.tseq)
+	// Truncating to the committed rows only drops the tentative ones.
+	d.dcache.Truncate(d.dseq, dn)
+	d.tcache.Truncate(d.tseq, tn)
+	d.started = false
+	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: dn, TargetLen: tn, Tokens: slices.Clone(d.history)}, true
+}
+
+// Adopt makes the next Start continue h's sequences, which must belong
+// to this decoder's caches, instead of allocating new ones: their first
+// h.DraftLen and h.TargetLen committed rows must hold the first tokens
+// of that Start's prompt (the caller compares them, Detach's Tokens
+// against the prompt). Start rolls each back to those rows and
+// prefills only the rest. Close frees adopted sequences.
+func (d *Decoder) Adopt(h Held) { d.adopted = &h }
+
+// dropAdopted frees sequences adopted but not started.
+func (d *Decoder) dropAdopted() {
+	if h := d.adopted; h != nil {
+		d.dcache.Free(h.Draft)
+		d.tcache.Free(h.Target)
+		d.adopted = nil
+	}
+}
+
+// Start prefills prompt (BOS first) into a new sequence of each model
+// (or into adopted ones, past the rows they hold): all but its last
+// token, which becomes the root of the first tree. The target prefills
+// all but the body's last chunk, which rides with the first verification
+// instead: a streamed target then reads its weights once for the prompt
+// and the first tree, not once for each.
 func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	if d.started {
 		return errors.New("spec: decoder already started; Close it first")
 	}
 	if len(prompt) == 0 {
+		d.dropAdopted()
 		return errors.New("spec: empty prompt; a llama prompt starts with BOS")
 	}
 	if len(prompt) > d.limit {
+		d.dropAdopted()
 		return fmt.Errorf("spec: prompt of %d tokens does not fit the context of %d: %w", len(prompt), d.limit, kv.ErrContextFull)
 	}
 	if chunk <= 0 {
 		chunk = DefaultChunkSize
 	}
-	var err error
-	if d.dseq, err = d.dcache.NewSeq(); err != nil {
-		return fmt.Errorf("spec: draft: %w", err)
-	}
-	if d.tseq, err = d.tcache.NewSeq(); err != nil {
-		d.dcache.Free(d.dseq)
-		return fmt.Errorf("spec: target: %w", err)
+	body := prompt[:len(prompt)-1]
+	dhave, thave := 0, 0 // rows already holding the body's first tokens
+	if h := d.adopted; h != nil {
+		d.adopted = nil
+		d.dseq, d.tseq = h.Draft, h.Target
+		dhave, thave = min(h.DraftLen, len(body)), min(h.TargetLen, len(body))
+		if err := errors.Join(d.dcache.Truncate(d.dseq, dhave), d.tcache.Truncate(d.tseq, thave)); err != nil {
+			d.dcache.Free(d.dseq)
+			d.tcache.Free(d.tseq)
+			return fmt.Errorf("spec: adopted sequences: %w", err)
+		}
+	} else {
+		var err error
+		if d.dseq, err = d.dcache.NewSeq(); err != nil {
+			return fmt.Errorf("spec: draft: %w", err)
+		}
+		if d.tseq, err = d.tcache.NewSeq(); err != nil {
+			d.dcache.Free(d.dseq)
+			return fmt.Errorf("spec: target: %w", err)
+		}
 	}
 	d.started = true
-	body := prompt[:len(prompt)-1]
-	prefilled := len(body) - min(len(body), chunk) // by the target now; the rest rides
+	prefilled := max(thave, len(body)-min(len(body), chunk)) // by the target now; the rest rides
 	for _, mc := range []struct {
-		m      *model.Model
-		c      *kv.Cache
-		seq    int
-		tokens []int32
-	}{{d.draft, d.dcache, d.dseq, body}, {d.target, d.tcache, d.tseq, body[:prefilled]}} {
-		for off := 0; off < len(mc.tokens); off += chunk {
+		m        *model.Model
+		c        *kv.Cache
+		seq      int
+		from, to int
+	}{{d.draft, d.dcache, d.dseq, dhave, len(body)}, {d.target, d.tcache, d.tseq, thave, prefilled}} {
+		for off := mc.from; off < mc.to; off += chunk {
 			if err := ctx.Err(); err != nil {
 				d.Close()
 				return err
 			}
-			end := min(off+chunk, len(mc.tokens))
+			end := min(off+chunk, mc.to)
 			d.db.Reset()
-			d.db.Chain(mc.tokens[off:end], int32(off), mc.seq, -1, false)
+			d.db.Chain(body[off:end], int32(off), mc.seq, -1, false)
 			if err := mc.m.Forward(&d.db, mc.c, &d.dout); err != nil {
 				d.Close()
 				return fmt.Errorf("spec: prefill: %w", err)
@@ -391,8 +458,10 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 	return nil
 }
 
-// Close frees the decoder's sequences. The decoder can Start again.
+// Close frees the decoder's sequences, adopted ones included. The
+// decoder can Start again.
 func (d *Decoder) Close() {
+	d.dropAdopted()
 	if !d.started {
 		return
 	}

@@ -550,3 +550,98 @@ func TestSpeculateAnyTreeShape(t *testing.T) {
 		})
 	}
 }
+
+// stepTo steps a started decoder until it has emitted at least n tokens.
+func stepTo(t *testing.T, d *Decoder, n int) []int32 {
+	t.Helper()
+	var out []int32
+	for len(out) < n {
+		ids, err := d.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ids...)
+	}
+	return out
+}
+
+// TestDetachAdopt: a decoder that adopts a finished one's sequences for a
+// prompt that continues its tokens (a chat's next turn) prefills only the
+// rest, and then runs exactly as a decoder that prefilled it whole: the
+// same tokens, the target's greedy ones, in the same draft steps and
+// target passes, so both caches held the same rows.
+func TestDetachAdopt(t *testing.T) {
+	r := arRecords(t, "stories260K.greedy.jsonl")[0]
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	cfg := Config{Method: Tree, MaxTree: 12, Trigger: FixedSize{N: 12}}
+	ctx := context.Background()
+
+	first := p.decoder(t, cfg)
+	if _, ok := first.Detach(); ok {
+		t.Fatal("a decoder that never started handed sequences over")
+	}
+	if err := first.Start(ctx, r.PromptIDs, 0); err != nil {
+		t.Fatal(err)
+	}
+	emitted := stepTo(t, first, 60)
+	h, ok := first.Detach()
+	if !ok || !slices.Equal(h.Tokens, slices.Concat(r.PromptIDs, emitted)) {
+		t.Fatalf("detached %v (ok %v), want the prompt and the %d emitted tokens", h.Tokens, ok, len(emitted))
+	}
+	// The target holds every token but the root; the draft lags by the
+	// accepted tokens it has not evaluated yet.
+	if h.TargetLen != len(h.Tokens)-1 || h.DraftLen > h.TargetLen || h.DraftLen < h.TargetLen-cfg.MaxTree {
+		t.Fatalf("detached rows: draft %d, target %d of %d tokens", h.DraftLen, h.TargetLen, len(h.Tokens))
+	}
+	if p.dcache.Tentative(h.Draft) != 0 || p.tcache.Tentative(h.Target) != 0 {
+		t.Fatal("detached sequences keep tentative rows")
+	}
+
+	next := slices.Concat(r.PromptIDs, emitted[:40])
+	run := func(d *Decoder) ([]int32, Stats, int) {
+		t.Helper()
+		if err := d.Start(ctx, next, 0); err != nil {
+			t.Fatal(err)
+		}
+		rows := p.tcache.Len(d.tseq)
+		out := stepTo(t, d, 50)
+		st := d.Stats()
+		d.Close()
+		return out[:50], st, rows
+	}
+	adopted := p.decoder(t, cfg)
+	adopted.Adopt(Held{Draft: h.Draft, Target: h.Target, DraftLen: min(h.DraftLen, len(next)-1), TargetLen: len(next) - 1})
+	got, gotStats, rows := run(adopted)
+	if rows != len(next)-1 {
+		t.Errorf("after Start the adopted target holds %d rows, want the %d before the root", rows, len(next)-1)
+	}
+	want, wantStats, _ := run(p.decoder(t, cfg))
+	if ref := r.GeneratedIDs[40:90]; !slices.Equal(want, ref) || !slices.Equal(got, ref) {
+		t.Fatalf("adopted %v\nprefilled %v\nreference %v", got, want, ref)
+	}
+	if gotStats.TargetPasses != wantStats.TargetPasses || gotStats.DraftSteps != wantStats.DraftSteps || gotStats.Accepted != wantStats.Accepted {
+		t.Errorf("adopted: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d", gotStats.TargetPasses,
+			gotStats.DraftSteps, gotStats.Accepted, wantStats.TargetPasses, wantStats.DraftSteps, wantStats.Accepted)
+	}
+	if p.dcache.Valid(h.Draft) || p.tcache.Valid(h.Target) {
+		t.Error("Close left the adopted sequences allocated")
+	}
+
+	// Adopted sequences that never start are handed back by Detach, or
+	// freed by Close.
+	d := p.decoder(t, cfg)
+	if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+		t.Fatal(err)
+	}
+	h, _ = d.Detach()
+	idle := p.decoder(t, cfg)
+	idle.Adopt(h)
+	if back, ok := idle.Detach(); !ok || back.Target != h.Target {
+		t.Fatalf("Detach of an adopted decoder: %v, %v", back, ok)
+	}
+	idle.Adopt(h)
+	idle.Close()
+	if p.dcache.Valid(h.Draft) || p.tcache.Valid(h.Target) {
+		t.Error("Close of an adopted decoder left its sequences allocated")
+	}
+}

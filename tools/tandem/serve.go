@@ -68,7 +68,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	maxQueue := fs.Int("max-queue", 256, "waiting requests before 429")
 	maxTokens := fs.Int("max-tokens", 256, "max_tokens for requests that do not set it")
-	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest; plain lanes")
+	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest (CPU lanes)")
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
