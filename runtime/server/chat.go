@@ -56,9 +56,14 @@ func renderChat(msgs []chatMessage) (string, *apiError) {
 			b.WriteString(text)
 			b.WriteString("\n")
 		case "assistant":
+			// An answer starts with the space the model wrote after
+			// "Assistant:" (" Cat sat."), or without it when the client
+			// trimmed it: either way one space, so the transcript is
+			// what the model generated, and its next turn reads its own
+			// words and reuses their KV rows (prefix reuse).
 			b.WriteString(chatAssistant)
 			b.WriteString(" ")
-			b.WriteString(text)
+			b.WriteString(strings.TrimPrefix(text, " "))
 			b.WriteString("\n")
 		case "":
 			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role is required")

@@ -128,23 +128,32 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 
 // TestChatNextTurnReusesPrefix: a chat's next turn resends the
 // conversation, and the lane starts it from the KV rows the first turn
-// left (prefix reuse), prefilling only the new part; the answer is the
-// model's own, and /metrics counts the reused tokens.
+// left (prefix reuse): its prompt and its answer, rendered back as the
+// model wrote it, so only the new question is prefilled; the answer is
+// the model's own, and /metrics counts the reused tokens.
 func TestChatNextTurnReusesPrefix(t *testing.T) {
 	fx := newFixture(t, fixtureOpts{})
 	turn := []map[string]any{
 		{"role": "system", "content": "You tell short stories."},
 		{"role": "user", "content": "Tell me about a cat."},
 	}
+	var answered int // the first answer's tokens
 	ask := func() string {
 		t.Helper()
 		code, _, body := post(t, fx.http.URL+"/v1/chat/completions", map[string]any{"messages": turn, "max_tokens": 24, "temperature": 0})
 		if code != 200 {
 			t.Fatalf("status %d: %s", code, body)
 		}
-		return parse(t, body).Choices[0].Message.Content
+		c := parse(t, body)
+		if answered == 0 {
+			answered = c.Usage.CompletionTokens
+		}
+		return c.Choices[0].Message.Content
 	}
 	first := ask()
+	if !strings.HasPrefix(first, " ") {
+		t.Fatalf("first answer %q: the model's answers start with a space after \"Assistant:\"", first)
+	}
 	before := fx.engines[0].ReusedTokens()
 	turn = append(turn, map[string]any{"role": "assistant", "content": first}, map[string]any{"role": "user", "content": "What did the cat do next?"})
 	got := ask()
@@ -158,8 +167,8 @@ func TestChatNextTurnReusesPrefix(t *testing.T) {
 	if got != want {
 		t.Errorf("next turn %q\nwant %q", got, want)
 	}
-	// The first turn's prompt is a prefix of the next one's in tokens too
-	// (it ends in "Assistant:"), so at least that much comes from its rows.
+	// The first turn's prompt and answer (but for the answer's last token,
+	// never evaluated) come from its rows.
 	ids := func(s string) []int32 {
 		out, err := fx.tok.Encode(s, tokenizer.EncodeOptions{AddBOS: true})
 		if err != nil {
@@ -172,8 +181,9 @@ func TestChatNextTurnReusesPrefix(t *testing.T) {
 	for shared < min(len(p1), len(p2)) && p1[shared] == p2[shared] {
 		shared++
 	}
-	if shared < len(p1)-1 || reused < int64(shared) || reused >= int64(len(p2)) {
-		t.Errorf("%d of the next turn's %d prompt tokens reused; it shares %d with the first turn's %d", reused, len(p2), shared, len(p1))
+	if shared != len(p1) || reused < int64(len(p1)+answered-1) || reused >= int64(len(p2)) {
+		t.Errorf("%d of the next turn's %d prompt tokens reused, want the first turn's %d and its answer's %d but one (%d shared)",
+			reused, len(p2), len(p1), answered, shared)
 	}
 	if m := fmt.Sprintf("tandem_prefix_reused_tokens_total %d\n", fx.engines[0].ReusedTokens()); !strings.Contains(scrape(t, fx.http.URL), m) {
 		t.Errorf("metrics lack %q", m)
@@ -187,11 +197,14 @@ func TestChatTemplate(t *testing.T) {
 		{Role: "assistant", Content: json.RawMessage(`"Hello."`)},
 		{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"Bye"}]`)},
 		{Role: "assistant", Content: json.RawMessage(`null`), Refusal: ptr("No.")},
+		{Role: "user", Content: json.RawMessage(`"Again"`)},
+		// As the model wrote it, after "Assistant:": one space, not two.
+		{Role: "assistant", Content: json.RawMessage(`" Yes.  Twice."`)},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant: No.\nAssistant:"; got != want {
+	if want := "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant: No.\nUser: Again\nAssistant: Yes.  Twice.\nAssistant:"; got != want {
 		t.Errorf("template %q\nwant %q", got, want)
 	}
 }
