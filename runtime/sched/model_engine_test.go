@@ -531,3 +531,145 @@ func benchFirstToken(b *testing.B, e Engine, ctx []int32) {
 	}
 	b.ReportMetric(float64(prefilled)/float64(b.N), "prefilled/op")
 }
+
+// FuzzPrefixReuse drives two engines on stories260K, one with prefix
+// reuse and one without, through the same starts, steps and frees, with
+// contexts cut from earlier ones and their answers (so they share
+// prefixes of every length): each sequence must yield the same tokens on
+// both (the engine with reuse may yield them steps earlier, having less
+// to prefill), and each context's tokens are either prefilled or reused.
+func FuzzPrefixReuse(f *testing.F) {
+	f.Add([]byte{0, 0, 4, 1, 1, 1, 1, 2, 0, 0, 1, 9, 3, 1, 1, 2, 0})
+	f.Add([]byte{0, 0, 5, 0, 0, 3, 1, 1, 1, 2, 1, 0, 2, 40, 1, 1, 2, 0, 0, 1, 30, 1, 1})
+	file, _ := realModel(f)
+	models := []*model.Model{loadModel(f, file), loadModel(f, file)}
+	base := testutil.GreedyRecords(f, "stories260K.greedy.jsonl")[0].PromptIDs
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const ctxLen = 96
+		var engines [2]*ModelEngine
+		for i, m := range models {
+			e, err := NewModelEngine(m, ModelEngineOptions{MaxSeqs: 3, Context: ctxLen, PrefillChunk: 7, NoPrefixReuse: i == 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			engines[i] = e
+		}
+		type live struct {
+			ids       [2]SeqID
+			ctx       []int32
+			out       [2][]int32 // each engine's answer so far
+			prefilled [2]int
+			reused    int
+		}
+		var seqs []*live
+		pool := [][]int32{base}
+		next := func() byte {
+			if len(ops) == 0 {
+				return 0
+			}
+			b := ops[0]
+			ops = ops[1:]
+			return b
+		}
+		free := func(i int) {
+			s := seqs[i]
+			for k, e := range engines {
+				if err := e.Free(s.ids[k]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Freed mid-prefill (cancelled), a context is partly evaluated.
+			if n, with := len(s.ctx), s.prefilled[0]+s.reused; s.prefilled[1] > n || with > n || s.prefilled[1] == n && with != n {
+				t.Fatalf("a context of %d tokens: %d prefilled and %d reused with reuse, %d prefilled without", n, s.prefilled[0], s.reused, s.prefilled[1])
+			}
+			n := min(len(s.out[0]), len(s.out[1]))
+			pool = append(pool, slices.Concat(s.ctx, s.out[0][:n]))
+			if len(pool) > 8 {
+				pool = pool[1:]
+			}
+			seqs = slices.Delete(seqs, i, i+1)
+		}
+		for len(ops) > 0 {
+			switch next() % 3 {
+			case 0: // start a context cut from the pool, maybe with a token of its own
+				if len(seqs) == 3 {
+					continue
+				}
+				p := pool[int(next())%len(pool)]
+				ctx := slices.Clone(p[:1+int(next())%len(p)])
+				if b := next(); b%2 == 1 {
+					ctx = append(ctx, 2+int32(b)%400)
+				}
+				ctx = ctx[:min(len(ctx), ctxLen/2)]
+				s := &live{ctx: ctx}
+				before := engines[0].ReusedTokens()
+				for k, e := range engines {
+					id, err := e.Start(ctx, nil, "")
+					if err != nil {
+						t.Fatal(err)
+					}
+					s.ids[k] = id
+				}
+				s.reused = int(engines[0].ReusedTokens() - before)
+				seqs = append(seqs, s)
+			case 1: // step every live sequence together, a few times
+				for range 1 + int(next())%4 {
+					if len(seqs) == 0 {
+						break
+					}
+					var outs [2][]StepOut
+					for k, e := range engines {
+						members := make([]Member, len(seqs))
+						for i, s := range seqs {
+							members[i] = Member{Seq: s.ids[k], Limit: 1}
+						}
+						outs[k] = make([]StepOut, len(seqs))
+						if err := e.Step(context.Background(), members, outs[k]); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for i, s := range seqs {
+						for k := range engines {
+							if err := outs[k][i].Err; err != nil {
+								t.Fatal(err)
+							}
+							s.prefilled[k] += outs[k][i].Prefilled
+							s.out[k] = append(s.out[k], outs[k][i].Tokens...)
+						}
+						n := min(len(s.out[0]), len(s.out[1]))
+						if !slices.Equal(s.out[0][:n], s.out[1][:n]) {
+							t.Fatalf("sequence %d from %v: with reuse %v, without %v", i, s.ctx, s.out[0], s.out[1])
+						}
+					}
+					for i := len(seqs) - 1; i >= 0; i-- {
+						if s := seqs[i]; len(s.ctx)+max(len(s.out[0]), len(s.out[1])) >= ctxLen-1 {
+							free(i)
+						}
+					}
+				}
+			case 2: // free one
+				if len(seqs) > 0 {
+					free(int(next()) % len(seqs))
+				}
+			}
+		}
+		for len(seqs) > 0 {
+			// Still prefilling ones have not reported every token: step
+			// them out first so the accounting holds.
+			s := seqs[0]
+			for s.prefilled[1] < len(s.ctx) {
+				var out [1]StepOut
+				for k, e := range engines {
+					if err := e.Step(context.Background(), []Member{{Seq: s.ids[k], Limit: 1}}, out[:]); err != nil || out[0].Err != nil {
+						t.Fatal(err, out[0].Err)
+					}
+					s.prefilled[k] += out[0].Prefilled
+				}
+			}
+			free(0)
+		}
+		if engines[0].Live() != 0 || engines[1].Live() != 0 {
+			t.Fatalf("%d and %d sequences live after freeing all", engines[0].Live(), engines[1].Live())
+		}
+	})
+}
