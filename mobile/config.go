@@ -65,6 +65,10 @@ type config struct {
 	KVType string `json:"kv_type"`
 	// Policy is the scheduling policy (tandem, fifo, luf, edf, rtlm).
 	Policy string `json:"policy"`
+	// PrefixReuse (default true) starts a request from a finished one's
+	// KV rows where their contexts share a prefix, as a chat's next turn
+	// does (see sched.ModelEngine); false prefills every prompt whole.
+	PrefixReuse *bool `json:"prefix_reuse"`
 }
 
 // Defaults sized for a phone: an app runs a few generations at once, and

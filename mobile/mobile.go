@@ -125,7 +125,8 @@ func start(f *weights.File, c *config, specs []sched.LaneSpec, kvt weights.DType
 	if err != nil {
 		return nil, err
 	}
-	lopt := sched.LaneOptions{Lanes: specs, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream}
+	lopt := sched.LaneOptions{Lanes: specs, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream,
+		NoPrefixReuse: c.PrefixReuse != nil && !*c.PrefixReuse}
 	var draft *weights.File
 	if c.Draft != "" {
 		if draft, err = openDraft(c, tok, f.Path); err != nil {
@@ -207,11 +208,11 @@ func (e *Engine) Stats() string {
 		Admitted: st.Admitted, Rejected: st.Rejected, Completed: st.Completed, Cancelled: st.Cancelled,
 		Failed: st.Failed, Segments: st.Segment, DeadlineHits: st.DeadlineHits, DeadlineMisses: st.DeadlineMisses,
 		ShedRequests: st.ShedRequests, ShedTokens: st.ShedTokens, Evicted: st.Evicted, Expired: st.Expired,
-		Tokens: st.Tokens, Attended: st.Attended, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
+		Tokens: st.Tokens, Attended: st.Attended, ReusedTokens: st.ReusedTokens, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
 	for _, l := range st.Lanes {
 		lj := laneJSON{Name: l.Name, Threads: l.Threads, CPUs: l.CPUs.String(), Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
-			Tokens: l.Tokens, MuchSlower: l.MuchSlower,
+			Tokens: l.Tokens, ReusedTokens: l.ReusedTokens, MuchSlower: l.MuchSlower,
 			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
 		if se := e.spec[l.Name]; se != nil {
 			ss := se.Stats()
@@ -256,6 +257,7 @@ type statsJSON struct {
 	Expired        uint64     `json:"expired"`
 	Tokens         uint64     `json:"tokens"`
 	Attended       uint64     `json:"attended_tokens"` // Σ over tokens of the context each followed: over tokens, the mean context
+	ReusedTokens   uint64     `json:"reused_tokens"`   // prompt tokens taken from finished requests' KV rows (prefix reuse)
 	Utility        float64    `json:"utility"`
 	SchedulerMs    float64    `json:"scheduler_ms"`
 	EngineMs       float64    `json:"engine_ms"`
@@ -274,6 +276,8 @@ type laneJSON struct {
 	KVBytes   int64  `json:"kv_bytes"`
 	Steps     uint64 `json:"steps"`
 	Tokens    uint64 `json:"tokens"`
+	// ReusedTokens: prompt tokens taken from finished requests' KV rows.
+	ReusedTokens uint64 `json:"reused_tokens"`
 	// MuchSlower: over 1.5 times slower per token than the fastest lane
 	// (little cores beside big ones), so it is routed short requests.
 	MuchSlower bool    `json:"much_slower"`

@@ -571,3 +571,30 @@ func TestGenerateRacingCloseIsCancelled(t *testing.T) {
 		wg.Wait()
 	}
 }
+
+// TestPrefixReuse: a prompt sent again starts from the first answer's KV
+// rows (stats' reused_tokens, overall and per lane) and gives the same
+// text; "prefix_reuse": false prefills it whole.
+func TestPrefixReuse(t *testing.T) {
+	rec := firstRecord(t, "stories260K.greedy.jsonl")
+	for _, on := range []bool{true, false} {
+		e := newEngine(t, fmt.Sprintf(`{"model": %q, "threads": 1, "prefix_reuse": %v}`, testutil.Model(t, "stories260K.gguf"), on))
+		req := fmt.Sprintf(`{"prompt": %q, "max_tokens": 16, "temperature": 0}`, rec.Prompt)
+		first := generate(t, e, req, newRecorder())
+		if again := generate(t, e, req, newRecorder()); again.Text != first.Text {
+			t.Errorf("prefix_reuse %v: the same prompt gave %q, then %q", on, first.Text, again.Text)
+		}
+		var st statsJSON
+		if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+			t.Fatal(err)
+		}
+		// The second request reuses every prompt token but the last.
+		want := uint64(0)
+		if on {
+			want = uint64(len(rec.PromptIDs) - 1)
+		}
+		if st.ReusedTokens != want || len(st.Lanes) != 1 || st.Lanes[0].ReusedTokens != want {
+			t.Errorf("prefix_reuse %v: %d tokens reused (lanes %+v), want %d", on, st.ReusedTokens, st.Lanes, want)
+		}
+	}
+}
