@@ -195,6 +195,26 @@ func commonPrefix(a, b []int32) int {
 	return n
 }
 
+// prefixOver is how many leading tokens a shares with b followed by c.
+func prefixOver(a, b, c []int32) int {
+	n := commonPrefix(a, b)
+	if n < len(b) {
+		return n
+	}
+	return n + commonPrefix(a[n:], c)
+}
+
+// Reusable is how many leading tokens of the context prompt followed by
+// generated a Start would take from kept rows instead of prefilling them.
+// The scheduler's admission control prices the rest.
+func (e *ModelEngine) Reusable(prompt, generated []int32) int {
+	best := 0
+	for _, k := range e.kept {
+		best = max(best, prefixOver(k.tokens, prompt, generated))
+	}
+	return min(best, max(len(prompt)+len(generated)-1, 0))
+}
+
 // Free implements Engine. With prefix reuse the sequence's committed rows
 // are kept for a later sequence that starts with the same tokens.
 func (e *ModelEngine) Free(id SeqID) error {

@@ -673,3 +673,38 @@ func FuzzPrefixReuse(f *testing.F) {
 		}
 	})
 }
+
+// TestModelEngineReusable: what Reusable says a Start would take from
+// kept rows is what Start then takes.
+func TestModelEngineReusable(t *testing.T) {
+	f, _ := realModel(t)
+	r := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[0]
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 2, Context: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, gen := r.PromptIDs, r.GeneratedIDs
+	if n := e.Reusable(p, nil); n != 0 {
+		t.Fatalf("nothing kept, yet %d reusable", n)
+	}
+	decodeAlone(t, e, p, 20) // keeps the prompt and 19 answer tokens' rows
+	for _, c := range []struct {
+		prompt, generated []int32
+		want              int
+	}{
+		{p, nil, len(p) - 1},                                // all but the last token, which is evaluated again
+		{p, gen[:10], len(p) + 9},                           // a rebuild: prompt and what it generated
+		{slices.Concat(p, gen[:5]), gen[5:30], len(p) + 19}, // past the kept rows
+		{p[:2], nil, 1},
+		{p[1:], nil, 0}, // no BOS
+	} {
+		if got := e.Reusable(c.prompt, c.generated); got != c.want {
+			t.Errorf("Reusable(%d prompt tokens, %d generated) = %d, want %d", len(c.prompt), len(c.generated), got, c.want)
+		}
+	}
+	ctx := slices.Concat(p, gen[:5], gen[5:30])
+	want := e.Reusable(ctx, nil)
+	if _, _, reused := decodeAlone(t, e, ctx, 1); reused != want {
+		t.Errorf("Start reused %d tokens, Reusable said %d", reused, want)
+	}
+}

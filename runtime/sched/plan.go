@@ -538,6 +538,21 @@ func remaining(t *task) float64 {
 	return math.Min(r, math.Max(float64(t.maxTokens)-g, 1))
 }
 
+// prefillTime is what l's cost model predicts t's prefill takes: none
+// when t holds its sequence, else its context (prompt and what it
+// generated before its sequence was evicted) less what the engine would
+// take from a finished request's rows (prefix reuse).
+func (s *Scheduler) prefillTime(l *lane, t *task) time.Duration {
+	if t.hasSeq {
+		return 0
+	}
+	n := t.promptLen + len(t.generated)
+	if r, ok := l.eng.(prefixReuser); ok {
+		n -= r.Reusable(t.req.Prompt, t.generated)
+	}
+	return l.cost.prefill(n)
+}
+
 // admissible is TimelyLLM's admission control: t may join only if every
 // running request that meets its deadline now still meets it with one
 // more member (and t's prefill) at the measured step time.
@@ -546,14 +561,10 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 	if n == 0 {
 		return true
 	}
-	ctx := t.promptLen + len(t.generated)
-	if t.hasSeq {
-		ctx = 0
-	}
 	stepNow := l.cost.step(n, 0)
 	stepMore := l.cost.step(n+1, 0)
 	tps := math.Max(l.cost.tokPerStep, 1e-3)
-	pre := l.cost.prefill(ctx)
+	pre := time.Duration(-1) // t's prefill, priced once a deadline needs it
 	for _, m := range l.running {
 		if m.deadline.IsZero() {
 			continue
@@ -561,6 +572,9 @@ func (s *Scheduler) admissible(l *lane, t *task, now time.Time) bool {
 		steps := remaining(m) / tps
 		if now.Add(time.Duration(steps * float64(stepNow))).After(m.deadline) {
 			continue // misses anyway: t's admission does not change that
+		}
+		if pre < 0 {
+			pre = s.prefillTime(l, t)
 		}
 		if now.Add(pre + time.Duration(steps*float64(stepMore))).After(m.deadline) {
 			return false
@@ -604,11 +618,7 @@ func (s *Scheduler) preempt(l *lane, now time.Time, limit int) bool {
 	tps := math.Max(l.cost.tokPerStep, 1e-3)
 	// finish is when t would finish in a batch of m (t included).
 	finish := func(t *task, m int) time.Time {
-		ctx := t.promptLen + len(t.generated)
-		if t.hasSeq {
-			ctx = 0
-		}
-		return now.Add(l.cost.prefill(ctx) + time.Duration(remaining(t)/tps*float64(l.cost.step(m, 0))))
+		return now.Add(s.prefillTime(l, t) + time.Duration(remaining(t)/tps*float64(l.cost.step(m, 0))))
 	}
 	// u: the earliest deadline among the waiting requests and the
 	// running ones that miss it in this batch, that can be met alone.
@@ -832,7 +842,7 @@ func (s *Scheduler) missing(l *lane, now time.Time) bool {
 	if urgent == nil {
 		return false
 	}
-	need := wait + l.cost.prefill(urgent.promptLen) + time.Duration(remaining(urgent)/tps*float64(l.cost.step(min(n+1, s.cfg.MaxBatch), 0)))
+	need := wait + s.prefillTime(l, urgent) + time.Duration(remaining(urgent)/tps*float64(l.cost.step(min(n+1, s.cfg.MaxBatch), 0)))
 	return now.Add(need).After(urgent.deadline)
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/runtime/sample"
 )
 
 func submit(t *testing.T, s *Scheduler, r Request) *Stream {
@@ -1561,5 +1563,68 @@ func TestLateDeadlineGoesFirstWhileItsUtilityLasts(t *testing.T) {
 	p, o = run(Utility{}) // the default: nothing left 20 ms after the deadline
 	if !o.FirstToken.Before(p.FirstToken) {
 		t.Errorf("planner with no utility left started at %v, the old request at %v: want the older request first", p.FirstToken.Sub(p.Arrival), o.FirstToken.Sub(p.Arrival))
+	}
+}
+
+// reusingEngine is a fakeEngine whose sequences find their context's
+// first `reusable` tokens already evaluated (prefix reuse), so it
+// prefills only the rest, as ModelEngine does with a kept sequence.
+type reusingEngine struct {
+	*fakeEngine
+	reusable int
+}
+
+func (e *reusingEngine) Reusable(prompt, generated []int32) int {
+	return min(e.reusable, len(prompt)+len(generated)-1)
+}
+
+func (e *reusingEngine) ReusedTokens() int64 { return 0 }
+
+func (e *reusingEngine) Start(tokens []int32, s *sample.Sampler, tag string) (SeqID, error) {
+	id, err := e.fakeEngine.Start(tokens, s, tag)
+	if err == nil {
+		e.seqs[id].pending -= e.Reusable(tokens, nil)
+	}
+	return id, err
+}
+
+// TestAdmissionPricesReusedPrefix: admission control prices a joining
+// request's prefill at what the lane will evaluate. A next turn of 61
+// tokens whose first 60 the lane holds joins beside a running deadline at
+// once; prefilled whole (120 ms) it would make that deadline miss, and
+// waits.
+func TestAdmissionPricesReusedPrefix(t *testing.T) {
+	for _, reusable := range []int{60, 0} {
+		clock := newClock()
+		e := &reusingEngine{fakeEngine: newFakeEngine(clock), reusable: reusable}
+		e.stepA, e.stepB, e.stepC = 0, time.Millisecond, 2*time.Millisecond
+		s, err := New(Config{Manual: true, Now: clock.Now, MaxBatch: 4}, nil, Lane{Engine: e})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.SeedCost(0, 0, time.Millisecond, 2*time.Millisecond)
+		// 40 tokens at 1 ms per member-step: 40 ms alone, 80 ms with a
+		// second member, within the 100 ms deadline; with 120 ms of the
+		// next turn's prefill too, past it.
+		urgent := submit(t, s, Request{ID: "urgent", Prompt: prompt(2), MaxTokens: 40, Deadline: 100 * time.Millisecond})
+		st := s.Begin(0)
+		st.Run(context.Background())
+		s.End(st)
+		turn := submit(t, s, Request{ID: "turn", Prompt: prompt(61), MaxTokens: 5})
+		submitted := clock.Now()
+		drive(t, s, 1000)
+		_, _, ru := collect(t, urgent)
+		_, _, rt := collect(t, turn)
+		if !ru.DeadlineMet {
+			t.Errorf("reusable %d: the urgent request finished %v after arrival, past its deadline", reusable, ru.Finish.Sub(ru.Arrival))
+		}
+		joined := rt.FirstToken.Sub(submitted)
+		if reusable > 0 && (joined > 10*time.Millisecond || s.Stats().Deferred != 0) {
+			t.Errorf("reusable %d: the next turn's first token came %v after it was sent, %d admissions deferred; want it admitted at once", reusable, joined, s.Stats().Deferred)
+		}
+		if reusable == 0 && (joined < 30*time.Millisecond || s.Stats().Deferred == 0) {
+			t.Errorf("reusable 0: the next turn joined after %v with %d admissions deferred; want it held back", joined, s.Stats().Deferred)
+		}
+		s.Shutdown(context.Background())
 	}
 }

@@ -189,6 +189,16 @@ func (e *SpecEngine) KVBytesInUse() int64 {
 // call from any goroutine.
 func (e *SpecEngine) ReusedTokens() int64 { return e.reused.Load() }
 
+// Reusable is how many leading tokens of the context prompt followed by
+// generated a Start would take from kept target rows.
+func (e *SpecEngine) Reusable(prompt, generated []int32) int {
+	best := 0
+	for _, h := range e.kept {
+		best = max(best, prefixOver(h.Tokens[:h.TargetLen], prompt, generated))
+	}
+	return min(best, max(len(prompt)+len(generated)-1, 0))
+}
+
 // Stats are the speculative counters of every sequence since the engine
 // was made (updated after each step). Safe to call from any goroutine.
 func (e *SpecEngine) Stats() spec.Stats { return *e.stats.Load() }

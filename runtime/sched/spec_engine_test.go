@@ -401,6 +401,7 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 			t.Fatalf("reuse %v: first turn %v, want %v", reuse, got, r.GeneratedIDs[:60])
 		}
 		before := e.Stats()
+		predicted := e.Reusable(turn, nil)
 		got, prefilled, reused := run(turn, 40)
 		if !slices.Equal(got, r.GeneratedIDs[60:100]) {
 			t.Errorf("reuse %v: next turn %v, want %v", reuse, got, r.GeneratedIDs[60:100])
@@ -409,8 +410,8 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 		if reuse {
 			wantReused = len(turn) - 1
 		}
-		if reused != wantReused || prefilled+reused != len(turn) {
-			t.Errorf("reuse %v: %d reused and %d prefilled of %d, want %d reused", reuse, reused, prefilled, len(turn), wantReused)
+		if reused != wantReused || predicted != wantReused || prefilled+reused != len(turn) {
+			t.Errorf("reuse %v: %d reused (%d predicted) and %d prefilled of %d, want %d reused", reuse, reused, predicted, prefilled, len(turn), wantReused)
 		}
 		st := e.Stats()
 		st.TargetPasses -= before.TargetPasses

@@ -91,8 +91,13 @@ type Stats struct {
 }
 
 // prefixReuser is an engine that reuses freed sequences' KV rows
-// (ModelEngine).
-type prefixReuser interface{ ReusedTokens() int64 }
+// (ModelEngine, SpecEngine): ReusedTokens counts what it took (any
+// goroutine), Reusable says what a Start would take (the lane's
+// goroutine, between steps).
+type prefixReuser interface {
+	ReusedTokens() int64
+	Reusable(prompt, generated []int32) int
+}
 
 // LaneStats describes one lane.
 type LaneStats struct {
