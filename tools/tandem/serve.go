@@ -189,6 +189,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *sf.draft != "" {
 		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
 	}
+	if !*prefixReuse {
+		decoding += ", no prefix reuse"
+	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding, policy %s, context %d, estimator %s\n",
 		len(lanes), describeLanes(lanes, laneSpecs), decoding, policy, sc.Context(), estimator)
 	if topo, err := cpuset.Clusters(); err == nil {

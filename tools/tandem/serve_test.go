@@ -106,7 +106,10 @@ func TestServeEndToEnd(t *testing.T) {
 // first answer's KV rows; --prefix-reuse=false prefills it whole.
 func TestServePrefixReuse(t *testing.T) {
 	for _, on := range []bool{true, false} {
-		addr, _, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", fmt.Sprintf("--prefix-reuse=%v", on))
+		addr, log, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", fmt.Sprintf("--prefix-reuse=%v", on))
+		if off := strings.Contains(log[len(log)-1], "no prefix reuse"); off == on {
+			t.Errorf("--prefix-reuse=%v: ready line %q", on, log[len(log)-1])
+		}
 		for range 2 {
 			resp, err := http.Post(addr+"/v1/completions", "application/json",
 				strings.NewReader(`{"prompt":"Once upon a time there was a cat","max_tokens":8,"temperature":0}`))
