@@ -211,7 +211,7 @@ func (e *Engine) Stats() string {
 		Tokens: st.Tokens, Attended: st.Attended, ReusedTokens: st.ReusedTokens, Utility: st.Utility, SchedulerMs: ms(st.SchedulerWall), EngineMs: ms(st.EngineWall)}
 	for _, l := range st.Lanes {
 		lj := laneJSON{Name: l.Name, Threads: l.Threads, CPUs: l.CPUs.String(), Running: l.Running, Waiting: l.Waiting,
-			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, Steps: l.Steps,
+			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, KVHeldBytes: l.KVHeldBytes, Steps: l.Steps,
 			Tokens: l.Tokens, ReusedTokens: l.ReusedTokens, MuchSlower: l.MuchSlower,
 			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
 		if se := e.spec[l.Name]; se != nil {
@@ -274,8 +274,11 @@ type laneJSON struct {
 	Sequences int    `json:"sequences"`
 	MaxSeqs   int    `json:"max_seqs"`
 	KVBytes   int64  `json:"kv_bytes"`
-	Steps     uint64 `json:"steps"`
-	Tokens    uint64 `json:"tokens"`
+	// KVHeldBytes is all the KV memory the lane holds, with freed
+	// sequences kept for prefix reuse or the next request.
+	KVHeldBytes int64  `json:"kv_held_bytes"`
+	Steps       uint64 `json:"steps"`
+	Tokens      uint64 `json:"tokens"`
 	// ReusedTokens: prompt tokens taken from finished requests' KV rows.
 	ReusedTokens uint64 `json:"reused_tokens"`
 	// MuchSlower: over 1.5 times slower per token than the fastest lane

@@ -596,5 +596,9 @@ func TestPrefixReuse(t *testing.T) {
 		if st.ReusedTokens != want || len(st.Lanes) != 1 || st.Lanes[0].ReusedTokens != want {
 			t.Errorf("prefix_reuse %v: %d tokens reused (lanes %+v), want %d", on, st.ReusedTokens, st.Lanes, want)
 		}
+		// Nothing runs, but the lane holds the freed sequence's buffer.
+		if l := st.Lanes[0]; l.KVBytes != 0 || l.KVHeldBytes <= 0 {
+			t.Errorf("prefix_reuse %v: %d KV bytes in use, %d held; want none and some", on, l.KVBytes, l.KVHeldBytes)
+		}
 	}
 }

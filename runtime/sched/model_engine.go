@@ -61,6 +61,7 @@ type ModelEngine struct {
 	kept   []keptSeq    // freed sequences whose rows may be reused, oldest first
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens not evaluated thanks to reuse
+	held   atomic.Int64 // the cache's memory: sequences live, kept and spare
 
 	batch  model.Batch
 	logits model.Logits
@@ -134,6 +135,11 @@ func (e *ModelEngine) KVBytesInUse() int64 { return e.live.Load() * e.cache.Conf
 // goroutine.
 func (e *ModelEngine) ReusedTokens() int64 { return e.reused.Load() }
 
+// KVBytesHeld is the KV memory the engine holds: its live sequences',
+// and the buffers of freed ones kept for prefix reuse or for the next
+// sequence. Safe to call from any goroutine.
+func (e *ModelEngine) KVBytesHeld() int64 { return e.held.Load() }
+
 // Start implements Engine.
 func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (SeqID, error) {
 	if len(tokens) == 0 {
@@ -159,6 +165,7 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 	e.seqs[SeqID(id)] = &modelSeq{pending: hist[have:len(tokens):len(tokens)], history: hist, sampler: sampler}
 	e.live.Add(1)
 	e.reused.Add(int64(have))
+	e.held.Store(e.cache.Bytes())
 	return SeqID(id), nil
 }
 
@@ -223,7 +230,9 @@ func (e *ModelEngine) Free(id SeqID) error {
 		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
 	}
 	delete(e.seqs, id)
-	e.live.Add(-1)
+	// Live falls last: a caller waiting for it finds the cache settled.
+	defer e.live.Add(-1)
+	defer func() { e.held.Store(e.cache.Bytes()) }()
 	n := e.cache.Len(int(id))
 	if !e.reuse || n == 0 {
 		return e.cache.Free(int(id))

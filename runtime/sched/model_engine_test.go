@@ -424,8 +424,8 @@ func TestModelEnginePrefixReuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(e.kept) != 0 || e.Live() != 1 || e.ReusedTokens() != before || e.cache.Bytes() != one {
-		t.Fatalf("%d kept, %d live, %d reused, %d bytes held; want the kept sequence emptied and taken, %d bytes", len(e.kept), e.Live(), e.ReusedTokens()-before, e.cache.Bytes(), one)
+	if len(e.kept) != 0 || e.Live() != 1 || e.ReusedTokens() != before || e.cache.Bytes() != one || e.KVBytesHeld() != one {
+		t.Fatalf("%d kept, %d live, %d reused, %d bytes held (%d said); want the kept sequence emptied and taken, %d bytes", len(e.kept), e.Live(), e.ReusedTokens()-before, e.cache.Bytes(), e.KVBytesHeld(), one)
 	}
 	if err := e.Step(context.Background(), []Member{{Seq: a, Limit: 1}}, make([]StepOut, 1)); err != nil {
 		t.Fatal(err)
@@ -454,8 +454,8 @@ func TestModelEnginePrefixReuse(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if e.Live() != 0 || e.KVBytesInUse() != 0 || len(e.kept) != 2 || e.cache.Bytes() != 2*one {
-		t.Fatalf("%d sequences live (%d bytes), %d kept, %d bytes held; want none live, both kept in %d bytes", e.Live(), e.KVBytesInUse(), len(e.kept), e.cache.Bytes(), 2*one)
+	if e.Live() != 0 || e.KVBytesInUse() != 0 || len(e.kept) != 2 || e.cache.Bytes() != 2*one || e.KVBytesHeld() != 2*one {
+		t.Fatalf("%d sequences live (%d bytes), %d kept, %d bytes held (%d said); want none live, both kept in %d bytes", e.Live(), e.KVBytesInUse(), len(e.kept), e.cache.Bytes(), e.KVBytesHeld(), 2*one)
 	}
 }
 

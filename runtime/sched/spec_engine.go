@@ -72,6 +72,7 @@ type SpecEngine struct {
 	kept   []spec.Held  // freed decoders' sequences whose rows may be reused, oldest first
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens the target did not evaluate thanks to reuse
+	held   atomic.Int64 // both caches' memory: sequences live, kept and spare
 }
 
 type specSeq struct {
@@ -189,6 +190,14 @@ func (e *SpecEngine) KVBytesInUse() int64 {
 // call from any goroutine.
 func (e *SpecEngine) ReusedTokens() int64 { return e.reused.Load() }
 
+// KVBytesHeld is the KV memory both caches hold: live sequences', and
+// the buffers of freed ones kept for prefix reuse or for the next
+// sequence. Safe to call from any goroutine.
+func (e *SpecEngine) KVBytesHeld() int64 { return e.held.Load() }
+
+// noteHeld publishes the caches' memory for KVBytesHeld.
+func (e *SpecEngine) noteHeld() { e.held.Store(e.dcache.Bytes() + e.tcache.Bytes()) }
+
 // Reusable is how many leading tokens of the context prompt followed by
 // generated a Start would take from kept target rows.
 func (e *SpecEngine) Reusable(prompt, generated []int32) int {
@@ -272,7 +281,8 @@ func (e *SpecEngine) Free(id SeqID) error {
 	}
 	e.done = addSpecStats(e.done, s.dec.Stats())
 	delete(e.seqs, id)
-	e.live.Add(-1)
+	e.noteHeld()
+	e.live.Add(-1) // last: a caller waiting for Live to fall finds the caches settled
 	return nil
 }
 
@@ -283,6 +293,7 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 		return err
 	}
 	defer e.publishStats()
+	defer e.noteHeld() // decoders allocate when they start, and free when they fail
 	budget := e.opt.PrefillBudget
 	prefilled := false
 	for i, mb := range members {

@@ -413,6 +413,10 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 		if reused != wantReused || predicted != wantReused || prefilled+reused != len(turn) {
 			t.Errorf("reuse %v: %d reused (%d predicted) and %d prefilled of %d, want %d reused", reuse, reused, predicted, prefilled, len(turn), wantReused)
 		}
+		// One sequence was live at a time: the caches hold one each.
+		if want := e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes(); e.KVBytesHeld() != want {
+			t.Errorf("reuse %v: %d KV bytes held, want %d", reuse, e.KVBytesHeld(), want)
+		}
 		st := e.Stats()
 		st.TargetPasses -= before.TargetPasses
 		st.DraftSteps -= before.DraftSteps

@@ -108,8 +108,12 @@ type LaneStats struct {
 	Sequences int // allocated sequences
 	MaxSeqs   int
 	KVBytes   int64 // KV memory of the allocated sequences
-	Steps     uint64
-	Tokens    uint64 // generated on this lane
+	// KVHeldBytes is the KV memory the lane's engine holds: KVBytes and
+	// the buffers of freed sequences it keeps for prefix reuse or for the
+	// next sequence (KVBytes for an engine that does not say).
+	KVHeldBytes int64
+	Steps       uint64
+	Tokens      uint64 // generated on this lane
 	// ReusedTokens: context tokens not prefilled thanks to prefix reuse.
 	ReusedTokens uint64
 	// MuchSlower: the lane's time per token at full batch is over 1.5
@@ -165,6 +169,10 @@ func (s *Scheduler) Stats() Stats {
 		if r, ok := l.eng.(prefixReuser); ok {
 			ls.ReusedTokens = uint64(r.ReusedTokens())
 			st.ReusedTokens += ls.ReusedTokens
+		}
+		ls.KVHeldBytes = ls.KVBytes
+		if h, ok := l.eng.(interface{ KVBytesHeld() int64 }); ok {
+			ls.KVHeldBytes = h.KVBytesHeld()
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)

@@ -44,18 +44,19 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	mem := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
 	metrics.Read(mem)
-	m.help("tandem_memory_bytes", "gauge", "Memory: Go runtime total and live heap, and the KV caches of allocated sequences.")
+	m.help("tandem_memory_bytes", "gauge", "Memory: Go runtime total and live heap, the KV caches of allocated sequences (kv), and all the KV memory the lanes hold (kv_held: with the freed sequences kept for prefix reuse or the next request).")
 	m.value("tandem_memory_bytes", `kind="go_total"`, float64(mem[0].Value.Uint64()))
 	m.value("tandem_memory_bytes", `kind="go_heap"`, float64(mem[1].Value.Uint64()))
 	if b == nil {
 		return
 	}
 	st := b.sc.Stats()
-	var kv int64
+	var kv, held int64
 	for _, l := range st.Lanes {
-		kv += l.KVBytes
+		kv, held = kv+l.KVBytes, held+l.KVHeldBytes
 	}
 	m.value("tandem_memory_bytes", `kind="kv"`, float64(kv))
+	m.value("tandem_memory_bytes", `kind="kv_held"`, float64(held))
 
 	tokRate, busy := s.rates(st)
 	m.gauge("tandem_queue_depth", "Requests waiting for a lane.", float64(st.Waiting))
@@ -104,6 +105,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_sequences", "Allocated sequences (running, parked, resumed) per lane.", func(l sched.LaneStats) float64 { return float64(l.Sequences) }},
 		{"tandem_lane_max_sequences", "Sequence slots per lane.", func(l sched.LaneStats) float64 { return float64(l.MaxSeqs) }},
 		{"tandem_lane_kv_bytes", "KV memory of the allocated sequences per lane.", func(l sched.LaneStats) float64 { return float64(l.KVBytes) }},
+		{"tandem_lane_kv_held_bytes", "KV memory each lane holds: its allocated sequences' and the freed ones kept for prefix reuse or the next request.", func(l sched.LaneStats) float64 { return float64(l.KVHeldBytes) }},
 		{"tandem_lane_step_seconds", "Predicted step time at the current batch (the lane's cost model).", func(l sched.LaneStats) float64 { return l.StepTime.Seconds() }},
 		{"tandem_lane_steps_total", "Engine steps per lane.", func(l sched.LaneStats) float64 { return float64(l.Steps) }},
 		{"tandem_lane_waiting", "Requests waiting in each lane's own queue (with two or more lanes; routing picks the queue).", func(l sched.LaneStats) float64 { return float64(l.Waiting) }},

@@ -185,8 +185,20 @@ func TestChatNextTurnReusesPrefix(t *testing.T) {
 		t.Errorf("%d of the next turn's %d prompt tokens reused, want the first turn's %d and its answer's %d but one (%d shared)",
 			reused, len(p2), len(p1), answered, shared)
 	}
-	if m := fmt.Sprintf("tandem_prefix_reused_tokens_total %d\n", fx.engines[0].ReusedTokens()); !strings.Contains(scrape(t, fx.http.URL), m) {
-		t.Errorf("metrics lack %q", m)
+	// Both turns done, no KV is in use, but the lane holds the sequence
+	// it keeps for reuse, and says so.
+	text := scrape(t, fx.http.URL)
+	for _, m := range []string{
+		fmt.Sprintf("tandem_prefix_reused_tokens_total %d\n", fx.engines[0].ReusedTokens()),
+		"tandem_memory_bytes{kind=\"kv\"} 0\n",
+		fmt.Sprintf("tandem_memory_bytes{kind=\"kv_held\"} %v\n", float64(fx.engines[0].KVBytesHeld())),
+	} {
+		if !strings.Contains(text, m) {
+			t.Errorf("metrics lack %q", m)
+		}
+	}
+	if fx.engines[0].KVBytesHeld() == 0 {
+		t.Error("the lane holds no KV memory after two answers")
 	}
 }
 
