@@ -84,3 +84,32 @@ func TestCUDALanes(t *testing.T) {
 		t.Errorf("requests served on lanes %v; want both", served)
 	}
 }
+
+// TestCUDAPrefixReuse: NewModelEngine keeps prefix reuse off on a GPU
+// lane, whose rows live in device memory, until a device has run this
+// test. Forced on here, a first turn and a next turn from the rows it
+// left give the reference greedy tokens, the next turn prefilling one
+// token. Once this passes on a GPU, the gate can admit device caches.
+func TestCUDAPrefixReuse(t *testing.T) {
+	f, _ := realModel(t)
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 2, Context: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLanes()
+	e := lanes[0].Engine.(*ModelEngine)
+	if e.reuse {
+		t.Fatal("prefix reuse is on for a GPU lane: update this test's comment and README's")
+	}
+	e.reuse = true
+	r := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[0]
+	gen := r.GeneratedIDs
+	if got, _, _ := decodeAlone(t, e, r.PromptIDs, len(gen)); !slices.Equal(got, gen) {
+		t.Fatalf("first turn %v\nwant %v", got, gen)
+	}
+	turn := slices.Concat(r.PromptIDs, gen[:100])
+	got, prefilled, reused := decodeAlone(t, e, turn, len(gen)-100)
+	if !slices.Equal(got, gen[100:]) || reused != len(turn)-1 || prefilled != 1 {
+		t.Fatalf("next turn %v with %d prefilled and %d reused\nwant %v, 1 and %d", got, prefilled, reused, gen[100:], len(turn)-1)
+	}
+}

@@ -49,7 +49,8 @@ type ModelEngineOptions struct {
 // KVBytesInUse): a host cache keeps a freed sequence's buffer for reuse
 // anyway, and a new sequence with nothing to reuse empties the oldest
 // kept one before it takes memory for another. A cache whose rows live
-// on a GPU frees them as before: reuse there awaits a device to test it.
+// on a GPU frees them as before: reuse there awaits a device to run
+// TestCUDAPrefixReuse.
 type ModelEngine struct {
 	owner // claimed by the scheduler that runs it
 	m     *model.Model
