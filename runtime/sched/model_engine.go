@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -59,6 +60,7 @@ type ModelEngine struct {
 	seqs  map[SeqID]*modelSeq
 	live  atomic.Int64 // len(seqs), readable from any goroutine
 
+	keptMu sync.Mutex   // guards kept: the scheduler asks Reusable from any goroutine
 	kept   []keptSeq    // freed sequences whose rows may be reused, oldest first
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens not evaluated thanks to reuse
@@ -177,6 +179,8 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 // took, as without reuse. The last token is always evaluated again: its
 // logits pick the first new token.
 func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
 	if len(e.kept) == 0 {
 		id, err = e.cache.NewSeq()
 		return id, 0, err
@@ -214,8 +218,12 @@ func prefixOver(a, b, c []int32) int {
 
 // Reusable is how many leading tokens of the context prompt followed by
 // generated a Start would take from kept rows instead of prefilling them.
-// The scheduler's admission control prices the rest.
+// The scheduler's admission control prices the rest, and routing sends a
+// request where most of its context is kept. Safe to call from any
+// goroutine.
 func (e *ModelEngine) Reusable(prompt, generated []int32) int {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
 	best := 0
 	for _, k := range e.kept {
 		best = max(best, prefixOver(k.tokens, prompt, generated))
@@ -244,7 +252,9 @@ func (e *ModelEngine) Free(id SeqID) error {
 	if err := e.cache.Truncate(int(id), n); err != nil {
 		return err
 	}
+	e.keptMu.Lock()
 	e.kept = append(e.kept, keptSeq{id: int(id), tokens: s.history[:n:n]})
+	e.keptMu.Unlock()
 	return nil
 }
 

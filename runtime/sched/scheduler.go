@@ -90,6 +90,7 @@ type task struct {
 	// instructions, were most of the scheduler's cost per step.
 	state                  taskState
 	hasSeq                 bool // its sequence is allocated in lanes[lane]'s engine
+	affine                 bool // routed to lanes[lane] for the context its engine keeps (affinity)
 	starting               bool // a Start is in flight
 	prefilling             bool // started, no token yet
 	shed                   bool
@@ -420,7 +421,7 @@ func (s *Scheduler) Resume(ctx context.Context, id string, opt ResumeOptions) (*
 // prompts from 17-30% to 28-42% over ten simulated workloads
 // (docs/scheduling.md, "Lanes that differ").
 func (s *Scheduler) route(t *task) {
-	t.lane = -1
+	t.lane, t.affine = -1, false
 	if len(s.queues) == 1 {
 		return
 	}
@@ -430,11 +431,47 @@ func (s *Scheduler) route(t *task) {
 		if t.req.Deadline == 0 && t.score <= s.split.below(mine/(mine+theirs)) {
 			t.lane = 1
 		}
-		return
-	}
-	if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
+	} else if t.score > s.quant.at(s.cfg.TauQuantile, t.score) {
 		t.lane = 1
 	}
+	if i, ok := s.affinity(t); ok {
+		t.lane, t.affine = i, true
+		s.stats.affine++
+	}
+}
+
+// affinityMin is the fewest context tokens a lane must hold from a
+// finished request (prefix reuse) for routing to send a request there
+// whatever its score: a conversation's next turn, not a shared
+// instruction's first words.
+const affinityMin = 32
+
+// affinity is the lane whose engine holds most of t's context in a
+// finished request's KV rows, when that is at least affinityMin tokens
+// and half the context: a chat's next turn, or a parked request rebuilt
+// after its eviction, goes back to its rows instead of prefilling them
+// all on the lane its score picks. A client resends the whole
+// conversation each turn, and a growing prompt crosses the τ quantile:
+// a five-turn chat over two alike lanes had its fifth turn routed to the
+// second lane and prefilled 382 tokens there, 330 ms to its first token
+// against 24 ms with its rows. A request with a deadline never goes to
+// a much slower lane this way.
+func (s *Scheduler) affinity(t *task) (int, bool) {
+	best, at := 0, -1
+	for i, l := range s.lanes {
+		if r, ok := l.eng.(prefixReuser); ok {
+			if n := r.Reusable(t.req.Prompt, t.generated); n > best {
+				best, at = n, i
+			}
+		}
+	}
+	if at < 0 || best < affinityMin || 2*best < t.promptLen+len(t.generated) {
+		return 0, false
+	}
+	if _, slow := s.muchSlower(s.lanes[at]); slow && t.req.Deadline > 0 {
+		return 0, false
+	}
+	return at, true
 }
 
 // Discard drops a parked request and frees its sequence. Errors:
@@ -532,7 +569,9 @@ func (s *Scheduler) wake(t *task) {
 	// A request whose sequence lives on a lane wakes that lane; any lane
 	// may take another (the primary ranks every queue, a secondary fills
 	// its free slots from them: admit).
-	if t.hasSeq {
+	if t.hasSeq || t.affine {
+		// An affine request's lane alone: another idle lane woken
+		// now could take it and prefill its whole context.
 		s.lanes[t.lane].cond.Signal()
 		return
 	}

@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -1626,5 +1627,96 @@ func TestAdmissionPricesReusedPrefix(t *testing.T) {
 			t.Errorf("reusable 0: the next turn joined after %v with %d admissions deferred; want it held back", joined, s.Stats().Deferred)
 		}
 		s.Shutdown(context.Background())
+	}
+}
+
+// affinityOf is the lane a submitted request was routed to and whether
+// for the context a lane keeps.
+func affinityOf(s *Scheduler, id string) (lane int, affine bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	return t.lane, t.affine
+}
+
+// TestRouteFollowsKeptContext: a request goes to the lane that keeps most
+// of its context (a conversation's next turn), whatever its score, once
+// that is at least affinityMin tokens and half the context; a request
+// with a deadline never goes to a much slower lane that way.
+func TestRouteFollowsKeptContext(t *testing.T) {
+	clock := newClock()
+	engines := []*reusingEngine{{fakeEngine: newFakeEngine(clock)}, {fakeEngine: newFakeEngine(clock)}}
+	s, err := New(Config{Manual: true, Now: clock.Now}, nil, Lane{Engine: engines[0]}, Lane{Engine: engines[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		drive(t, s, 10000) // every request routed is served
+		s.Shutdown(context.Background())
+	}()
+	for i := range 20 { // short requests set the τ quantile's scale
+		submit(t, s, Request{ID: fmt.Sprint("short", i), Prompt: prompt(4), MaxTokens: 4})
+	}
+	for _, c := range []struct {
+		id       string
+		n        int    // prompt tokens (the uncalibrated score)
+		kept     [2]int // what each lane keeps of it
+		deadline time.Duration
+		lane     int
+		affine   bool
+	}{
+		{"lane 0 keeps under affinityMin", 20, [2]int{19, 0}, 0, 1, false}, // the τ quantile's lane
+		{"long, nothing kept", 200, [2]int{0, 0}, 0, 1, false},             // the τ quantile's lane
+		{"long, lane 0 keeps most", 200, [2]int{150, 40}, 0, 0, true},
+		{"long, lane 0 keeps under half", 200, [2]int{90, 0}, 0, 1, false},
+		{"short, lane 1 keeps it", 60, [2]int{0, 59}, 0, 1, true},
+	} {
+		engines[0].reusable, engines[1].reusable = c.kept[0], c.kept[1]
+		submit(t, s, Request{ID: c.id, Prompt: prompt(c.n), MaxTokens: 300, Deadline: c.deadline})
+		lane, affine := affinityOf(s, c.id)
+		if lane != c.lane || affine != c.affine {
+			t.Errorf("%s: lane %d (affine %v), want %d (%v)", c.id, lane, affine, c.lane, c.affine)
+		}
+	}
+	if got := s.Stats().Affine; got != 2 {
+		t.Errorf("Stats.Affine %d, want 2", got)
+	}
+
+	// Lane 1 ten times slower: it keeps a request's context, which goes
+	// there without a deadline, and stays on the fast lane with one.
+	s.SeedCost(0, time.Millisecond, time.Millisecond, 0)
+	s.SeedCost(1, 10*time.Millisecond, 10*time.Millisecond, 0)
+	engines[0].reusable, engines[1].reusable = 0, 90
+	for _, dl := range []time.Duration{0, time.Second} {
+		id := fmt.Sprint("slow lane keeps it, deadline ", dl)
+		submit(t, s, Request{ID: id, Prompt: prompt(100), MaxTokens: 4, Deadline: dl})
+		if lane, affine := affinityOf(s, id); (dl == 0) != (lane == 1 && affine) || dl > 0 && lane != 0 {
+			t.Errorf("%s: lane %d (affine %v)", id, lane, affine)
+		}
+	}
+}
+
+// TestAffineRequestWakesItsLane: live lanes, the second keeping most of a
+// request's context: only that lane is woken, and it serves the request
+// (the first, idle, would have prefilled it all).
+func TestAffineRequestWakesItsLane(t *testing.T) {
+	engines := []*reusingEngine{{fakeEngine: newFakeEngine(nil)}, {fakeEngine: newFakeEngine(nil), reusable: 90}}
+	s, err := New(Config{}, nil, Lane{Engine: engines[0]}, Lane{Engine: engines[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	for range 5 {
+		st, err := s.Submit(context.Background(), Request{Prompt: prompt(100), MaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := st.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Lane != 1 {
+			t.Errorf("served on lane %d, want lane 1, which keeps its context", res.Lane)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -69,6 +70,7 @@ type SpecEngine struct {
 	stats          atomic.Pointer[spec.Stats]
 	done           spec.Stats // counters of freed decoders
 
+	keptMu sync.Mutex   // guards kept: the scheduler asks Reusable from any goroutine
 	kept   []spec.Held  // freed decoders' sequences whose rows may be reused, oldest first
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens the target did not evaluate thanks to reuse
@@ -199,8 +201,11 @@ func (e *SpecEngine) KVBytesHeld() int64 { return e.held.Load() }
 func (e *SpecEngine) noteHeld() { e.held.Store(e.dcache.Bytes() + e.tcache.Bytes()) }
 
 // Reusable is how many leading tokens of the context prompt followed by
-// generated a Start would take from kept target rows.
+// generated a Start would take from kept target rows. Safe to call from
+// any goroutine.
 func (e *SpecEngine) Reusable(prompt, generated []int32) int {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
 	best := 0
 	for _, h := range e.kept {
 		best = max(best, prefixOver(h.Tokens[:h.TargetLen], prompt, generated))
@@ -235,6 +240,8 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
 	}
 	have := 0
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
 	if e.reuse && len(e.kept) > 0 {
 		// As in ModelEngine.newSeq: the kept sequences sharing the
 		// longest prefix, else the oldest, so that memory stays what the
@@ -273,7 +280,9 @@ func (e *SpecEngine) Free(id SeqID) error {
 		s.dec.Close()
 	} else if h, ok := s.dec.Detach(); ok {
 		if h.DraftLen > 0 || h.TargetLen > 0 {
+			e.keptMu.Lock()
 			e.kept = append(e.kept, h)
+			e.keptMu.Unlock()
 		} else {
 			e.dcache.Free(h.Draft)
 			e.tcache.Free(h.Target)

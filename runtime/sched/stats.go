@@ -14,6 +14,7 @@ type counters struct {
 	shedRequests, shedTokens              uint64
 	deferred, evicted, expired            uint64
 	preempted                             uint64
+	affine                                uint64
 	freeErrors                            uint64
 	utility                               float64
 	schedWall                             time.Duration // outside the lanes (Submit, Resume, ...); lanes count their own
@@ -68,9 +69,10 @@ type Stats struct {
 	Attended uint64
 	// ReusedTokens counts context tokens that new sequences took from
 	// freed ones' KV rows instead of prefilling them (prefix reuse, see
-	// ModelEngine), all lanes.
-	ReusedTokens uint64
-	Utility      float64
+	// ModelEngine), all lanes. Affine counts requests routed to the lane
+	// holding most of their context (see Scheduler.affinity).
+	ReusedTokens, Affine uint64
+	Utility              float64
 	// OfferedLoad is the recent arrival rate of predicted tokens over the
 	// lanes' full-batch capacity: above 1 the scheduler is overloaded and
 	// sheds optional tokens early.
@@ -91,9 +93,8 @@ type Stats struct {
 }
 
 // prefixReuser is an engine that reuses freed sequences' KV rows
-// (ModelEngine, SpecEngine): ReusedTokens counts what it took (any
-// goroutine), Reusable says what a Start would take (the lane's
-// goroutine, between steps).
+// (ModelEngine, SpecEngine): ReusedTokens counts what it took, Reusable
+// says what a Start would take. Both are safe from any goroutine.
 type prefixReuser interface {
 	ReusedTokens() int64
 	Reusable(prompt, generated []int32) int
@@ -146,7 +147,7 @@ func (s *Scheduler) Stats() Stats {
 		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
 		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
-		Evicted: c.evicted, Expired: c.expired, Utility: c.utility,
+		Evicted: c.evicted, Expired: c.expired, Utility: c.utility, Affine: c.affine,
 		SchedulerWall: c.schedWall, IntakeWall: c.schedWall,
 		OfferedLoad: s.offeredRatio(s.cfg.Now()),
 	}

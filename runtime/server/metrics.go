@@ -84,6 +84,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	m.counter("tandem_tokens_generated_total", "Generated tokens, all lanes.", float64(st.Tokens))
 	m.counter("tandem_attended_tokens_total", "Sum over generated tokens of the context each followed; over tandem_tokens_generated_total, the mean context, which sets what attention costs a token (long answers decode slower).", float64(st.Attended))
 	m.counter("tandem_prefix_reused_tokens_total", "Prompt tokens not prefilled because a freed sequence's KV cache already held them (prefix reuse: a chat's earlier turns, a shared instruction).", float64(st.ReusedTokens))
+	m.counter("tandem_prefix_routed_total", "Requests routed to the lane that keeps most of their context (a conversation's next turn), whatever their predicted length.", float64(st.Affine))
 	m.gauge("tandem_tokens_per_second", "Generated tokens per second over the last 10 seconds.", tokRate)
 	m.counter("tandem_scheduler_seconds_total", "Time spent in the scheduler's own code (planning and delivery in wall time, scoring in CPU time).", st.SchedulerWall.Seconds())
 	m.counter("tandem_engine_seconds_total", "Wall time spent in engine steps.", st.EngineWall.Seconds())
