@@ -202,6 +202,39 @@ func TestChatNextTurnReusesPrefix(t *testing.T) {
 	}
 }
 
+// TestChatNextTurnStaysOnItsLane: with two lanes, a chat's next turn is
+// routed to the lane that keeps the first turn's rows, however its
+// longer prompt scores, and reuses them.
+func TestChatNextTurnStaysOnItsLane(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{lanes: 2})
+	turn := []map[string]any{
+		{"role": "system", "content": "You tell short stories to a child before bed, with a happy ending and simple words."},
+		{"role": "user", "content": "Tell me about a cat."},
+	}
+	ask := func() completion {
+		t.Helper()
+		code, _, body := post(t, fx.http.URL+"/v1/chat/completions", map[string]any{"messages": turn, "max_tokens": 64, "temperature": 0})
+		if code != 200 {
+			t.Fatalf("status %d: %s", code, body)
+		}
+		return parse(t, body)
+	}
+	first := ask()
+	turn = append(turn, map[string]any{"role": "assistant", "content": first.Choices[0].Message.Content},
+		map[string]any{"role": "user", "content": "What did the cat do next?"})
+	next := ask()
+	if next.Tandem.Lane != first.Tandem.Lane {
+		t.Errorf("the next turn ran on lane %d, the first on lane %d", next.Tandem.Lane, first.Tandem.Lane)
+	}
+	reused := fx.engines[0].ReusedTokens() + fx.engines[1].ReusedTokens()
+	if min := int64(first.Usage.PromptTokens + first.Usage.CompletionTokens - 1); reused < min {
+		t.Errorf("%d tokens reused, want the first turn's %d and its answer but one", reused, min)
+	}
+	if !strings.Contains(scrape(t, fx.http.URL), "tandem_prefix_routed_total 1\n") {
+		t.Error("metrics do not count the next turn's routing")
+	}
+}
+
 func TestChatTemplate(t *testing.T) {
 	got, err := renderChat([]chatMessage{
 		{Role: "system", Content: json.RawMessage(`"Be brief."`)},
