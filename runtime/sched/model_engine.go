@@ -185,12 +185,7 @@ func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 		id, err = e.cache.NewSeq()
 		return id, 0, err
 	}
-	best := 0
-	for i, k := range e.kept {
-		if n := min(commonPrefix(k.tokens, tokens), len(tokens)-1); n > have {
-			best, have = i, n
-		}
-	}
+	best, have := longestKept(len(e.kept), func(i int) []int32 { return e.kept[i].tokens }, tokens, nil)
 	id = e.kept[best].id
 	e.kept = slices.Delete(e.kept, best, best+1)
 	return id, have, e.cache.Truncate(id, have)
@@ -216,6 +211,20 @@ func prefixOver(a, b, c []int32) int {
 	return n + commonPrefix(a[n:], c)
 }
 
+// longestKept picks among n kept token lists (kept(i)) the one sharing
+// the longest prefix with the context prompt followed by generated (the
+// oldest, 0, when none shares any), and says how many of its tokens a
+// start would take: at most all but the context's last, whose logits
+// pick the first new token. Both engines' starts and Reusable use it.
+func longestKept(n int, kept func(i int) []int32, prompt, generated []int32) (best, have int) {
+	for i := range n {
+		if m := prefixOver(kept(i), prompt, generated); m > have {
+			best, have = i, m
+		}
+	}
+	return best, min(have, max(len(prompt)+len(generated)-1, 0))
+}
+
 // Reusable is how many leading tokens of the context prompt followed by
 // generated a Start would take from kept rows instead of prefilling them.
 // The scheduler's admission control prices the rest, and routing sends a
@@ -224,11 +233,8 @@ func prefixOver(a, b, c []int32) int {
 func (e *ModelEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	best := 0
-	for _, k := range e.kept {
-		best = max(best, prefixOver(k.tokens, prompt, generated))
-	}
-	return min(best, max(len(prompt)+len(generated)-1, 0))
+	_, have := longestKept(len(e.kept), func(i int) []int32 { return e.kept[i].tokens }, prompt, generated)
+	return have
 }
 
 // Free implements Engine. With prefix reuse the sequence's committed rows
@@ -242,13 +248,14 @@ func (e *ModelEngine) Free(id SeqID) error {
 	// Live falls last: a caller waiting for it finds the cache settled.
 	defer e.live.Add(-1)
 	defer func() { e.held.Store(e.cache.Bytes()) }()
-	n := e.cache.Len(int(id))
-	if !e.reuse || n == 0 {
+	if !e.reuse {
 		return e.cache.Free(int(id))
 	}
 	// The committed rows hold the history's first n tokens (the last
 	// sampled token is never evaluated); tentative rows of a failed step
-	// go.
+	// go. A sequence freed before its first step keeps no rows, and its
+	// slot serves the next start as a new one would.
+	n := e.cache.Len(int(id))
 	if err := e.cache.Truncate(int(id), n); err != nil {
 		return err
 	}

@@ -206,12 +206,12 @@ func (e *SpecEngine) noteHeld() { e.held.Store(e.dcache.Bytes() + e.tcache.Bytes
 func (e *SpecEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	best := 0
-	for _, h := range e.kept {
-		best = max(best, prefixOver(h.Tokens[:h.TargetLen], prompt, generated))
-	}
-	return min(best, max(len(prompt)+len(generated)-1, 0))
+	_, have := longestKept(len(e.kept), e.keptTarget, prompt, generated)
+	return have
 }
+
+// keptTarget is the tokens kept sequence i's target rows hold.
+func (e *SpecEngine) keptTarget(i int) []int32 { return e.kept[i].Tokens[:e.kept[i].TargetLen] }
 
 // Stats are the speculative counters of every sequence since the engine
 // was made (updated after each step). Safe to call from any goroutine.
@@ -246,17 +246,12 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 		// As in ModelEngine.newSeq: the kept sequences sharing the
 		// longest prefix, else the oldest, so that memory stays what the
 		// most sequences live at once took.
-		best, dhave := 0, 0
-		for i, h := range e.kept {
-			t := min(commonPrefix(h.Tokens[:h.TargetLen], tokens), len(tokens)-1)
-			if t > have {
-				best, have = i, t
-				dhave = min(commonPrefix(h.Tokens[:h.DraftLen], tokens), len(tokens)-1)
-			}
-		}
+		var best int
+		best, have = longestKept(len(e.kept), e.keptTarget, tokens, nil)
 		h := e.kept[best]
 		e.kept = slices.Delete(e.kept, best, best+1)
-		h.DraftLen, h.TargetLen = dhave, have
+		h.DraftLen = min(commonPrefix(h.Tokens[:h.DraftLen], tokens), len(tokens)-1)
+		h.TargetLen = have
 		d.Adopt(h)
 		e.reused.Add(int64(have))
 	}
@@ -279,14 +274,10 @@ func (e *SpecEngine) Free(id SeqID) error {
 	if !e.reuse {
 		s.dec.Close()
 	} else if h, ok := s.dec.Detach(); ok {
-		if h.DraftLen > 0 || h.TargetLen > 0 {
-			e.keptMu.Lock()
-			e.kept = append(e.kept, h)
-			e.keptMu.Unlock()
-		} else {
-			e.dcache.Free(h.Draft)
-			e.tcache.Free(h.Target)
-		}
+		// Kept even without rows: its slots serve the next start.
+		e.keptMu.Lock()
+		e.kept = append(e.kept, h)
+		e.keptMu.Unlock()
 	}
 	e.done = addSpecStats(e.done, s.dec.Stats())
 	delete(e.seqs, id)

@@ -100,6 +100,10 @@ type prefixReuser interface {
 	Reusable(prompt, generated []int32) int
 }
 
+// kvHolder is an engine that says how much KV memory it holds beyond its
+// live sequences' (kept and spare buffers), from any goroutine.
+type kvHolder interface{ KVBytesHeld() int64 }
+
 // LaneStats describes one lane.
 type LaneStats struct {
 	Name      string
@@ -172,7 +176,7 @@ func (s *Scheduler) Stats() Stats {
 			st.ReusedTokens += ls.ReusedTokens
 		}
 		ls.KVHeldBytes = ls.KVBytes
-		if h, ok := l.eng.(interface{ KVBytesHeld() int64 }); ok {
+		if h, ok := l.eng.(kvHolder); ok {
 			ls.KVHeldBytes = h.KVBytesHeld()
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
