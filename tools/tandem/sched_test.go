@@ -226,6 +226,12 @@ func TestBenchSchedSmall(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	// Turned off, the lanes prefill every prompt whole.
+	code, stdout, stderr = tandem(t, "bench", "sched", "--model", testutil.Model(t, "stories260K.gguf"), "--calibration", calib,
+		"--requests", "10", "--repeat", "1", "--loads", "1", "--adversarial", "0", "--policies", "fifo", "--sim-shape", "", "--prefix-reuse=false")
+	if code != 0 || !strings.Contains(stdout, "prefix reuse took 0.0% of the runs' prompt tokens") {
+		t.Errorf("--prefix-reuse=false: exit %d, output lacks a zero share:\n%s\n%s", code, stdout, stderr)
+	}
 	if code, _, _ := tandem(t, "bench", "sched", "--loads", "x"); code != 2 {
 		t.Errorf("bad --loads: exit %d", code)
 	}
