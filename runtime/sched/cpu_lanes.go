@@ -105,7 +105,7 @@ type LaneOptions struct {
 	Context int
 	KVType  weights.DType
 	// NoPrefixReuse turns off each lane's prefix reuse (see ModelEngine
-	// and SpecEngine; GPU lanes prefill every context whole).
+	// and SpecEngine).
 	NoPrefixReuse bool
 	// Stream, when set, streams each lane's weights under Stream.Budget
 	// (each lane holds its own budget of host RAM; a GPU lane streams

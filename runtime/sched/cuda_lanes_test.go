@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/weights"
 )
 
 // gpuLane is the GPU lane the tests use (TANDEM_CUDA_DEVICE picks one).
@@ -85,11 +87,11 @@ func TestCUDALanes(t *testing.T) {
 	}
 }
 
-// TestCUDAPrefixReuse: NewModelEngine keeps prefix reuse off on a GPU
-// lane, whose rows live in device memory, until a device has run this
-// test. Forced on here, a first turn and a next turn from the rows it
-// left give the reference greedy tokens, the next turn prefilling one
-// token. Once this passes on a GPU, the gate can admit device caches.
+// TestCUDAPrefixReuse: a GPU lane, whose rows live in device memory,
+// keeps a finished request's rows there, and a next turn prefills only
+// the one token past them; first and next turn give the reference
+// greedy tokens. A speculative GPU lane (llama2xs drafting for
+// stories260K, both on the device) does the same with both caches.
 func TestCUDAPrefixReuse(t *testing.T) {
 	f, _ := realModel(t)
 	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 2, Context: 512})
@@ -98,10 +100,9 @@ func TestCUDAPrefixReuse(t *testing.T) {
 	}
 	defer closeLanes()
 	e := lanes[0].Engine.(*ModelEngine)
-	if e.reuse {
-		t.Fatal("prefix reuse is on for a GPU lane: update this test's comment and README's")
+	if e.cache.Config().Rows == nil {
+		t.Fatal("the GPU lane's cache holds its rows in host memory")
 	}
-	e.reuse = true
 	r := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[0]
 	gen := r.GeneratedIDs
 	if got, _, _ := decodeAlone(t, e, r.PromptIDs, len(gen)); !slices.Equal(got, gen) {
@@ -112,4 +113,80 @@ func TestCUDAPrefixReuse(t *testing.T) {
 	if !slices.Equal(got, gen[100:]) || reused != len(turn)-1 || prefilled != 1 {
 		t.Fatalf("next turn %v with %d prefilled and %d reused\nwant %v, 1 and %d", got, prefilled, reused, gen[100:], len(turn)-1)
 	}
+	if held, want := e.KVBytesHeld(), e.cache.Config().SeqBytes(); held != want {
+		t.Errorf("%d KV bytes held after two turns one at a time, want one sequence's %d", held, want)
+	}
+
+	// The speculative lane twice, with reuse and without: the same next
+	// turn must take the same target passes and accept the same draft
+	// tokens, so the draft's reused rows are right too.
+	draft, err := weights.Open(testutil.Model(t, "llama2xs_model.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer draft.Close()
+	rec := greedyRecords(t, 120)[0]
+	sturn := slices.Concat(rec.PromptIDs, rec.GeneratedIDs[:60])
+	cfg := spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}}
+	var stats []spec.Stats
+	for _, reuse := range []bool{true, false} {
+		slanes, closeSpec, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 2, Context: specContext,
+			Draft: draft, Spec: cfg, NoPrefixReuse: !reuse})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeSpec()
+		se := slanes[0].Engine.(*SpecEngine)
+		if se.dcache.Config().Rows == nil || se.tcache.Config().Rows == nil {
+			t.Fatal("the speculative GPU lane's caches hold their rows in host memory")
+		}
+		run := func(ctx []int32, n int) ([]int32, int, int) { return specTurn(t, se, ctx, n) }
+		if got, _, _ := run(rec.PromptIDs, 60); !slices.Equal(got, rec.GeneratedIDs[:60]) {
+			t.Fatalf("reuse %v: speculative first turn %v\nwant %v", reuse, got, rec.GeneratedIDs[:60])
+		}
+		before := se.Stats()
+		got, prefilled, reused := run(sturn, 40)
+		wantReused := 0
+		if reuse {
+			wantReused = len(sturn) - 1
+		}
+		if !slices.Equal(got, rec.GeneratedIDs[60:100]) || reused != wantReused || prefilled+reused != len(sturn) {
+			t.Fatalf("reuse %v: speculative next turn %v with %d prefilled and %d reused\nwant %v with %d of %d reused",
+				reuse, got, prefilled, reused, rec.GeneratedIDs[60:100], wantReused, len(sturn))
+		}
+		st := se.Stats()
+		st.TargetPasses -= before.TargetPasses
+		st.DraftSteps -= before.DraftSteps
+		st.Accepted -= before.Accepted
+		stats = append(stats, st)
+	}
+	if a, b := stats[0], stats[1]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
+		t.Errorf("speculative next turn with reuse: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",
+			a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
+	}
+}
+
+// BenchmarkCUDANextTurn is BenchmarkNextTurn on a GPU lane: a chat's next
+// turn (about 390 tokens of conversation) to its first token, prefilled
+// whole or from the rows the last turn left in device memory.
+// TANDEM_BENCH_MODEL names another model with stories260K's vocabulary
+// (one `tandem inflate` made, say); stories260K by default.
+func BenchmarkCUDANextTurn(b *testing.B) {
+	path := os.Getenv("TANDEM_BENCH_MODEL")
+	if path == "" {
+		path = testutil.Model(b, "stories260K.gguf")
+	}
+	f, err := weights.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	benchNextTurn(b, 512, func(b *testing.B, reuse bool) Engine {
+		lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 2, Context: 512, NoPrefixReuse: !reuse})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { closeLanes() })
+		return lanes[0].Engine
+	})
 }

@@ -50,8 +50,7 @@ type ModelEngineOptions struct {
 // KVBytesInUse): a host cache keeps a freed sequence's buffer for reuse
 // anyway, and a new sequence with nothing to reuse empties the oldest
 // kept one before it takes memory for another. A cache whose rows live
-// on a GPU frees them as before: reuse there awaits a device to run
-// TestCUDAPrefixReuse.
+// on a GPU keeps them there the same way (TestCUDAPrefixReuse).
 type ModelEngine struct {
 	owner // claimed by the scheduler that runs it
 	m     *model.Model
@@ -114,8 +113,7 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 	if cache, err = kv.New(cfg); err != nil {
 		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
 	}
-	reuse := !opt.NoPrefixReuse && cfg.Rows == nil
-	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}, reuse: reuse}, nil
+	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}, reuse: !opt.NoPrefixReuse}, nil
 }
 
 // Info implements Engine.

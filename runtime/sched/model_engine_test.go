@@ -485,20 +485,29 @@ func TestModelEngineNoPrefixReuse(t *testing.T) {
 // left. go test -bench NextTurn ./runtime/sched
 func BenchmarkNextTurn(b *testing.B) {
 	f, _ := realModel(b)
+	benchNextTurn(b, 512, func(b *testing.B, reuse bool) Engine {
+		e, err := NewModelEngine(loadModel(b, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, NoPrefixReuse: !reuse})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return e
+	})
+}
+
+// benchNextTurn runs benchFirstToken on the next turn of a stories260K
+// chat (two reference answers after the first prompt, at most n tokens)
+// twice: on an engine from newEngine prefilling it whole ("prefill"), and
+// on one reusing the first turn's rows ("reuse").
+func benchNextTurn(b *testing.B, n int, newEngine func(b *testing.B, reuse bool) Engine) {
 	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
 	ctx := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs, recs[1].GeneratedIDs)
+	ctx = ctx[:min(n, len(ctx))]
 	for _, reuse := range []bool{false, true} {
 		name := "prefill"
 		if reuse {
 			name = "reuse"
 		}
-		b.Run(name, func(b *testing.B) {
-			e, err := NewModelEngine(loadModel(b, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, NoPrefixReuse: !reuse})
-			if err != nil {
-				b.Fatal(err)
-			}
-			benchFirstToken(b, e, ctx)
-		})
+		b.Run(name, func(b *testing.B) { benchFirstToken(b, newEngine(b, reuse), ctx) })
 	}
 }
 

@@ -153,7 +153,7 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	}
 	e.limit = d.Limit()
 	e.stats.Store(&spec.Stats{Method: cfg.Method.String()})
-	e.reuse = !opt.NoPrefixReuse && e.dcache.Config().Rows == nil && e.tcache.Config().Rows == nil
+	e.reuse = !opt.NoPrefixReuse
 	return e, nil
 }
 

@@ -361,6 +361,29 @@ func TestSpecEngineErrors(t *testing.T) {
 	checkCachesFree(t, e)
 }
 
+// specTurn starts ctx on e, steps it alone until it yields n tokens,
+// frees it, and says how many context tokens it prefilled and reused.
+func specTurn(t *testing.T, e *SpecEngine, ctx []int32, n int) (got []int32, prefilled, reused int) {
+	t.Helper()
+	before := e.ReusedTokens()
+	id, err := e.Start(ctx, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]StepOut, 1)
+	for len(got) < n {
+		if err := e.Step(context.Background(), []Member{{Seq: id, Limit: n}}, out); err != nil || out[0].Err != nil {
+			t.Fatal(err, out[0].Err)
+		}
+		prefilled += out[0].Prefilled
+		got = append(got, out[0].Tokens...)
+	}
+	if err := e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	return got[:n], prefilled, int(e.ReusedTokens() - before)
+}
+
 // TestSpecEnginePrefixReuse: on a speculative lane a chat's next turn
 // adopts the sequences the first turn left in both caches and prefills
 // only its last token; the tokens are the target's greedy ones, and the
@@ -377,26 +400,7 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run := func(ctx []int32, n int) (got []int32, prefilled, reused int) {
-			t.Helper()
-			before := e.ReusedTokens()
-			id, err := e.Start(ctx, nil, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := make([]StepOut, 1)
-			for len(got) < n {
-				if err := e.Step(context.Background(), []Member{{Seq: id, Limit: n}}, out); err != nil || out[0].Err != nil {
-					t.Fatal(err, out[0].Err)
-				}
-				prefilled += out[0].Prefilled
-				got = append(got, out[0].Tokens...)
-			}
-			if err := e.Free(id); err != nil {
-				t.Fatal(err)
-			}
-			return got[:n], prefilled, int(e.ReusedTokens() - before)
-		}
+		run := func(ctx []int32, n int) ([]int32, int, int) { return specTurn(t, e, ctx, n) }
 		if got, _, _ := run(r.PromptIDs, 60); !slices.Equal(got, r.GeneratedIDs[:60]) {
 			t.Fatalf("reuse %v: first turn %v, want %v", reuse, got, r.GeneratedIDs[:60])
 		}
@@ -435,20 +439,12 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 // again up to the first emitted tokens, prefilled whole into both models
 // or adopted from the last turn's rows.
 func BenchmarkSpecNextTurn(b *testing.B) {
-	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
-	ctx := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs, recs[1].GeneratedIDs)[:specContext-16]
-	for _, reuse := range []bool{false, true} {
-		name := "prefill"
-		if reuse {
-			name = "reuse"
+	benchNextTurn(b, specContext-16, func(b *testing.B, reuse bool) Engine {
+		e, err := NewSpecEngine(loadShared(b, "llama2xs_model.bin"), loadShared(b, "stories260K.bin"), spec.Config{Method: spec.Tree},
+			SpecEngineOptions{MaxSeqs: 2, Context: specContext, NoPrefixReuse: !reuse})
+		if err != nil {
+			b.Fatal(err)
 		}
-		b.Run(name, func(b *testing.B) {
-			e, err := NewSpecEngine(loadShared(b, "llama2xs_model.bin"), loadShared(b, "stories260K.bin"), spec.Config{Method: spec.Tree},
-				SpecEngineOptions{MaxSeqs: 2, Context: specContext, NoPrefixReuse: !reuse})
-			if err != nil {
-				b.Fatal(err)
-			}
-			benchFirstToken(b, e, ctx)
-		})
-	}
+		return e
+	})
 }
