@@ -560,6 +560,47 @@ func TestKVPutCommit(t *testing.T) {
 	}
 }
 
+// TestKVCopy copies a sequence's first rows over another's, as
+// kv.Cache.CopyPrefix does on the host (a prefix shared between
+// requests), and compares every row bit for bit; rows past the copy keep
+// what they held.
+func TestKVCopy(t *testing.T) {
+	s := stream(t)
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, f16 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("f16=%v", f16), func(t *testing.T) {
+			layout := KV{Layers: 3, Context: 40, KVDim: 12, F16: f16}
+			c := newKVCase(t, s, layout, 2)
+			const n, copied = 30, 17
+			for sq := range 2 {
+				seq := make([]int, n)
+				rows := make([]int32, n)
+				for i := range seq {
+					seq[i], rows[i] = sq, int32(i)
+				}
+				if _, err := c.host.Reserve(sq, n); err != nil {
+					t.Fatal(err)
+				}
+				c.host.CommitAll(sq)
+				for l := 0; l < layout.Layers; l++ {
+					c.put(t, s, l, seq, rows, randomVector(rng, n*layout.KVDim), randomVector(rng, n*layout.KVDim))
+				}
+			}
+			if err := c.host.CopyPrefix(1, 0, copied); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.KVCopy(layout, c.seqs[1], c.seqs[0], copied); err != nil {
+				t.Fatal(err)
+			}
+			c.check(t, s, 1, n) // the host's rows past the copy are untouched too
+			c.check(t, s, 0, n)
+			if err := s.KVCopy(layout, c.seqs[1], c.seqs[0], layout.Context+1); err == nil {
+				t.Error("KVCopy past the context succeeded")
+			}
+		})
+	}
+}
+
 // TestAttention runs a batch over two sequences: a chain continuing one
 // (prefill), a token tree under the other, and a slot with no committed
 // rows, with grouped-query heads, against kernels.Attention per head.

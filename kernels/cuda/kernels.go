@@ -293,6 +293,26 @@ func (s *Stream) KVMove(kv KV, seq Buffer, dst, src []int32) error {
 		idx.Slice(0, int64(4*len(dst))), idx.Slice(int64(4*len(dst)), int64(4*len(dst))), len(dst))
 }
 
+// KVCopy copies rows 0..n-1 of every plane of the sequence in src to the
+// same rows of the sequence in dst, as kv.Cache.CopyPrefix does on the
+// host: one device copy per plane, in order with the compute work.
+func (s *Stream) KVCopy(kv KV, dst, src Buffer, n int) error {
+	if dst.size < kv.SeqBytes() || src.size < kv.SeqBytes() {
+		return fmt.Errorf("cuda: kv copy: sequence buffers hold %d and %d bytes, need %d", dst.size, src.size, kv.SeqBytes())
+	}
+	if n < 0 || n > kv.Context {
+		return fmt.Errorf("cuda: kv copy of %d rows: outside the context of %d", n, kv.Context)
+	}
+	rows := int64(n) * int64(kv.KVDim) * kv.elemSize()
+	plane := int64(kv.Context) * int64(kv.KVDim) * kv.elemSize()
+	for p := int64(0); p < 2*int64(kv.Layers) && rows > 0; p++ {
+		if err := s.Copy(dst.Slice(p*plane, rows), src.Slice(p*plane, rows)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Attention describes one layer's attention over a batch of n vectors:
 // query head h of vector i attends, with KV head h/(Heads/KVHeads), to
 // rows 0..Prefix[i]-1 of its sequence and then to rows Anc[Lo[i]:Hi[i]]

@@ -69,6 +69,14 @@ type Rows interface {
 	Move(id int, dst, src []int) error
 }
 
+// RowCopier is a Rows that can copy rows between sequences, for
+// CopyPrefix. Rows without it leave CopyPrefix unsupported.
+type RowCopier interface {
+	// CopyRows copies rows 0..n-1 of every layer of sequence src to the
+	// same rows of sequence dst.
+	CopyRows(dst, src, n int) error
+}
+
 // SeqRows is the rows one sequence holds, committed and tentative: Context +
 // Tree.
 func (c Config) SeqRows() int { return c.Context + c.Tree }
@@ -392,6 +400,57 @@ func (c *Cache) Truncate(id, n int) error {
 	}
 	s.committed, s.tentative = n, 0
 	s.parent, s.depth = s.parent[:0], s.depth[:0]
+	return nil
+}
+
+// CanCopy reports whether CopyPrefix works on this cache: always for
+// host memory, for Rows only when they implement RowCopier.
+func (c *Cache) CanCopy() bool {
+	if c.cfg.Rows == nil {
+		return true
+	}
+	_, ok := c.cfg.Rows.(RowCopier)
+	return ok
+}
+
+// CopyPrefix makes sequence dst hold src's first n committed rows as its
+// own committed rows, dropping whatever dst held: a sequence starting
+// with the same n tokens as another takes their rows instead of
+// evaluating them again. It fails with errors.ErrUnsupported when
+// CanCopy is false.
+func (c *Cache) CopyPrefix(dst, src, n int) error {
+	d, err := c.get(dst)
+	if err != nil {
+		return err
+	}
+	s, err := c.get(src)
+	if err != nil {
+		return err
+	}
+	if dst == src || n < 0 || n > s.committed {
+		return fmt.Errorf("kv: copy %d rows of sequence %d (%d committed) into sequence %d: want another sequence and at most its committed rows", n, src, s.committed, dst)
+	}
+	if c.cfg.Rows != nil {
+		rc, ok := c.cfg.Rows.(RowCopier)
+		if !ok {
+			return fmt.Errorf("kv: copy rows between sequences: %w by these rows", errors.ErrUnsupported)
+		}
+		if err := rc.CopyRows(dst, src, n); err != nil {
+			return fmt.Errorf("kv: copy %d rows of sequence %d into %d: %w", n, src, dst, err)
+		}
+	} else {
+		// Each plane (K or V of a layer) holds its rows contiguously.
+		rows, plane := n*c.cfg.KVDim, c.cfg.SeqRows()*c.cfg.KVDim
+		for p := 0; p < 2*c.cfg.Layers; p++ {
+			if d.f16 != nil {
+				copy(d.f16[p*plane:p*plane+rows], s.f16[p*plane:p*plane+rows])
+			} else {
+				copy(d.f32[p*plane:p*plane+rows], s.f32[p*plane:p*plane+rows])
+			}
+		}
+	}
+	d.committed, d.tentative = n, 0
+	d.parent, d.depth = d.parent[:0], d.depth[:0]
 	return nil
 }
 

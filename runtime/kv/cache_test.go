@@ -397,3 +397,59 @@ func TestLinkErrors(t *testing.T) {
 		t.Errorf("Link on an unknown sequence: %v", err)
 	}
 }
+
+// TestCopyPrefix: a sequence takes another's first committed rows, in
+// every layer and both cache types, and whatever it held goes; bad
+// arguments change nothing.
+func TestCopyPrefix(t *testing.T) {
+	for _, typ := range []weights.DType{weights.F32, weights.F16} {
+		c, err := New(Config{Layers: 2, KVDim: 4, Context: 8, Tree: 2, Type: typ})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, _ := c.NewSeq()
+		dst, _ := c.NewSeq()
+		for id, rows := range map[int]int{src: 6, dst: 3} {
+			first, _ := c.Reserve(id, rows)
+			for r := first; r < first+rows; r++ {
+				for l := 0; l < 2; l++ {
+					fill(c, id, l, r, 10*id+r)
+				}
+			}
+			c.CommitAll(id)
+		}
+		c.Reserve(dst, 2) // tentative rows, dropped by the copy
+		if !c.CanCopy() {
+			t.Fatal("a host cache cannot copy")
+		}
+		for _, bad := range [][3]int{{dst, src, 7}, {dst, src, -1}, {src, src, 2}, {dst, 9, 1}, {9, src, 1}} {
+			if err := c.CopyPrefix(bad[0], bad[1], bad[2]); err == nil {
+				t.Errorf("%v: CopyPrefix(%d, %d, %d) succeeded", typ, bad[0], bad[1], bad[2])
+			}
+		}
+		if c.Len(dst) != 3 || c.Tentative(dst) != 2 {
+			t.Fatalf("%v: failed copies changed the sequence: %d committed, %d tentative", typ, c.Len(dst), c.Tentative(dst))
+		}
+		if err := c.CopyPrefix(dst, src, 4); err != nil {
+			t.Fatal(err)
+		}
+		if c.Len(dst) != 4 || c.Tentative(dst) != 0 {
+			t.Fatalf("%v: after copying 4 rows: %d committed, %d tentative", typ, c.Len(dst), c.Tentative(dst))
+		}
+		for r := 0; r < 6; r++ {
+			for l := 0; l < 2; l++ {
+				if got := rowTag(t, c, src, l, r); got != 10*src+r {
+					t.Errorf("%v: source row %d layer %d has tag %d", typ, r, l, got)
+				}
+				if r < 4 {
+					if got := rowTag(t, c, dst, l, r); got != 10*src+r {
+						t.Errorf("%v: copied row %d layer %d has tag %d, want %d", typ, r, l, got, 10*src+r)
+					}
+				}
+			}
+		}
+		if err := c.CopyPrefix(dst, src, 0); err != nil || c.Len(dst) != 0 {
+			t.Errorf("%v: copying no rows: %v, %d committed", typ, err, c.Len(dst))
+		}
+	}
+}

@@ -49,6 +49,21 @@ func (m *mirrorRows) Move(id int, dst, src []int) error {
 	return nil
 }
 
+// plainRows is a Rows without RowCopier.
+type plainRows struct{ m *mirrorRows }
+
+func (p plainRows) Alloc(id int) error                { return p.m.Alloc(id) }
+func (p plainRows) Free(id int)                       { p.m.Free(id) }
+func (p plainRows) Move(id int, dst, src []int) error { return p.m.Move(id, dst, src) }
+
+func (m *mirrorRows) CopyRows(dst, src, n int) error {
+	plane := m.cfg.Context * m.cfg.KVDim
+	for pl := 0; pl < 2*m.cfg.Layers; pl++ {
+		copy(m.seqs[dst][pl*plane:pl*plane+n*m.cfg.KVDim], m.seqs[src][pl*plane:])
+	}
+	return nil
+}
+
 // put writes the same row into the mirror and the host cache.
 func (m *mirrorRows) put(host *Cache, id, layer, row int, k, v []float32) {
 	host.Put(id, layer, row, k, v)
@@ -142,5 +157,62 @@ func TestRowsMirrorCommit(t *testing.T) {
 	rows.allocErr = nil
 	if id, err := dev.NewSeq(); err != nil || id != 0 {
 		t.Fatalf("NewSeq after a failed Alloc: %d, %v", id, err)
+	}
+}
+
+// TestRowsCopyPrefix: CopyPrefix on a Rows cache copies what the host
+// cache copies; Rows without RowCopier refuse it with ErrUnsupported.
+func TestRowsCopyPrefix(t *testing.T) {
+	cfg := Config{Layers: 2, KVDim: 3, Context: 8, Type: weights.F32}
+	host, _ := New(cfg)
+	rows := &mirrorRows{cfg: cfg, seqs: map[int][]float32{}}
+	dcfg := cfg
+	dcfg.Rows = rows
+	dev, _ := New(dcfg)
+	for _, c := range []*Cache{host, dev} {
+		for range 2 {
+			if _, err := c.NewSeq(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Reserve(0, 5)
+		c.CommitAll(0)
+	}
+	val := float32(1)
+	for row := 0; row < 5; row++ {
+		for l := 0; l < cfg.Layers; l++ {
+			rows.put(host, 0, l, row, []float32{val, val + 1, val + 2}, []float32{-val, -val - 1, -val - 2})
+			val += 3
+		}
+	}
+	for _, c := range []*Cache{host, dev} {
+		if !c.CanCopy() {
+			t.Fatal("CanCopy false")
+		}
+		if err := c.CopyPrefix(1, 0, 4); err != nil || c.Len(1) != 4 {
+			t.Fatalf("CopyPrefix: %v, %d committed", err, c.Len(1))
+		}
+	}
+	plane, n := cfg.Context*cfg.KVDim, 4*cfg.KVDim
+	for l := 0; l < cfg.Layers; l++ {
+		if !slices.Equal(rows.seqs[1][2*l*plane:2*l*plane+n], host.K(1, l)[:n]) ||
+			!slices.Equal(rows.seqs[1][(2*l+1)*plane:(2*l+1)*plane+n], host.V(1, l)[:n]) ||
+			!slices.Equal(host.K(1, l)[:n], host.K(0, l)[:n]) {
+			t.Fatalf("layer %d: rows copied by Rows differ from the host cache's", l)
+		}
+	}
+
+	pcfg := cfg
+	pcfg.Rows = plainRows{&mirrorRows{cfg: cfg, seqs: map[int][]float32{}}}
+	plain, _ := New(pcfg)
+	plain.NewSeq()
+	plain.NewSeq()
+	plain.Reserve(0, 2)
+	plain.CommitAll(0)
+	if plain.CanCopy() {
+		t.Error("CanCopy true for Rows without RowCopier")
+	}
+	if err := plain.CopyPrefix(1, 0, 2); !errors.Is(err, errors.ErrUnsupported) || plain.Len(1) != 0 {
+		t.Errorf("CopyPrefix without RowCopier: %v, %d committed; want ErrUnsupported and none", err, plain.Len(1))
 	}
 }

@@ -907,6 +907,14 @@ func (g *gpuRows) Move(id int, dst, src []int) error {
 	return g.o.s.KVMove(g.layout, g.seqs[id], d, s)
 }
 
+// CopyRows implements kv.RowCopier.
+func (g *gpuRows) CopyRows(dst, src, n int) error {
+	if g.o.s == nil {
+		return fmt.Errorf("model: the model that made this KV cache is closed")
+	}
+	return g.o.s.KVCopy(g.layout, g.seqs[dst], g.seqs[src], n)
+}
+
 func bytesOf[T any](s []T) []byte {
 	if len(s) == 0 {
 		return nil
