@@ -69,6 +69,10 @@ type config struct {
 	// KV rows where their contexts share a prefix, as a chat's next turn
 	// does (see sched.ModelEngine); false prefills every prompt whole.
 	PrefixReuse *bool `json:"prefix_reuse"`
+	// PrefixCache is the KV memory a lane may fill with finished
+	// requests' rows kept for prefix reuse, a size like "256MiB" (the
+	// default); "0" keeps only the slots live requests took.
+	PrefixCache string `json:"prefix_cache"`
 }
 
 // Defaults sized for a phone: an app runs a few generations at once, and
@@ -77,7 +81,10 @@ const (
 	defaultMaxSeqs   = 8
 	defaultMaxBatch  = 4
 	defaultMaxTokens = 256
-	maxLanes         = 8
+	// defaultPrefixCache keeps a few conversations of a small model, and
+	// none beyond the live sequences of a large one.
+	defaultPrefixCache = "256MiB"
+	maxLanes           = 8
 )
 
 // autoShare is the share of available memory budget "auto" gives the
@@ -189,7 +196,19 @@ func (c *config) check() error {
 	if c.KVType == "" {
 		c.KVType = "f32"
 	}
+	if c.PrefixCache == "" {
+		c.PrefixCache = defaultPrefixCache
+	}
 	return nil
+}
+
+// prefixCache reads prefix_cache.
+func (c *config) prefixCache() (int64, error) {
+	n, err := sched.ParsePrefixCache(c.PrefixCache)
+	if err != nil {
+		return 0, fmt.Errorf("prefix_cache %q: %w", c.PrefixCache, err)
+	}
+	return n, nil
 }
 
 // kvType reads kv_type.

@@ -71,6 +71,7 @@ type Engine struct {
 //	max_batch    sequences a lane decodes together (default 4)
 //	max_tokens   for requests without max_tokens (default 256)
 //	kv_type      "f32" (default) or "f16"
+//	prefix_cache KV memory a lane keeps finished requests' rows in ("256MiB"; "0": none beyond live)
 //	policy       tandem (default), fifo, luf, edf or rtlm
 //	draft        a draft model for speculative decoding (same output,
 //	             fewer passes of the model: pays when the model streams
@@ -99,11 +100,17 @@ func NewEngine(configJSON string) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mobile: config: policy: %w", err)
 	}
+	keep, err := c.prefixCache()
+	if err != nil {
+		return nil, fmt.Errorf("mobile: config: %w", err)
+	}
+	lopt := sched.LaneOptions{Lanes: specs, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt,
+		NoPrefixReuse: c.PrefixReuse != nil && !*c.PrefixReuse, PrefixCache: keep}
 	f, err := openModel(c.Model)
 	if err != nil {
 		return nil, fmt.Errorf("mobile: %w", err)
 	}
-	e, err := start(f, &c, specs, kvt, policy)
+	e, err := start(f, &c, lopt, policy)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("mobile: %w", err)
@@ -111,8 +118,9 @@ func NewEngine(configJSON string) (*Engine, error) {
 	return e, nil
 }
 
-// start builds the engine on the open model f.
-func start(f *weights.File, c *config, specs []sched.LaneSpec, kvt weights.DType, policy sched.Policy) (*Engine, error) {
+// start builds the engine on the open model f, its lanes as lopt says
+// (start adds the weights' streaming and the draft).
+func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Policy) (*Engine, error) {
 	tok, err := openTokenizer(f, c.Tokenizer)
 	if err != nil {
 		return nil, err
@@ -121,12 +129,11 @@ func start(f *weights.File, c *config, specs []sched.LaneSpec, kvt weights.DType
 	if err != nil {
 		return nil, err
 	}
-	mem, err := planMemory(f, c.Budget, len(specs))
+	mem, err := planMemory(f, c.Budget, len(lopt.Lanes))
 	if err != nil {
 		return nil, err
 	}
-	lopt := sched.LaneOptions{Lanes: specs, MaxSeqs: c.MaxSeqs, Context: c.Context, KVType: kvt, Stream: mem.stream,
-		NoPrefixReuse: c.PrefixReuse != nil && !*c.PrefixReuse}
+	lopt.Stream = mem.stream
 	var draft *weights.File
 	if c.Draft != "" {
 		if draft, err = openDraft(c, tok, f.Path); err != nil {

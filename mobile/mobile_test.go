@@ -315,6 +315,7 @@ func TestBadConfig(t *testing.T) {
 		{"unknown mode", `{"draft": "default", "mode": "bild"}`, "want tree or sd"},
 		{"draft tokenizer without draft", `{"draft_tokenizer": "tok.bin"}`, "needs a draft"},
 		{"kv type", `{"kv_type": "q4_0"}`, "kv_type"},
+		{"prefix cache", `{"prefix_cache": "a lot"}`, "prefix_cache"},
 		{"policy", `{"policy": "random"}`, "unknown policy"},
 		{"context", `{"context": -5}`, "context -5"},
 		{"context too short", `{"context": 2}`, "at least 16"},

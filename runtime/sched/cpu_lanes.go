@@ -107,6 +107,8 @@ type LaneOptions struct {
 	// NoPrefixReuse turns off each lane's prefix reuse (see ModelEngine
 	// and SpecEngine).
 	NoPrefixReuse bool
+	// PrefixCache is each lane's ModelEngineOptions.PrefixCache.
+	PrefixCache int64
 	// Stream, when set, streams each lane's weights under Stream.Budget
 	// (each lane holds its own budget of host RAM; a GPU lane streams
 	// them on to the device, see model.Options.Stream); nil computes on
@@ -166,7 +168,7 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		models = append(models, m)
 		if opt.Draft == nil {
 			e, err := NewModelEngine(m, ModelEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
-				NoPrefixReuse: opt.NoPrefixReuse})
+				NoPrefixReuse: opt.NoPrefixReuse, PrefixCache: opt.PrefixCache})
 			if err != nil {
 				closeAll()
 				return nil, nil, err
@@ -186,7 +188,7 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		// The draft shares the target's pool: closed before the target.
 		models = append([]*model.Model{dm}, models...)
 		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
-			NoPrefixReuse: opt.NoPrefixReuse})
+			NoPrefixReuse: opt.NoPrefixReuse, PrefixCache: opt.PrefixCache})
 		if err != nil {
 			closeAll()
 			return nil, nil, err

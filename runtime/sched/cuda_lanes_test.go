@@ -90,8 +90,10 @@ func TestCUDALanes(t *testing.T) {
 // TestCUDAPrefixReuse: a GPU lane, whose rows live in device memory,
 // keeps a finished request's rows there, and a next turn prefills only
 // the one token past them; first and next turn give the reference
-// greedy tokens. A speculative GPU lane (llama2xs drafting for
-// stories260K, both on the device) does the same with both caches.
+// greedy tokens; the prompt again starts from a device copy of the
+// prompt's rows, leaving the conversation kept. A speculative GPU lane
+// (llama2xs drafting for stories260K, both on the device) does the same
+// with both caches.
 func TestCUDAPrefixReuse(t *testing.T) {
 	f, _ := realModel(t)
 	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 2, Context: 512})
@@ -115,6 +117,18 @@ func TestCUDAPrefixReuse(t *testing.T) {
 	}
 	if held, want := e.KVBytesHeld(), e.cache.Config().SeqBytes(); held != want {
 		t.Errorf("%d KV bytes held after two turns one at a time, want one sequence's %d", held, want)
+	}
+	// The prompt again leaves the conversation kept: a new sequence takes
+	// a device copy of the prompt's rows (kv.RowCopier on the GPU).
+	if !e.cache.CanCopy() {
+		t.Fatal("the GPU lane's cache cannot copy rows between sequences")
+	}
+	got, prefilled, reused = decodeAlone(t, e, r.PromptIDs, 50)
+	if !slices.Equal(got, gen[:50]) || reused != len(r.PromptIDs)-1 || prefilled != 1 {
+		t.Fatalf("prompt again %v with %d prefilled and %d reused\nwant %v, 1 and %d", got, prefilled, reused, gen[:50], len(r.PromptIDs)-1)
+	}
+	if held, want := e.KVBytesHeld(), 2*e.cache.Config().SeqBytes(); held != want {
+		t.Errorf("%d KV bytes held after the prompt again, want two sequences' %d", held, want)
 	}
 
 	// The speculative lane twice, with reuse and without: the same next
@@ -153,6 +167,11 @@ func TestCUDAPrefixReuse(t *testing.T) {
 		if !slices.Equal(got, rec.GeneratedIDs[60:100]) || reused != wantReused || prefilled+reused != len(sturn) {
 			t.Fatalf("reuse %v: speculative next turn %v with %d prefilled and %d reused\nwant %v with %d of %d reused",
 				reuse, got, prefilled, reused, rec.GeneratedIDs[60:100], wantReused, len(sturn))
+		}
+		// The prompt again: new sequences with device copies of both
+		// models' prompt rows.
+		if got, _, reused := run(rec.PromptIDs, 30); !slices.Equal(got, rec.GeneratedIDs[:30]) || reuse && reused != len(rec.PromptIDs)-1 {
+			t.Fatalf("reuse %v: speculative prompt again %v with %d reused\nwant %v with %d", reuse, got, reused, rec.GeneratedIDs[:30], len(rec.PromptIDs)-1)
 		}
 		st := se.Stats()
 		st.TargetPasses -= before.TargetPasses

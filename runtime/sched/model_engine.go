@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sample"
@@ -32,6 +34,34 @@ type ModelEngineOptions struct {
 	// NoPrefixReuse turns off prefix reuse (see ModelEngine): every
 	// sequence then prefills its whole context.
 	NoPrefixReuse bool
+	// PrefixCache is the KV memory in bytes the engine may fill with
+	// finished sequences kept for prefix reuse (0: DefaultPrefixCache;
+	// negative: none beyond the memory the most sequences live at once
+	// took, which the engine holds anyway).
+	PrefixCache int64
+}
+
+// DefaultPrefixCache is the KV memory a lane may fill with kept
+// sequences when its options leave it zero: room for the conversations
+// of a few clients taking turns on a small model, and for none beyond
+// the sequences live at once on a large one (whose one sequence can take
+// gigabytes).
+const DefaultPrefixCache = 512 << 20
+
+// ParsePrefixCache reads a prefix cache size for the PrefixCache options
+// as a user writes it: a byte count like 256MiB or 1GB, where 0 means no
+// memory beyond the sequences live at once (the options' -1).
+func ParsePrefixCache(s string) (int64, error) {
+	n, err := units.ParseSize(s)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%w (or 0 to keep only what live sequences took)", err)
+	case n == 0:
+		return -1, nil
+	case n > math.MaxInt64:
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return int64(n), nil
 }
 
 // ModelEngine is the plain engine: one model.Forward per step with one
@@ -49,8 +79,11 @@ type ModelEngineOptions struct {
 // the output is unchanged. Kept sequences count as free (Live,
 // KVBytesInUse): a host cache keeps a freed sequence's buffer for reuse
 // anyway, and a new sequence with nothing to reuse empties the oldest
-// kept one before it takes memory for another. A cache whose rows live
-// on a GPU keeps them there the same way (TestCUDAPrefixReuse).
+// kept one before it takes memory for another, unless PrefixCache
+// leaves room for one more: then a context sharing less with the best
+// kept sequence than that sequence would lose starts in a new one, so
+// that clients taking turns each keep their conversation. A cache whose
+// rows live on a GPU keeps them there the same way (TestCUDAPrefixReuse).
 type ModelEngine struct {
 	owner // claimed by the scheduler that runs it
 	m     *model.Model
@@ -170,23 +203,101 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 	return SeqID(id), nil
 }
 
-// newSeq finds a sequence for tokens: the kept one sharing the longest
-// prefix with them, rolled back to it (have: the tokens it holds), else
-// the oldest kept one emptied, else a new one. A new sequence only when
-// none is kept keeps the memory at what the most sequences live at once
-// took, as without reuse. The last token is always evaluated again: its
-// logits pick the first new token.
+// newSeq finds a sequence for tokens as planStart says: a kept one rolled
+// back to the prefix it shares, a kept or new one given another kept
+// one's first rows, or a new one (have: the tokens its rows hold). The
+// last token is always evaluated again: its logits pick the first new
+// token.
 func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	if len(e.kept) == 0 {
-		id, err = e.cache.NewSeq()
-		return id, 0, err
+	p := planStart(len(e.kept), e.keptTokens, tokens, nil, e.canGrow(), e.cache.CanCopy())
+	if p.take < 0 {
+		if id, err = e.cache.NewSeq(); err != nil {
+			return 0, 0, err
+		}
+	} else {
+		id = e.kept[p.take].id
 	}
-	best, have := longestKept(len(e.kept), func(i int) []int32 { return e.kept[i].tokens }, tokens, nil)
-	id = e.kept[best].id
-	e.kept = slices.Delete(e.kept, best, best+1)
-	return id, have, e.cache.Truncate(id, have)
+	if p.from >= 0 {
+		err = e.cache.CopyPrefix(id, e.kept[p.from].id, p.have)
+	} else {
+		err = e.cache.Truncate(id, p.have)
+	}
+	if err != nil {
+		if p.take < 0 {
+			e.cache.Free(id)
+		}
+		return 0, 0, err
+	}
+	if p.take >= 0 {
+		e.kept = slices.Delete(e.kept, p.take, p.take+1)
+	}
+	return id, p.have, nil
+}
+
+// keptTokens is the tokens kept sequence i's rows hold (keptMu held).
+func (e *ModelEngine) keptTokens(i int) []int32 { return e.kept[i].tokens }
+
+// canGrow reports whether a new sequence may take memory beside the kept
+// ones (keptMu held).
+func (e *ModelEngine) canGrow() bool {
+	return roomToKeep(int(e.live.Load())+len(e.kept), e.opt.MaxSeqs, e.cache.Config().SeqBytes(), e.opt.PrefixCache)
+}
+
+// roomToKeep reports whether a lane holding slots sequences (live and
+// kept), each of seqBytes, may allocate one more and keep the ones it
+// has: within maxSeqs, and within budget bytes (see
+// ModelEngineOptions.PrefixCache).
+func roomToKeep(slots, maxSeqs int, seqBytes, budget int64) bool {
+	if budget == 0 {
+		budget = DefaultPrefixCache
+	}
+	return slots < maxSeqs && int64(slots+1)*seqBytes <= budget
+}
+
+// startPlan says where a new sequence starts.
+type startPlan struct {
+	take int // the kept sequence it takes, or -1 for a new one
+	from int // the kept sequence whose first have rows it copies, or -1: take's own
+	have int // the context's first tokens it starts with rows for
+}
+
+// planStart plans the start of a sequence with context prompt followed by
+// generated, among n kept sequences (kept(i): the tokens sequence i's rows
+// hold). The one sharing the longest prefix (see longestKept) is taken,
+// rolled back to it, when it shares at least as much as it would lose.
+// Otherwise its rows are left for their own conversation's next turn:
+// the context starts in a new sequence when grow allows one, else in an
+// empty kept one, else in the oldest kept one, and copies the shared
+// rows when canCopy (a GPU cache may not). Without grow and canCopy the
+// best one is taken as before: memory stays what the most sequences live
+// at once took.
+func planStart(n int, kept func(i int) []int32, prompt, generated []int32, grow, canCopy bool) startPlan {
+	if n == 0 {
+		return startPlan{take: -1, from: -1}
+	}
+	best, have := longestKept(n, kept, prompt, generated)
+	if len(kept(best))-have <= have || (!grow && !canCopy) {
+		return startPlan{take: best, from: -1, have: have}
+	}
+	slot := -1
+	for i := range n {
+		if len(kept(i)) == 0 {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 && !grow {
+		slot = 0
+	}
+	switch {
+	case slot == best:
+		return startPlan{take: best, from: -1, have: have}
+	case have > 0 && canCopy:
+		return startPlan{take: slot, from: best, have: have}
+	}
+	return startPlan{take: slot, from: -1}
 }
 
 // commonPrefix is how many leading tokens a and b share.
@@ -231,8 +342,7 @@ func longestKept(n int, kept func(i int) []int32, prompt, generated []int32) (be
 func (e *ModelEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	_, have := longestKept(len(e.kept), func(i int) []int32 { return e.kept[i].tokens }, prompt, generated)
-	return have
+	return planStart(len(e.kept), e.keptTokens, prompt, generated, e.canGrow(), e.cache.CanCopy()).have
 }
 
 // Free implements Engine. With prefix reuse the sequence's committed rows

@@ -377,12 +377,13 @@ func decodeAlone(t *testing.T, e *ModelEngine, ctx []int32, n int) (got []int32,
 // one evaluated takes its KV rows and prefills only the rest, and the
 // tokens are still the reference greedy ones: a chat's next turn (the
 // conversation so far, resent whole), the same prompt again, prompts
-// sharing only BOS, and a context that matches nothing; and the cache
-// never holds more sequences than were live at once.
+// sharing only BOS, and a context that matches nothing; and with no
+// prefix cache beyond the live sequences (PrefixCache -1) the cache never
+// holds more sequences than were live at once.
 func TestModelEnginePrefixReuse(t *testing.T) {
 	f, _ := realModel(t)
 	recs := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")
-	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, PrefillChunk: 16})
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 2, Context: 512, PrefillChunk: 16, PrefixCache: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,6 +457,66 @@ func TestModelEnginePrefixReuse(t *testing.T) {
 	}
 	if e.Live() != 0 || e.KVBytesInUse() != 0 || len(e.kept) != 2 || e.cache.Bytes() != 2*one || e.KVBytesHeld() != 2*one {
 		t.Fatalf("%d sequences live (%d bytes), %d kept, %d bytes held (%d said); want none live, both kept in %d bytes", e.Live(), e.KVBytesInUse(), len(e.kept), e.cache.Bytes(), e.KVBytesHeld(), 2*one)
+	}
+}
+
+// TestModelEngineKeepsConversations: two clients take turns on one lane,
+// one sequence live at a time, as chat users do. Within the prefix cache
+// each keeps its conversation: a first turn that shares only the
+// beginning with the other's conversation starts a new sequence with a
+// copy of the shared rows, and each next turn reuses all but its last
+// token. The same prompt again copies the prompt's rows and leaves the
+// conversation for its next turn. Without a prefix cache beyond the live
+// sequences the two conversations take each other's rows.
+func TestModelEngineKeepsConversations(t *testing.T) {
+	f, _ := realModel(t)
+	recs := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")
+	a, b := recs[0], recs[1]
+	first := func(r testutil.Greedy) []int32 { return r.PromptIDs }
+	next := func(r testutil.Greedy) []int32 { return slices.Concat(r.PromptIDs, r.GeneratedIDs[:100]) }
+	turn := func(e *ModelEngine, ctx []int32, want []int32) (reused int) {
+		t.Helper()
+		got, prefilled, reused := decodeAlone(t, e, ctx, len(want))
+		if !slices.Equal(got, want) || prefilled+reused != len(ctx) {
+			t.Fatalf("%v...: got %v with %d prefilled and %d reused of %d\nwant %v", ctx[:4], got, prefilled, reused, len(ctx), want)
+		}
+		return reused
+	}
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn(e, first(a), a.GeneratedIDs[:100])
+	if got, want := turn(e, first(b), b.GeneratedIDs[:100]), commonPrefix(first(a), first(b)); got != want {
+		t.Errorf("b's first turn reused %d tokens, want the %d it shares with a", got, want)
+	}
+	for _, r := range []testutil.Greedy{a, b} {
+		if got, want := turn(e, next(r), r.GeneratedIDs[100:150]), len(next(r))-1; got != want {
+			t.Errorf("next turn reused %d tokens, want %d", got, want)
+		}
+	}
+	if got, want := turn(e, first(a), a.GeneratedIDs[:20]), len(first(a))-1; got != want {
+		t.Errorf("a's prompt again reused %d tokens, want %d", got, want)
+	}
+	third := slices.Concat(a.PromptIDs, a.GeneratedIDs[:150])
+	if got, want := turn(e, third, a.GeneratedIDs[150:170]), len(third)-1; got != want {
+		t.Errorf("a's third turn reused %d tokens, want %d", got, want)
+	}
+	if held, want := e.KVBytesHeld(), 3*e.cache.Config().SeqBytes(); held != want {
+		t.Errorf("%d bytes held, want three sequences' %d (a, b, a's prompt again)", held, want)
+	}
+
+	e, err = NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 512, PrefixCache: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn(e, first(a), a.GeneratedIDs[:100])
+	turn(e, first(b), b.GeneratedIDs[:100])
+	if got, want := turn(e, next(a), a.GeneratedIDs[100:150]), commonPrefix(next(a), next(b)); got != want {
+		t.Errorf("without a prefix cache a's next turn reused %d tokens, want the %d it shares with b", got, want)
+	}
+	if held, want := e.KVBytesHeld(), e.cache.Config().SeqBytes(); held != want {
+		t.Errorf("without a prefix cache %d bytes held, want one sequence's %d", held, want)
 	}
 }
 
@@ -555,9 +616,16 @@ func FuzzPrefixReuse(f *testing.F) {
 	base := testutil.GreedyRecords(f, "stories260K.greedy.jsonl")[0].PromptIDs
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const ctxLen = 96
+		// The first byte's low bit also picks the reusing engine's prefix
+		// cache: room to keep sequences beside the live ones (copying
+		// shared rows into new ones), or none.
+		keep := int64(0)
+		if len(ops) > 0 && ops[0]%2 == 1 {
+			keep = -1
+		}
 		var engines [2]*ModelEngine
 		for i, m := range models {
-			e, err := NewModelEngine(m, ModelEngineOptions{MaxSeqs: 3, Context: ctxLen, PrefillChunk: 7, NoPrefixReuse: i == 1})
+			e, err := NewModelEngine(m, ModelEngineOptions{MaxSeqs: 3, Context: ctxLen, PrefillChunk: 7, NoPrefixReuse: i == 1, PrefixCache: keep})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -715,5 +783,20 @@ func TestModelEngineReusable(t *testing.T) {
 	want := e.Reusable(ctx, nil)
 	if _, _, reused := decodeAlone(t, e, ctx, 1); reused != want {
 		t.Errorf("Start reused %d tokens, Reusable said %d", reused, want)
+	}
+}
+
+// TestParsePrefixCache: sizes as users write them; 0 is no cache beyond
+// the live sequences, the options' -1 (their 0 is the default).
+func TestParsePrefixCache(t *testing.T) {
+	for in, want := range map[string]int64{"256MiB": 256 << 20, "1.5KB": 1500, "0": -1, "0MiB": -1, "12": 12} {
+		if got, err := ParsePrefixCache(in); err != nil || got != want {
+			t.Errorf("ParsePrefixCache(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-1MiB", "lots", "NaN", "1e30GiB"} {
+		if got, err := ParsePrefixCache(in); err == nil {
+			t.Errorf("ParsePrefixCache(%q) = %d, want an error", in, got)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -37,6 +38,9 @@ type SpecEngineOptions struct {
 	PrefillChunk int
 	// NoPrefixReuse turns off prefix reuse (see SpecEngine).
 	NoPrefixReuse bool
+	// PrefixCache is ModelEngineOptions.PrefixCache, for both caches'
+	// memory together.
+	PrefixCache int64
 }
 
 // SpecEngine is the speculative engine: each sequence is a spec.Decoder
@@ -206,8 +210,7 @@ func (e *SpecEngine) noteHeld() { e.held.Store(e.dcache.Bytes() + e.tcache.Bytes
 func (e *SpecEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	_, have := longestKept(len(e.kept), e.keptTarget, prompt, generated)
-	return have
+	return planStart(len(e.kept), e.keptTarget, prompt, generated, e.canGrow(), e.canCopy()).have
 }
 
 // keptTarget is the tokens kept sequence i's target rows hold.
@@ -239,20 +242,13 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	if err != nil {
 		return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
 	}
-	have := 0
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	if e.reuse && len(e.kept) > 0 {
-		// As in ModelEngine.newSeq: the kept sequences sharing the
-		// longest prefix, else the oldest, so that memory stays what the
-		// most sequences live at once took.
-		var best int
-		best, have = longestKept(len(e.kept), e.keptTarget, tokens, nil)
-		h := e.kept[best]
-		e.kept = slices.Delete(e.kept, best, best+1)
-		h.DraftLen = min(commonPrefix(h.Tokens[:h.DraftLen], tokens), len(tokens)-1)
-		h.TargetLen = have
-		d.Adopt(h)
+	have := 0
+	if e.reuse {
+		if have, err = e.adopt(d, tokens); err != nil {
+			return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
+		}
 		e.reused.Add(int64(have))
 	}
 	id := e.next
@@ -261,6 +257,58 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	e.live.Add(1)
 	return id, nil
 }
+
+// adopt gives d the sequences planStart chooses for a context starting
+// with tokens, as ModelEngine.newSeq does for its one cache: a kept pair
+// rolled back to the prefix it shares, or new sequences given a kept
+// pair's first rows (d makes new ones itself when nothing is adopted).
+// have is the context tokens the target rows hold. keptMu held.
+func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error) {
+	p := planStart(len(e.kept), e.keptTarget, tokens, nil, e.canGrow(), e.canCopy())
+	if p.take < 0 && p.from < 0 {
+		return 0, nil
+	}
+	var h spec.Held
+	if p.take >= 0 {
+		h = e.kept[p.take]
+	} else if h.Draft, err = e.dcache.NewSeq(); err != nil {
+		return 0, err
+	} else if h.Target, err = e.tcache.NewSeq(); err != nil {
+		e.dcache.Free(h.Draft)
+		return 0, err
+	}
+	src := h
+	if p.from >= 0 {
+		src = e.kept[p.from]
+	}
+	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
+	h.TargetLen = p.have
+	if p.from >= 0 {
+		err = errors.Join(e.dcache.CopyPrefix(h.Draft, src.Draft, h.DraftLen), e.tcache.CopyPrefix(h.Target, src.Target, h.TargetLen))
+		if err != nil {
+			if p.take < 0 {
+				e.dcache.Free(h.Draft)
+				e.tcache.Free(h.Target)
+			}
+			return 0, err
+		}
+	}
+	if p.take >= 0 {
+		e.kept = slices.Delete(e.kept, p.take, p.take+1)
+	}
+	d.Adopt(h)
+	return p.have, nil
+}
+
+// canGrow reports whether a new sequence pair may take memory beside the
+// kept ones (keptMu held).
+func (e *SpecEngine) canGrow() bool {
+	return roomToKeep(int(e.live.Load())+len(e.kept), e.opt.MaxSeqs,
+		e.dcache.Config().SeqBytes()+e.tcache.Config().SeqBytes(), e.opt.PrefixCache)
+}
+
+// canCopy reports whether both caches can copy rows between sequences.
+func (e *SpecEngine) canCopy() bool { return e.dcache.CanCopy() && e.tcache.CanCopy() }
 
 // Free implements Engine: the decoder's sequences in both caches are
 // released (kept for reuse, with prefix reuse), and tokens it emitted

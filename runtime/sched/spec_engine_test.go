@@ -434,6 +434,57 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 	}
 }
 
+// TestSpecEngineKeepsConversations is TestModelEngineKeepsConversations on
+// a speculative lane: two clients taking turns each keep their
+// conversation in both caches, a first turn and the same prompt again
+// starting from copied rows; the rounds match a lane that prefills every
+// context whole, so the copied draft rows are right too.
+func TestSpecEngineKeepsConversations(t *testing.T) {
+	recs := greedyRecords(t, 120)
+	a, b := recs[0], recs[1]
+	cfg := spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}}
+	type step struct {
+		ctx  []int32
+		want []int32
+		// reused: the tokens reuse must take (-1: the prefix shared with
+		// the first turn of a)
+		reused int
+	}
+	nextA := slices.Concat(a.PromptIDs, a.GeneratedIDs[:60])
+	nextB := slices.Concat(b.PromptIDs, b.GeneratedIDs[:60])
+	steps := []step{
+		{a.PromptIDs, a.GeneratedIDs[:60], 0},
+		{b.PromptIDs, b.GeneratedIDs[:60], commonPrefix(a.PromptIDs, b.PromptIDs)},
+		{nextA, a.GeneratedIDs[60:100], len(nextA) - 1},
+		{nextB, b.GeneratedIDs[60:100], len(nextB) - 1},
+		{a.PromptIDs, a.GeneratedIDs[:30], len(a.PromptIDs) - 1},
+		{slices.Concat(nextA, a.GeneratedIDs[60:100]), a.GeneratedIDs[100:120], len(nextA) + 39},
+	}
+	var stats []spec.Stats
+	for _, reuse := range []bool{true, false} {
+		e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"), cfg,
+			SpecEngineOptions{MaxSeqs: 4, Context: specContext, NoPrefixReuse: !reuse})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, st := range steps {
+			got, prefilled, reused := specTurn(t, e, st.ctx, len(st.want))
+			want := 0
+			if reuse {
+				want = st.reused
+			}
+			if !slices.Equal(got, st.want) || reused != want || prefilled+reused != len(st.ctx) {
+				t.Fatalf("reuse %v, turn %d: %v with %d reused and %d prefilled\nwant %v with %d reused of %d", reuse, i, got, reused, prefilled, st.want, want, len(st.ctx))
+			}
+		}
+		stats = append(stats, e.Stats())
+	}
+	if a, b := stats[0], stats[1]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
+		t.Errorf("with reuse: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",
+			a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
+	}
+}
+
 // BenchmarkSpecNextTurn is BenchmarkNextTurn on a speculative lane
 // (llama2xs drafting for stories260K): the conversation so far started
 // again up to the first emitted tokens, prefilled whole into both models

@@ -202,6 +202,49 @@ func TestChatNextTurnReusesPrefix(t *testing.T) {
 	}
 }
 
+// TestChatClientsTakingTurnsKeepTheirRows: two chat clients take turns on
+// one lane, one request at a time. The second client's first turn, which
+// shares only the template's beginning with the first's conversation,
+// leaves that conversation's rows alone (the lane's prefix cache has
+// room), so each client's next turn reuses its whole first turn.
+func TestChatClientsTakingTurnsKeepTheirRows(t *testing.T) {
+	fx := newFixture(t, fixtureOpts{})
+	type client struct {
+		msgs     []map[string]any
+		answered int // the first answer's tokens
+		prompt   int // the first turn's prompt tokens
+	}
+	ask := func(c *client) {
+		t.Helper()
+		code, _, body := post(t, fx.http.URL+"/v1/chat/completions", map[string]any{"messages": c.msgs, "max_tokens": 24, "temperature": 0})
+		if code != 200 {
+			t.Fatalf("status %d: %s", code, body)
+		}
+		r := parse(t, body)
+		if c.answered == 0 {
+			c.answered, c.prompt = r.Usage.CompletionTokens, r.Usage.PromptTokens
+		}
+		c.msgs = append(c.msgs, map[string]any{"role": "assistant", "content": r.Choices[0].Message.Content},
+			map[string]any{"role": "user", "content": "And then?"})
+	}
+	clients := []*client{
+		{msgs: []map[string]any{{"role": "user", "content": "Tell me about a cat."}}},
+		{msgs: []map[string]any{{"role": "user", "content": "Tell me about a big red dog."}}},
+	}
+	for _, c := range clients {
+		ask(c)
+	}
+	for i, c := range clients {
+		before := fx.engines[0].ReusedTokens()
+		ask(c)
+		// The first turn's prompt (BOS included) and answer, but for the
+		// answer's last token, never evaluated.
+		if reused, want := fx.engines[0].ReusedTokens()-before, int64(c.prompt+c.answered-1); reused < want {
+			t.Errorf("client %d's next turn reused %d tokens, want at least its first turn's %d", i, reused, want)
+		}
+	}
+}
+
 // TestChatNextTurnStaysOnItsLane: with two lanes, a chat's next turn is
 // routed to the lane that keeps the first turn's rows, however its
 // longer prompt scores, and reuses them.

@@ -93,6 +93,8 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"serve", "--ctx", "2"},
 		{"serve", "--drain-timeout", "-5s"},
 		{"serve", "--park-ttl", "0s"},
+		{"serve", "--prefix-cache", "-5MiB"},
+		{"serve", "--prefix-cache", "lots"},
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},

@@ -68,7 +68,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
 	maxQueue := fs.Int("max-queue", 256, "waiting requests before 429")
 	maxTokens := fs.Int("max-tokens", 256, "max_tokens for requests that do not set it")
-	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest (CPU lanes)")
+	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest")
+	prefixCache := fs.String("prefix-cache", "512MiB", "KV memory a lane may fill with finished requests' rows kept for --prefix-reuse, so that clients taking turns each keep their conversation (0: only the sequence slots live requests took)")
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
@@ -103,6 +104,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	if *maxSeqs < 1 || *maxBatch < 1 || *maxQueue < 1 || *maxTokens < 1 {
 		return fmt.Errorf("%w: --max-seqs, --max-batch, --max-queue and --max-tokens must be positive", errUsage)
+	}
+	keep, err := sched.ParsePrefixCache(*prefixCache)
+	if err != nil {
+		return fmt.Errorf("%w: --prefix-cache: %v", errUsage, err)
 	}
 	if *drain < 0 {
 		return fmt.Errorf("%w: --drain-timeout %v: want 0 (cancel at once) or more", errUsage, *drain)
@@ -155,7 +160,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
-	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, NoPrefixReuse: !*prefixReuse}
+	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
 	if *sf.draft != "" {
 		df, err := sf.openDraftFile(tok, f.Path, *tokPath)
 		if err != nil {
