@@ -436,6 +436,22 @@ func (s *Scheduler) backlog(l *lane) time.Duration {
 	return time.Duration(work / r * float64(time.Second))
 }
 
+// awaitsAffine reports whether a lane other than the one routing chose
+// for the context its engine keeps (affinity) leaves t to that lane:
+// while it has room in its batch and t has waited less than two of its
+// steps (at least affinityWait). A lane planning when t arrives would
+// otherwise take it and prefill its whole context; one whose batch
+// stays full leaves it to the others.
+func (s *Scheduler) awaitsAffine(t *task, now time.Time) bool {
+	a := s.lanes[t.lane]
+	return len(a.running) < s.cfg.MaxBatch && now.Sub(t.arrival) < max(2*a.cost.step(max(len(a.running), 1), 0), affinityWait)
+}
+
+// affinityWait is the least time awaitsAffine holds a request for its
+// lane: one that has not measured its steps yet, or steps in
+// microseconds, may be mid-plan when the request arrives.
+const affinityWait = 10 * time.Millisecond
+
 // topK returns the k most urgent waiting requests in p that this lane
 // can run, in service order. It computes each priority once per plan.
 func (s *Scheduler) topK(p pool, l *lane, r ranker, k int) []*task {
@@ -457,11 +473,13 @@ func (s *Scheduler) topK(p pool, l *lane, r ranker, k int) []*task {
 			q = p.queues[qi]
 		}
 		for _, t := range q {
-			if t.hasSeq && t.lane != l.idx || urgentOnly && (t.state != waiting || t.qi == p.own) ||
+			if (t.hasSeq || t.affine) && t.lane != l.idx && (t.hasSeq || s.awaitsAffine(t, r.now)) ||
+				urgentOnly && (t.state != waiting || t.qi == p.own) ||
 				pinnedOnly && (!t.hasSeq || t.inDeadline && t.stake > noStake) {
-				// Its sequence lives on another lane; or (urgent) it is not
-				// waiting elsewhere; or (pinned) any lane may run it, or
-				// the urgent list had it.
+				// Its sequence lives on another lane, or the lane keeping
+				// its context will take it; or (urgent) it is not waiting
+				// elsewhere; or (pinned) any lane may run it, or the
+				// urgent list had it.
 				continue
 			}
 			if t.rankedBy != l.idx+1 || now >= t.rankedUntil {
