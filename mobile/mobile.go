@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -170,6 +171,23 @@ func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Poli
 	}
 	return &Engine{f: f, tok: tok, sc: sc, closeLanes: closeLanes, maxTokens: c.MaxTokens, model: name,
 		memory: mem.note, spec: specLanes, inflight: map[string]context.CancelFunc{}, closeDone: make(chan struct{})}, nil
+}
+
+// TrimMemory gives back the KV memory the lanes hold beyond the running
+// and parked requests' (finished requests' rows kept for prefix reuse,
+// and buffers earlier peaks left) and returns the bytes released. Call
+// it from Android's onTrimMemory: nothing running is touched, and later
+// requests only prefill what the kept rows would have saved. The Go
+// runtime returns the freed memory to the system at once.
+func (e *Engine) TrimMemory() (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := e.sc.TrimMemory(ctx)
+	if err != nil {
+		return n, fmt.Errorf("mobile: trim memory: %w", err)
+	}
+	debug.FreeOSMemory()
+	return n, nil
 }
 
 // Close cancels the requests in flight (their Generate calls return with

@@ -603,3 +603,35 @@ func TestPrefixReuse(t *testing.T) {
 		}
 	}
 }
+
+// TestTrimMemory: trimMemory (onTrimMemory's call) gives back the KV
+// memory the lane holds after a request, the same prompt afterwards
+// prefills whole and gives the same text, and a closed engine refuses.
+func TestTrimMemory(t *testing.T) {
+	rec := firstRecord(t, "stories260K.greedy.jsonl")
+	e := newEngine(t, fmt.Sprintf(`{"model": %q, "threads": 1}`, testutil.Model(t, "stories260K.gguf")))
+	req := fmt.Sprintf(`{"prompt": %q, "max_tokens": 16, "temperature": 0}`, rec.Prompt)
+	first := generate(t, e, req, newRecorder())
+	stats := func() statsJSON {
+		var st statsJSON
+		if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	held := stats().Lanes[0].KVHeldBytes
+	n, err := e.TrimMemory()
+	if err != nil || n != held || held <= 0 {
+		t.Fatalf("TrimMemory: %d bytes released of %d held, %v", n, held, err)
+	}
+	if st := stats(); st.Lanes[0].KVHeldBytes != 0 {
+		t.Errorf("%d KV bytes held after TrimMemory, want none", st.Lanes[0].KVHeldBytes)
+	}
+	if again := generate(t, e, req, newRecorder()); again.Text != first.Text || stats().ReusedTokens != 0 {
+		t.Errorf("after TrimMemory: %q with %d tokens reused, want %q with none", again.Text, stats().ReusedTokens, first.Text)
+	}
+	e.Close()
+	if _, err := e.TrimMemory(); err == nil {
+		t.Error("TrimMemory on a closed engine succeeded")
+	}
+}

@@ -77,6 +77,13 @@ type RowCopier interface {
 	CopyRows(dst, src, n int) error
 }
 
+// RowReleaser is a Rows that keeps freed sequences' rows for the next
+// Alloc and can give that memory back, for Release.
+type RowReleaser interface {
+	// Release frees the rows of sequences already freed.
+	Release() error
+}
+
 // SeqRows is the rows one sequence holds, committed and tentative: Context +
 // Tree.
 func (c Config) SeqRows() int { return c.Context + c.Tree }
@@ -195,6 +202,19 @@ func (c *Cache) Free(id int) error {
 		c.cfg.Rows.Free(id)
 	}
 	c.live--
+	return nil
+}
+
+// Release gives back the memory of freed sequences, which Free keeps
+// for the next NewSeq (Rows too, when they implement RowReleaser): an
+// app asked by the system to use less memory calls it. Host memory goes
+// back to the Go runtime.
+func (c *Cache) Release() error {
+	clear(c.spares)
+	c.spares = c.spares[:0]
+	if r, ok := c.cfg.Rows.(RowReleaser); ok {
+		return r.Release()
+	}
 	return nil
 }
 

@@ -453,3 +453,35 @@ func TestCopyPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestRelease: freed sequences' buffers count in Bytes until Release
+// gives them back; live sequences keep their rows, and new ones work.
+func TestRelease(t *testing.T) {
+	c, err := New(Config{Layers: 2, KVDim: 4, Context: 8, Type: weights.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := c.Config().SeqBytes()
+	a, _ := c.NewSeq()
+	b, _ := c.NewSeq()
+	first, _ := c.Reserve(a, 3)
+	for r := first; r < first+3; r++ {
+		fill(c, a, 1, r, r)
+	}
+	c.CommitAll(a)
+	c.Free(b)
+	if c.Bytes() != 2*one {
+		t.Fatalf("%d bytes with one live and one freed, want %d", c.Bytes(), 2*one)
+	}
+	if err := c.Release(); err != nil || c.Bytes() != one {
+		t.Fatalf("Release: %v, %d bytes, want the live sequence's %d", err, c.Bytes(), one)
+	}
+	for r := 0; r < 3; r++ {
+		if got := rowTag(t, c, a, 1, r); got != r {
+			t.Errorf("live row %d has tag %d after Release", r, got)
+		}
+	}
+	if id, err := c.NewSeq(); err != nil || c.Bytes() != 2*one || c.Len(id) != 0 {
+		t.Fatalf("NewSeq after Release: %d, %v, %d bytes", id, err, c.Bytes())
+	}
+}

@@ -15,6 +15,7 @@ type mirrorRows struct {
 	cfg      Config
 	seqs     map[int][]float32
 	freed    []int
+	released int // Release calls
 	allocErr error
 	moveErr  error
 }
@@ -46,6 +47,11 @@ func (m *mirrorRows) Move(id int, dst, src []int) error {
 			copy(p[pl*plane+dst[i]*kvd:pl*plane+(dst[i]+1)*kvd], p[pl*plane+src[i]*kvd:])
 		}
 	}
+	return nil
+}
+
+func (m *mirrorRows) Release() error {
+	m.released++
 	return nil
 }
 
@@ -214,5 +220,19 @@ func TestRowsCopyPrefix(t *testing.T) {
 	}
 	if err := plain.CopyPrefix(1, 0, 2); !errors.Is(err, errors.ErrUnsupported) || plain.Len(1) != 0 {
 		t.Errorf("CopyPrefix without RowCopier: %v, %d committed; want ErrUnsupported and none", err, plain.Len(1))
+	}
+}
+
+// TestRowsRelease: Cache.Release hands the release on to Rows that keep
+// freed rows.
+func TestRowsRelease(t *testing.T) {
+	cfg := Config{Layers: 1, KVDim: 2, Context: 4, Type: weights.F32}
+	rows := &mirrorRows{cfg: cfg, seqs: map[int][]float32{}}
+	cfg.Rows = rows
+	c, _ := New(cfg)
+	id, _ := c.NewSeq()
+	c.Free(id)
+	if err := c.Release(); err != nil || rows.released != 1 || c.Bytes() != 0 {
+		t.Errorf("Release: %v, %d releases by the rows, %d bytes; want one and none", err, rows.released, c.Bytes())
 	}
 }

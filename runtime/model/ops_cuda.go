@@ -907,6 +907,20 @@ func (g *gpuRows) Move(id int, dst, src []int) error {
 	return g.o.s.KVMove(g.layout, g.seqs[id], d, s)
 }
 
+// Release implements kv.RowReleaser: the spare buffers go back to the
+// device once the work queued so far is done.
+func (g *gpuRows) Release() error {
+	if g.o.s == nil || len(g.spare) == 0 {
+		return nil
+	}
+	errs := []error{g.o.s.Sync()}
+	for _, b := range g.spare {
+		errs = append(errs, g.o.dev.Free(b))
+	}
+	g.spare = nil
+	return errors.Join(errs...)
+}
+
 // CopyRows implements kv.RowCopier.
 func (g *gpuRows) CopyRows(dst, src, n int) error {
 	if g.o.s == nil {

@@ -91,7 +91,8 @@ func TestCUDALanes(t *testing.T) {
 // keeps a finished request's rows there, and a next turn prefills only
 // the one token past them; first and next turn give the reference
 // greedy tokens; the prompt again starts from a device copy of the
-// prompt's rows, leaving the conversation kept. A speculative GPU lane
+// prompt's rows, leaving the conversation kept, and TrimKV gives the
+// device memory back. A speculative GPU lane
 // (llama2xs drafting for stories260K, both on the device) does the same
 // with both caches.
 func TestCUDAPrefixReuse(t *testing.T) {
@@ -129,6 +130,14 @@ func TestCUDAPrefixReuse(t *testing.T) {
 	}
 	if held, want := e.KVBytesHeld(), 2*e.cache.Config().SeqBytes(); held != want {
 		t.Errorf("%d KV bytes held after the prompt again, want two sequences' %d", held, want)
+	}
+	// TrimKV frees the kept sequences' device buffers (kv.RowReleaser),
+	// and the lane goes on.
+	if n, err := e.TrimKV(); err != nil || n != 2*e.cache.Config().SeqBytes() || e.KVBytesHeld() != 0 {
+		t.Fatalf("TrimKV: %d bytes released (%v), %d held", n, err, e.KVBytesHeld())
+	}
+	if got, _, reused := decodeAlone(t, e, turn, 20); !slices.Equal(got, gen[100:120]) || reused != 0 {
+		t.Fatalf("after TrimKV %v with %d reused, want %v with none", got, reused, gen[100:120])
 	}
 
 	// The speculative lane twice, with reuse and without: the same next

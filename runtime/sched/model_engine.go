@@ -345,6 +345,24 @@ func (e *ModelEngine) Reusable(prompt, generated []int32) int {
 	return planStart(len(e.kept), e.keptTokens, prompt, generated, e.canGrow(), e.cache.CanCopy()).have
 }
 
+// TrimKV frees the kept sequences and the cache's spare buffers: the
+// memory that prefix reuse and earlier peaks hold beyond the live
+// sequences. Call it between steps, on the goroutine that steps the
+// engine (Scheduler.TrimMemory does). It returns the bytes released.
+func (e *ModelEngine) TrimKV() (int64, error) {
+	before := e.cache.Bytes()
+	e.keptMu.Lock()
+	var errs []error
+	for _, k := range e.kept {
+		errs = append(errs, e.cache.Free(k.id))
+	}
+	e.kept = nil
+	e.keptMu.Unlock()
+	errs = append(errs, e.cache.Release())
+	e.held.Store(e.cache.Bytes())
+	return before - e.cache.Bytes(), errors.Join(errs...)
+}
+
 // Free implements Engine. With prefix reuse the sequence's committed rows
 // are kept for a later sequence that starts with the same tokens.
 func (e *ModelEngine) Free(id SeqID) error {

@@ -800,3 +800,66 @@ func TestParsePrefixCache(t *testing.T) {
 		}
 	}
 }
+
+// TestTrimMemory: Scheduler.TrimMemory gives back every lane's kept
+// sequences and spare buffers while a request runs, without touching
+// it: the running request still gets the reference tokens, the memory
+// held falls to its one sequence, and a next turn after the trim
+// prefills its whole context. After Shutdown it refuses.
+func TestTrimMemory(t *testing.T) {
+	f, _ := realModel(t)
+	s, engines := newRealScheduler(t, f, Config{MaxBatch: 4}, 4, 1, 1)
+	recs := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")
+	for _, r := range recs[:3] { // finished: kept for reuse, on either lane
+		if got, _, _ := collect(t, submit(t, s, Request{Prompt: r.PromptIDs, MaxTokens: 40})); !slices.Equal(got, r.GeneratedIDs[:40]) {
+			t.Fatalf("%v, want %v", got, r.GeneratedIDs[:40])
+		}
+	}
+	var held int64
+	for _, e := range engines {
+		held += e.KVBytesHeld()
+	}
+	r := recs[3]
+	st := submit(t, s, Request{Prompt: r.PromptIDs, MaxTokens: len(r.GeneratedIDs)})
+	ev, err := st.Recv(context.Background()) // running now
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := s.TrimMemory(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _, _ := collect(t, st)
+	if got := slices.Concat(ev.Tokens, rest); !slices.Equal(got, r.GeneratedIDs) {
+		t.Errorf("the request running through the trim got %v\nwant %v", got, r.GeneratedIDs)
+	}
+	one := engines[0].cache.Config().SeqBytes()
+	var after int64
+	for _, e := range engines {
+		after += e.KVBytesHeld()
+	}
+	// The running sequence's memory stays, and with it the kept sequence
+	// it became; nothing else.
+	if released <= 0 || released > held || after != one {
+		t.Errorf("released %d of %d bytes held, %d held after; want some released and one sequence's %d held", released, held, after, one)
+	}
+	reused := func() (n int64) {
+		for _, e := range engines {
+			n += e.ReusedTokens()
+		}
+		return n
+	}
+	before := reused()
+	next := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs[:40])
+	if got, _, res := collect(t, submit(t, s, Request{Prompt: next, MaxTokens: 20})); !slices.Equal(got, recs[0].GeneratedIDs[40:60]) {
+		t.Errorf("next turn after the trim %v (%+v)\nwant %v", got, res, recs[0].GeneratedIDs[40:60])
+	}
+	// Only what it shares with the one sequence left can be reused.
+	if got, most := reused()-before, commonPrefix(next, r.PromptIDs); got > int64(most) {
+		t.Errorf("the next turn after the trim reused %d tokens; at most %d are left to reuse", got, most)
+	}
+	s.Shutdown(context.Background())
+	if _, err := s.TrimMemory(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("TrimMemory after Shutdown: %v, want ErrClosed", err)
+	}
+}

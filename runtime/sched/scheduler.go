@@ -140,6 +140,7 @@ type lane struct {
 	parked  []*task // parked tasks whose sequence lives here
 	held    int     // allocated sequences (running, parked, waiting with KV)
 	toFree  []SeqID
+	trims   []chan trimmed // TrimMemory calls waiting for this lane
 	cond    *sync.Cond
 	busy    bool      // between Begin and End
 	step    Step      // the step in flight; its buffers are reused
@@ -705,6 +706,49 @@ wait:
 	// scheduler may use the engines.
 	s.release()
 	return err
+}
+
+// trimmed is what one lane's trim released.
+type trimmed struct {
+	bytes int64
+	err   error
+}
+
+// TrimMemory gives back the KV memory the lanes hold beyond their live
+// sequences: the finished requests' rows kept for prefix reuse, and the
+// buffers earlier peaks left for reuse. Nothing running or parked is
+// touched, and later requests only prefill what the kept rows would
+// have saved. An app calls it when the system asks it to use less
+// memory (Android's onTrimMemory). Each lane trims between its steps;
+// TrimMemory returns the bytes released once every lane has, or ctx's
+// error. A Manual scheduler's lanes trim at their next Begin.
+func (s *Scheduler) TrimMemory(ctx context.Context) (int64, error) {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return 0, ErrClosed
+	}
+	waits := make([]chan trimmed, len(s.lanes))
+	for i, l := range s.lanes {
+		waits[i] = make(chan trimmed, 1)
+		l.trims = append(l.trims, waits[i])
+		l.cond.Signal()
+	}
+	s.mu.Unlock()
+	var total int64
+	var errs []error
+	for i, w := range waits {
+		select {
+		case r := <-w:
+			total += r.bytes
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("sched: lane %s: trim: %w", s.lanes[i].name, r.err))
+			}
+		case <-ctx.Done():
+			return total, ctx.Err()
+		}
+	}
+	return total, errors.Join(errs...)
 }
 
 // release gives back the engines New claimed.

@@ -310,6 +310,21 @@ func (e *SpecEngine) canGrow() bool {
 // canCopy reports whether both caches can copy rows between sequences.
 func (e *SpecEngine) canCopy() bool { return e.dcache.CanCopy() && e.tcache.CanCopy() }
 
+// TrimKV is ModelEngine.TrimKV for both caches.
+func (e *SpecEngine) TrimKV() (int64, error) {
+	before := e.dcache.Bytes() + e.tcache.Bytes()
+	e.keptMu.Lock()
+	var errs []error
+	for _, h := range e.kept {
+		errs = append(errs, e.dcache.Free(h.Draft), e.tcache.Free(h.Target))
+	}
+	e.kept = nil
+	e.keptMu.Unlock()
+	errs = append(errs, e.dcache.Release(), e.tcache.Release())
+	e.noteHeld()
+	return before - e.dcache.Bytes() - e.tcache.Bytes(), errors.Join(errs...)
+}
+
 // Free implements Engine: the decoder's sequences in both caches are
 // released (kept for reuse, with prefix reuse), and tokens it emitted
 // but did not hand out are dropped (a rebuilt sequence generates them

@@ -438,7 +438,8 @@ func TestSpecEnginePrefixReuse(t *testing.T) {
 // a speculative lane: two clients taking turns each keep their
 // conversation in both caches, a first turn and the same prompt again
 // starting from copied rows; the rounds match a lane that prefills every
-// context whole, so the copied draft rows are right too.
+// context whole, so the copied draft rows are right too. TrimKV then
+// gives back all the memory, and the lane goes on.
 func TestSpecEngineKeepsConversations(t *testing.T) {
 	recs := greedyRecords(t, 120)
 	a, b := recs[0], recs[1]
@@ -478,6 +479,15 @@ func TestSpecEngineKeepsConversations(t *testing.T) {
 			}
 		}
 		stats = append(stats, e.Stats())
+		// TrimKV gives back both caches' kept sequences and spares.
+		held := e.KVBytesHeld()
+		if n, err := e.TrimKV(); err != nil || n != held || held == 0 || e.KVBytesHeld() != 0 {
+			t.Errorf("reuse %v: TrimKV released %d of %d bytes (%v), %d left", reuse, n, held, err, e.KVBytesHeld())
+		}
+		checkCachesFree(t, e)
+		if got, _, _ := specTurn(t, e, nextA, 10); !slices.Equal(got, a.GeneratedIDs[60:70]) {
+			t.Errorf("reuse %v: after TrimKV %v, want %v", reuse, got, a.GeneratedIDs[60:70])
+		}
 	}
 	if a, b := stats[0], stats[1]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
 		t.Errorf("with reuse: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",

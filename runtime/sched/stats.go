@@ -104,6 +104,13 @@ type prefixReuser interface {
 // live sequences' (kept and spare buffers), from any goroutine.
 type kvHolder interface{ KVBytesHeld() int64 }
 
+// kvTrimmer is an engine that can give back the KV memory it holds
+// beyond its live sequences (ModelEngine, SpecEngine), from the
+// goroutine that steps it.
+type kvTrimmer interface {
+	TrimKV() (int64, error)
+}
+
 // LaneStats describes one lane.
 type LaneStats struct {
 	Name      string

@@ -17,8 +17,9 @@ type Step struct {
 	begin time.Time
 
 	frees   []SeqID
-	tasks   []*task      // members, in batch order
-	members []stepMember // tasks[i]'s part of the step, copied under the lock for Run
+	trims   []chan trimmed // TrimMemory calls to answer after the frees
+	tasks   []*task        // members, in batch order
+	members []stepMember   // tasks[i]'s part of the step, copied under the lock for Run
 
 	// filled by Run
 	mem        []Member
@@ -85,16 +86,18 @@ func (s *Scheduler) begin(l *lane, now time.Time) *Step {
 			s.admit(l, now, limit)
 		}
 	}
-	if len(l.running) == 0 && len(l.toFree) == 0 {
+	if len(l.running) == 0 && len(l.toFree) == 0 && len(l.trims) == 0 {
 		s.noteIdle(now)
 		return nil
 	}
 	s.stallSince = time.Time{}
 	// A lane has one step in flight: its buffers are reused.
 	st := &l.step
-	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...),
+	*st = Step{s: s, l: l, begin: now, frees: append(st.frees[:0], l.toFree...), trims: append(st.trims[:0], l.trims...),
 		tasks: st.tasks[:0], members: st.members[:0], mem: st.mem[:0], memIdx: st.memIdx[:0], out: st.out[:0]}
 	l.toFree = l.toFree[:0]
+	clear(l.trims)
+	l.trims = l.trims[:0]
 	for _, t := range l.running {
 		st.tasks = append(st.tasks, t)
 		m := stepMember{seq: t.seq, limit: max(1, t.maxTokens-len(t.generated)), starting: t.starting}
@@ -144,6 +147,18 @@ func (st *Step) Run(ctx context.Context) error {
 		if err := eng.Free(id); err != nil {
 			st.freeErr = errors.Join(st.freeErr, err)
 		}
+	}
+	if len(st.trims) > 0 {
+		// After the frees: the rows they kept go too.
+		var r trimmed
+		if t, ok := eng.(kvTrimmer); ok {
+			r.bytes, r.err = t.TrimKV()
+		}
+		for _, w := range st.trims {
+			w <- r
+		}
+		clear(st.trims)
+		st.trims = st.trims[:0]
 	}
 	st.mem, st.memIdx = st.mem[:0], st.memIdx[:0]
 	for i := range st.members {
