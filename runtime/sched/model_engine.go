@@ -224,14 +224,14 @@ func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 	} else {
 		err = e.cache.Truncate(id, p.have)
 	}
-	if err != nil {
-		if p.take < 0 {
-			e.cache.Free(id)
-		}
-		return 0, 0, err
-	}
 	if p.take >= 0 {
 		e.kept = slices.Delete(e.kept, p.take, p.take+1)
+	}
+	if err != nil {
+		// A copy that failed part way leaves rows that match no tokens:
+		// the sequence goes, kept or new.
+		e.cache.Free(id)
+		return 0, 0, err
 	}
 	return id, p.have, nil
 }

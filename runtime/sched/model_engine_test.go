@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
@@ -861,5 +862,59 @@ func TestTrimMemory(t *testing.T) {
 	s.Shutdown(context.Background())
 	if _, err := s.TrimMemory(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("TrimMemory after Shutdown: %v, want ErrClosed", err)
+	}
+}
+
+// failingCopyRows is a kv.Rows whose copies between sequences fail, as a
+// device's might part way.
+type failingCopyRows struct{}
+
+func (failingCopyRows) Alloc(int) error              { return nil }
+func (failingCopyRows) Free(int)                     {}
+func (failingCopyRows) Move(int, []int, []int) error { return nil }
+func (failingCopyRows) CopyRows(int, int, int) error { return errors.New("device lost") }
+
+// TestStartCopyFailure: when copying a kept sequence's shared rows fails,
+// Start fails, and the sequence the copy was writing is freed, kept or
+// new: rows a copy left part way must never be reused.
+func TestStartCopyFailure(t *testing.T) {
+	f, _ := realModel(t)
+	for _, keep := range []int64{0, -1} { // into a new sequence; into the oldest kept one
+		e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 64, PrefixCache: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := e.cache.Config()
+		cfg.Rows = failingCopyRows{}
+		if e.cache, err = kv.New(cfg); err != nil {
+			t.Fatal(err)
+		}
+		// Two kept sequences: the oldest holds 5 unrelated tokens, the
+		// other 30 that share their first 10 with the new context.
+		long := prompt(30)
+		for _, toks := range [][]int32{{1, 99, 98, 97, 96}, long} {
+			id, _ := e.cache.NewSeq()
+			e.cache.Reserve(id, len(toks))
+			e.cache.CommitAll(id)
+			e.kept = append(e.kept, keptSeq{id: id, tokens: toks})
+		}
+		ctx := append(slices.Clone(long[:10]), 7, 8, 9)
+		if _, err := e.Start(ctx, nil, ""); err == nil {
+			t.Fatalf("PrefixCache %d: Start succeeded with a failing copy", keep)
+		}
+		allocated := 0
+		for id := range 4 {
+			if e.cache.Valid(id) {
+				allocated++
+			}
+		}
+		wantKept := 2 // the new sequence is freed
+		if keep < 0 {
+			wantKept = 1 // the oldest kept one, the copy's target, is freed
+		}
+		if len(e.kept) != wantKept || allocated != wantKept || e.Live() != 0 || !slices.Equal(e.kept[len(e.kept)-1].tokens, long) {
+			t.Errorf("PrefixCache %d: after the failed copy %d kept (the last %v), %d sequences allocated, %d live; want %d kept, the source last",
+				keep, len(e.kept), e.kept[len(e.kept)-1].tokens, allocated, e.Live(), wantKept)
+		}
 	}
 }

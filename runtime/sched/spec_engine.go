@@ -283,18 +283,18 @@ func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error
 	}
 	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
 	h.TargetLen = p.have
+	if p.take >= 0 {
+		e.kept = slices.Delete(e.kept, p.take, p.take+1)
+	}
 	if p.from >= 0 {
 		err = errors.Join(e.dcache.CopyPrefix(h.Draft, src.Draft, h.DraftLen), e.tcache.CopyPrefix(h.Target, src.Target, h.TargetLen))
 		if err != nil {
-			if p.take < 0 {
-				e.dcache.Free(h.Draft)
-				e.tcache.Free(h.Target)
-			}
+			// Rows a failed copy left match no tokens: the pair goes,
+			// kept or new.
+			e.dcache.Free(h.Draft)
+			e.tcache.Free(h.Target)
 			return 0, err
 		}
-	}
-	if p.take >= 0 {
-		e.kept = slices.Delete(e.kept, p.take, p.take+1)
 	}
 	d.Adopt(h)
 	return p.have, nil
