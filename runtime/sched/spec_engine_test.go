@@ -509,3 +509,56 @@ func BenchmarkSpecNextTurn(b *testing.B) {
 		return e
 	})
 }
+
+// TestSpecStartCopyFailure is TestStartCopyFailure on a speculative lane:
+// a pair whose copy failed is freed in both caches, kept or new.
+func TestSpecStartCopyFailure(t *testing.T) {
+	for _, keep := range []int64{0, -1} {
+		e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"), spec.Config{Method: spec.Tree},
+			SpecEngineOptions{MaxSeqs: 4, Context: specContext, PrefixCache: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []**kv.Cache{&e.dcache, &e.tcache} {
+			cfg := (*c).Config()
+			cfg.Rows = failingCopyRows{}
+			if *c, err = kv.New(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		long := prompt(30)
+		for _, toks := range [][]int32{{1, 99, 98, 97, 96}, long} {
+			var h spec.Held
+			h.Draft, _ = e.dcache.NewSeq()
+			h.Target, _ = e.tcache.NewSeq()
+			for _, cs := range []struct {
+				c  *kv.Cache
+				id int
+			}{{e.dcache, h.Draft}, {e.tcache, h.Target}} {
+				cs.c.Reserve(cs.id, len(toks))
+				cs.c.CommitAll(cs.id)
+			}
+			h.DraftLen, h.TargetLen, h.Tokens = len(toks), len(toks), toks
+			e.kept = append(e.kept, h)
+		}
+		if _, err := e.Start(append(slices.Clone(long[:10]), 7, 8, 9), nil, ""); err == nil {
+			t.Fatalf("PrefixCache %d: Start succeeded with a failing copy", keep)
+		}
+		wantKept := 2
+		if keep < 0 {
+			wantKept = 1
+		}
+		allocated := 0
+		for id := range 4 {
+			if e.dcache.Valid(id) != e.tcache.Valid(id) {
+				t.Fatalf("PrefixCache %d: sequence %d allocated in one cache only", keep, id)
+			}
+			if e.dcache.Valid(id) {
+				allocated++
+			}
+		}
+		if len(e.kept) != wantKept || allocated != wantKept || !slices.Equal(e.kept[len(e.kept)-1].Tokens, long) {
+			t.Errorf("PrefixCache %d: after the failed copy %d kept, %d pairs allocated; want %d, the source last", keep, len(e.kept), allocated, wantKept)
+		}
+	}
+}
