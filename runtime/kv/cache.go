@@ -437,7 +437,8 @@ func (c *Cache) CanCopy() bool {
 // own committed rows, dropping whatever dst held: a sequence starting
 // with the same n tokens as another takes their rows instead of
 // evaluating them again. It fails with errors.ErrUnsupported when
-// CanCopy is false.
+// CanCopy is false. When Rows fail part way, dst keeps its bookkeeping
+// but not its rows: free it.
 func (c *Cache) CopyPrefix(dst, src, n int) error {
 	d, err := c.get(dst)
 	if err != nil {
