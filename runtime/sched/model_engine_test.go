@@ -573,13 +573,14 @@ func benchNextTurn(b *testing.B, n int, newEngine func(b *testing.B, reuse bool)
 	}
 }
 
-// benchFirstToken starts ctx on e and steps it alone until it yields a
-// token, then frees it, b.N times after a first untimed turn (the one
-// that leaves rows to reuse), and reports the context tokens each timed
-// start prefilled.
-func benchFirstToken(b *testing.B, e Engine, ctx []int32) {
+// benchFirstToken starts each of ctxs on e in turn and steps it alone
+// until it yields a token, then frees it: one op is a turn of every
+// context (clients taking turns), after a first untimed round (the one
+// that leaves rows to reuse). It reports the context tokens each op
+// prefilled.
+func benchFirstToken(b *testing.B, e Engine, ctxs ...[]int32) {
 	out := make([]StepOut, 1)
-	turn := func() (prefilled int) {
+	turn := func(ctx []int32) (prefilled int) {
 		id, err := e.Start(ctx, nil, "")
 		if err != nil {
 			b.Fatal(err)
@@ -595,12 +596,42 @@ func benchFirstToken(b *testing.B, e Engine, ctx []int32) {
 		}
 		return prefilled
 	}
-	turn()
+	for _, ctx := range ctxs {
+		turn(ctx)
+	}
 	prefilled := 0
 	for b.Loop() {
-		prefilled += turn()
+		for _, ctx := range ctxs {
+			prefilled += turn(ctx)
+		}
 	}
 	b.ReportMetric(float64(prefilled)/float64(b.N), "prefilled/op")
+}
+
+// BenchmarkClientsTakingTurns times two chat clients taking turns on one
+// lane, one request at a time: an op is each client's next turn (about
+// 200 tokens of conversation each) up to its first token. Without a
+// prefix cache beyond the live sequence (PrefixCache -1) each turn finds
+// only the other client's rows; with the default each finds its own.
+// go test -bench ClientsTakingTurns ./runtime/sched
+func BenchmarkClientsTakingTurns(b *testing.B) {
+	f, _ := realModel(b)
+	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
+	a := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs)
+	c := slices.Concat(recs[1].PromptIDs, recs[1].GeneratedIDs)
+	for _, keep := range []int64{-1, 0} {
+		name := "no-cache"
+		if keep == 0 {
+			name = "prefix-cache"
+		}
+		b.Run(name, func(b *testing.B) {
+			e, err := NewModelEngine(loadModel(b, f), ModelEngineOptions{MaxSeqs: 4, Context: 512, PrefixCache: keep})
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchFirstToken(b, e, a, c)
+		})
+	}
 }
 
 // FuzzPrefixReuse drives two engines on stories260K, one with prefix
