@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -194,11 +195,15 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *sf.draft != "" {
 		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
 	}
-	if !*prefixReuse {
-		decoding += ", no prefix reuse"
+	reuse := ", no prefix reuse"
+	switch {
+	case *prefixReuse && keep > 0:
+		reuse = fmt.Sprintf(", prefix cache %s a lane", progress.Bytes(uint64(keep)))
+	case *prefixReuse:
+		reuse = ", prefix cache 0 (rows kept only in slots live requests took)"
 	}
-	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding, policy %s, context %d, estimator %s\n",
-		len(lanes), describeLanes(lanes, laneSpecs), decoding, policy, sc.Context(), estimator)
+	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding%s, policy %s, context %d, estimator %s\n",
+		len(lanes), describeLanes(lanes, laneSpecs), decoding, reuse, policy, sc.Context(), estimator)
 	if topo, err := cpuset.Clusters(); err == nil {
 		if hint := pinHint(laneSpecs, topo); hint != "" {
 			fmt.Fprintln(stderr, "tandem serve: "+hint)

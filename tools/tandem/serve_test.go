@@ -107,8 +107,9 @@ func TestServeEndToEnd(t *testing.T) {
 func TestServePrefixReuse(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		addr, log, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", fmt.Sprintf("--prefix-reuse=%v", on))
-		if off := strings.Contains(log[len(log)-1], "no prefix reuse"); off == on {
-			t.Errorf("--prefix-reuse=%v: ready line %q", on, log[len(log)-1])
+		ready := log[len(log)-1]
+		if off, cache := strings.Contains(ready, "no prefix reuse"), strings.Contains(ready, "prefix cache 512.0 MiB a lane"); off == on || cache != on {
+			t.Errorf("--prefix-reuse=%v: ready line %q", on, ready)
 		}
 		for range 2 {
 			resp, err := http.Post(addr+"/v1/completions", "application/json",
