@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 
-	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/budget"
 	"github.com/tandem-llm/tandem/internal/sysmem"
-	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
-	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
@@ -269,60 +266,10 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// memoryPlan is what the budget resolved to.
-type memoryPlan struct {
-	stream *weights.StreamOptions // nil: the whole file, mapped
-	note   string                 // how the budget was chosen, for Stats
-}
-
-// planMemory resolves the budget for lanes lanes over f. Each lane holds
-// its own weights, so a budget is divided among them.
-func planMemory(f *weights.File, budget string, lanes int) (memoryPlan, error) {
-	b := strings.ToLower(strings.TrimSpace(budget))
-	if b == "" {
-		return memoryPlan{note: "resident (no budget)"}, nil
-	}
-	if defaultmodel.IsEmbedded(f) {
-		if b == "auto" {
-			return memoryPlan{note: "resident (the embedded model is small and has no file to stream from)"}, nil
-		}
-		return memoryPlan{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; set model, or leave budget empty or auto", budget)
-	}
-	opt := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
-	// The plan at budget 0 fails but reports the total and the minimum.
-	probe, _, err := model.PlanStream(f, opt)
-	if err != nil && probe.Min == 0 {
-		return memoryPlan{}, err
-	}
-	var total uint64
-	note := strings.TrimSpace(budget) // how the budget was chosen
-	switch b {
-	case "min":
-		total = probe.Min * uint64(lanes)
-	case "auto":
-		avail, err := availableMemory()
-		if err != nil {
-			return memoryPlan{}, fmt.Errorf("budget auto: reading available memory: %w; give a size like 512MiB instead", err)
-		}
-		total = uint64(float64(avail) * autoShare)
-		note = fmt.Sprintf("auto: %.0f%% of %s available", 100*autoShare, progress.Bytes(avail))
-		if total/uint64(lanes) >= probe.Total {
-			return memoryPlan{note: note + "; the whole model fits, resident"}, nil
-		}
-	default:
-		if total, err = units.ParseSize(b); err != nil {
-			return memoryPlan{}, fmt.Errorf("budget: %w (or auto, or min)", err)
-		}
-	}
-	opt.Budget = total / uint64(lanes)
-	if opt.Budget < probe.Min {
-		return memoryPlan{}, fmt.Errorf("budget %s leaves %s per lane for %d lane(s); %s needs at least %s per lane: use fewer lanes, a larger budget, or \"min\"",
-			note, progress.Bytes(opt.Budget), lanes, f.Path, progress.Bytes(probe.Min))
-	}
-	if _, _, err := model.PlanStream(f, opt); err != nil {
-		return memoryPlan{}, fmt.Errorf("budget %s: %w", note, err)
-	}
-	return memoryPlan{stream: &opt, note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(opt.Budget), note)}, nil
+// planMemory resolves the budget for lanes lanes over f (see
+// internal/budget).
+func planMemory(f *weights.File, b string, lanes int) (budget.Plan, error) {
+	return budget.ForLanes(f, b, lanes, budget.Options{AutoShare: autoShare, Available: availableMemory, Embedded: defaultmodel.IsEmbedded(f)})
 }
 
 // specConfig is the speculative configuration of mode, with spec's

@@ -134,7 +134,7 @@ func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Poli
 	if err != nil {
 		return nil, err
 	}
-	lopt.Stream = mem.stream
+	lopt.Stream = mem.Stream
 	var draft *weights.File
 	if c.Draft != "" {
 		if draft, err = openDraft(c, tok, f.Path); err != nil {
@@ -170,7 +170,7 @@ func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Poli
 		}
 	}
 	return &Engine{f: f, tok: tok, sc: sc, closeLanes: closeLanes, maxTokens: c.MaxTokens, model: name,
-		memory: mem.note, spec: specLanes, inflight: map[string]context.CancelFunc{}, closeDone: make(chan struct{})}, nil
+		memory: mem.Note, spec: specLanes, inflight: map[string]context.CancelFunc{}, closeDone: make(chan struct{})}, nil
 }
 
 // TrimMemory gives back the KV memory the lanes hold beyond the running

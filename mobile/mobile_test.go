@@ -359,18 +359,18 @@ func TestBudgetAuto(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			availableMemory = func() (uint64, error) { return tc.avail, tc.err }
 			plan, err := planMemory(f, "auto", 1)
-			got := plan.note
+			got := plan.Note
 			if err != nil {
 				got = err.Error()
 			}
 			if !strings.Contains(got, tc.want) {
 				t.Errorf("auto with %d bytes available: %q, want %q", tc.avail, got, tc.want)
 			}
-			if tc.name == "plenty" && plan.stream != nil {
+			if tc.name == "plenty" && plan.Stream != nil {
 				t.Error("the whole model fits, but it streams")
 			}
-			if tc.name == "tight" && (plan.stream == nil || plan.stream.Budget != uint64(float64(tc.avail)*autoShare)) {
-				t.Errorf("tight: stream %+v", plan.stream)
+			if tc.name == "tight" && (plan.Stream == nil || plan.Stream.Budget != uint64(float64(tc.avail)*autoShare)) {
+				t.Errorf("tight: stream %+v", plan.Stream)
 			}
 		})
 	}

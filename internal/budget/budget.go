@@ -1,0 +1,101 @@
+// Package budget resolves a weight budget as users write it, for lanes
+// that each load the same model file: "" keeps the whole file mapped; a
+// size like "512MiB" is the memory all lanes together hold, "auto" a
+// share of the memory available, split the same way; "25%" is a share
+// of the weights each lane holds, and "min" the smallest each lane's
+// model allows. tandem serve and the mobile binding share it.
+package budget
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// Options say how "auto" reads the machine and whether the model can
+// stream at all.
+type Options struct {
+	// AutoShare is the share of available memory "auto" takes, leaving
+	// the rest to the KV caches, the process and the rest of the device.
+	AutoShare float64
+	// Available reports the available memory (sysmem.Available; a test
+	// seam).
+	Available func() (uint64, error)
+	// Embedded says the model is built into the binary: it has no file
+	// to stream from, so only "" and "auto" (which then keeps it whole)
+	// are accepted.
+	Embedded bool
+}
+
+// Plan is what a budget resolved to.
+type Plan struct {
+	// Stream is each lane's streaming options; nil keeps the whole file
+	// mapped (resident).
+	Stream *weights.StreamOptions
+	// Note says how the budget was chosen, for logs and stats.
+	Note string
+}
+
+// ForLanes resolves budget for lanes lanes over f. Each lane streams its
+// own copy of the weights through its share of the budget.
+func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, error) {
+	b := strings.ToLower(strings.TrimSpace(budget))
+	if b == "" {
+		return Plan{Note: "resident (no budget)"}, nil
+	}
+	if lanes < 1 {
+		return Plan{}, fmt.Errorf("budget %q for %d lanes: want at least one", budget, lanes)
+	}
+	if opt.Embedded {
+		if b == "auto" {
+			return Plan{Note: "resident (the embedded model is small and has no file to stream from)"}, nil
+		}
+		return Plan{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+	}
+	so := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
+	// The plan at budget 0 fails but reports the total and the minimum.
+	probe, _, err := model.PlanStream(f, so)
+	if err != nil && probe.Min == 0 {
+		return Plan{}, err
+	}
+	var total uint64
+	note := strings.TrimSpace(budget)
+	switch {
+	case b == "min":
+		total = probe.Min * uint64(lanes)
+	case b == "auto":
+		avail, err := opt.Available()
+		if err != nil {
+			return Plan{}, fmt.Errorf("budget auto: reading available memory: %w; give a size like 512MiB instead", err)
+		}
+		total = uint64(float64(avail) * opt.AutoShare)
+		note = fmt.Sprintf("auto: %.0f%% of %s available", 100*opt.AutoShare, progress.Bytes(avail))
+		if total/uint64(lanes) >= probe.Total {
+			return Plan{Note: note + "; the whole model fits, resident"}, nil
+		}
+	case strings.HasSuffix(b, "%"):
+		v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(b, "%")), 64)
+		if err != nil || !(v > 0 && v <= 100) {
+			return Plan{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+		}
+		total = uint64(float64(probe.Total) * v / 100 * float64(lanes))
+	default:
+		if total, err = units.ParseSize(b); err != nil {
+			return Plan{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
+		}
+	}
+	so.Budget = total / uint64(lanes)
+	if so.Budget < probe.Min {
+		return Plan{}, fmt.Errorf("budget %s leaves %s per lane for %d lane(s); %s needs at least %s per lane: use fewer lanes, a larger budget, or min",
+			note, progress.Bytes(so.Budget), lanes, f.Path, progress.Bytes(probe.Min))
+	}
+	if _, _, err := model.PlanStream(f, so); err != nil {
+		return Plan{}, fmt.Errorf("budget %s: %w", note, err)
+	}
+	return Plan{Stream: &so, Note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(so.Budget), note)}, nil
+}

@@ -1,0 +1,89 @@
+package budget
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// TestForLanes resolves every form of budget on stories260K, one lane and
+// two, against the model's own stream plan.
+func TestForLanes(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	probe, _, _ := model.PlanStream(f, weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread})
+	if probe.Min == 0 || probe.Total <= probe.Min {
+		t.Fatalf("stories260K's plan: min %d of %d bytes", probe.Min, probe.Total)
+	}
+	avail := func(n uint64, err error) func() (uint64, error) { return func() (uint64, error) { return n, err } }
+	opt := Options{AutoShare: 0.5, Available: avail(8<<30, nil)}
+	for _, tc := range []struct {
+		budget string
+		lanes  int
+		opt    Options
+		per    uint64 // each lane's budget; 0: resident
+		note   string // in the note, or the error
+		fails  bool
+	}{
+		{"", 2, opt, 0, "resident", false},
+		{"min", 2, opt, probe.Min, "streamed", false},
+		{"50%", 2, opt, probe.Total / 2, "streamed", false},
+		{"100%", 1, opt, probe.Total, "streamed", false},
+		{"2MiB", 2, opt, 1 << 20, "1.0 MiB per lane", false},
+		{"auto", 1, opt, 0, "the whole model fits, resident", false},
+		{"auto", 2, Options{AutoShare: 0.5, Available: avail(2*probe.Total, nil)}, probe.Total / 2, "auto: 50%", false},
+		{"auto", 1, Options{AutoShare: 0.5, Available: avail(0, errors.New("no /proc/meminfo"))}, 0, "give a size", true},
+		{"1KiB", 1, opt, 0, "needs at least", true},
+		{"0%", 1, opt, 0, "above 0%", true},
+		{"150%", 1, opt, 0, "at most 100%", true},
+		{"NaN%", 1, opt, 0, "like 25%", true},
+		{"lots", 1, opt, 0, "or N% of the weights", true},
+		{"min", 0, opt, 0, "at least one", true},
+		{"min", 1, Options{Embedded: true}, 0, "embedded default model", true},
+		{"auto", 1, Options{Embedded: true}, 0, "resident", false},
+	} {
+		p, err := ForLanes(f, tc.budget, tc.lanes, tc.opt)
+		got := p.Note
+		if err != nil {
+			got = err.Error()
+		}
+		if (err != nil) != tc.fails || !strings.Contains(got, tc.note) {
+			t.Errorf("%q over %d lanes: %q (error %v), want %q", tc.budget, tc.lanes, got, err != nil, tc.note)
+			continue
+		}
+		var per uint64
+		if p.Stream != nil {
+			per = p.Stream.Budget
+		}
+		if !tc.fails && (per > tc.per || tc.per-per > 1) {
+			t.Errorf("%q over %d lanes: %d bytes a lane, want %d", tc.budget, tc.lanes, per, tc.per)
+		}
+	}
+}
+
+// FuzzForLanes: any budget string resolves or fails with an error, and a
+// plan that streams gives each lane at least the model's minimum.
+func FuzzForLanes(f *testing.F) {
+	for _, s := range []string{"", "min", "auto", "25%", "1.5MiB", "-1", "1e400%", "0x10GB", " 12 KB "} {
+		f.Add(s, uint8(1))
+	}
+	file, err := weights.Open(testutil.Model(f, "stories260K.gguf"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer file.Close()
+	probe, _, _ := model.PlanStream(file, weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread})
+	f.Fuzz(func(t *testing.T, budget string, lanes uint8) {
+		p, err := ForLanes(file, budget, int(lanes%5), Options{AutoShare: 0.6, Available: func() (uint64, error) { return 1 << 30, nil }})
+		if err == nil && p.Stream != nil && p.Stream.Budget < probe.Min {
+			t.Fatalf("%q over %d lanes: %d bytes a lane, below the minimum %d", budget, lanes%5, p.Stream.Budget, probe.Min)
+		}
+	})
+}
