@@ -37,9 +37,11 @@ type config struct {
 	// Calibration is the uncertainty estimator (empty: MODEL.calib.json
 	// when it exists, else the prompt length).
 	Calibration string `json:"calibration"`
-	// Budget is the most bytes of weights each lane holds: "" keeps the
-	// whole (mapped) file, "auto" takes autoShare of available memory,
-	// "min" the smallest the model allows, or a size like "512MiB".
+	// Budget is the most bytes of weights the lanes hold (see
+	// internal/budget): "" keeps the whole (mapped) file, "auto" takes
+	// autoShare of available memory, "min" the smallest the model
+	// allows, a size like "512MiB" is split among the lanes, and "25%"
+	// is a share of the weights each lane holds.
 	Budget string `json:"budget"`
 	// Threads is the kernel threads of a single lane (0:
 	// kernels.DefaultThreads, a thread per big core on a phone); Lanes

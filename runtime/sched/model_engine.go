@@ -345,6 +345,10 @@ func (e *ModelEngine) Reusable(prompt, generated []int32) int {
 	return planStart(len(e.kept), e.keptTokens, prompt, generated, e.canGrow(), e.cache.CanCopy()).have
 }
 
+// StreamStats is the model's weight streaming counters (ok false when
+// its weights are resident). Safe from any goroutine.
+func (e *ModelEngine) StreamStats() (weights.StreamStats, bool) { return e.m.StreamStats() }
+
 // TrimKV frees the kept sequences and the cache's spare buffers: the
 // memory that prefix reuse and earlier peaks hold beyond the live
 // sequences. Call it between steps, on the goroutine that steps the

@@ -310,6 +310,11 @@ func (e *SpecEngine) canGrow() bool {
 // canCopy reports whether both caches can copy rows between sequences.
 func (e *SpecEngine) canCopy() bool { return e.dcache.CanCopy() && e.tcache.CanCopy() }
 
+// StreamStats is the target's weight streaming counters (ok false when
+// its weights are resident; the draft is always resident). Safe from
+// any goroutine.
+func (e *SpecEngine) StreamStats() (weights.StreamStats, bool) { return e.target.StreamStats() }
+
 // TrimKV is ModelEngine.TrimKV for both caches.
 func (e *SpecEngine) TrimKV() (int64, error) {
 	before := e.dcache.Bytes() + e.tcache.Bytes()

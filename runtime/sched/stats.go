@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels/cpuset"
+	"github.com/tandem-llm/tandem/weights"
 )
 
 // counters are the scheduler's running totals; s.mu guards them.
@@ -104,6 +105,13 @@ type prefixReuser interface {
 // live sequences' (kept and spare buffers), from any goroutine.
 type kvHolder interface{ KVBytesHeld() int64 }
 
+// weightStreamer is an engine whose model may stream its weights
+// (ModelEngine, SpecEngine's target): StreamStats is safe from any
+// goroutine, ok false when the weights are resident.
+type weightStreamer interface {
+	StreamStats() (st weights.StreamStats, ok bool)
+}
+
 // kvTrimmer is an engine that can give back the KV memory it holds
 // beyond its live sequences (ModelEngine, SpecEngine), from the
 // goroutine that steps it.
@@ -128,6 +136,13 @@ type LaneStats struct {
 	Tokens      uint64 // generated on this lane
 	// ReusedTokens: context tokens not prefilled thanks to prefix reuse.
 	ReusedTokens uint64
+	// Streamed: the lane's model streams its weights under a budget;
+	// then WeightsRead is the bytes it has read from the file, and
+	// WeightsResident the weight memory it holds now (pinned groups and
+	// the window's loaded slots).
+	Streamed        bool
+	WeightsRead     uint64
+	WeightsResident uint64
 	// MuchSlower: the lane's time per token at full batch is over 1.5
 	// times the fastest lane's, so routing sends it short requests
 	// without deadlines instead of long ones (see Config.TauQuantile).
@@ -185,6 +200,12 @@ func (s *Scheduler) Stats() Stats {
 		ls.KVHeldBytes = ls.KVBytes
 		if h, ok := l.eng.(kvHolder); ok {
 			ls.KVHeldBytes = h.KVBytesHeld()
+		}
+		if w, ok := l.eng.(weightStreamer); ok {
+			var ws weights.StreamStats
+			if ws, ls.Streamed = w.StreamStats(); ls.Streamed {
+				ls.WeightsRead, ls.WeightsResident = ws.BytesRead, ws.Resident
+			}
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)

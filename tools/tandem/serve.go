@@ -16,13 +16,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/budget"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/sysmem"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/server"
 	"github.com/tandem-llm/tandem/runtime/spec"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -70,6 +73,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	maxQueue := fs.Int("max-queue", 256, "waiting requests before 429")
 	maxTokens := fs.Int("max-tokens", 256, "max_tokens for requests that do not set it")
 	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest")
+	budgetFlag := fs.String("budget", "", "most bytes of model weights the lanes hold in memory together, like 512MiB (split among them), N% of the weights each, auto ("+
+		fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory) or min (the smallest each lane allows); the rest streams from the file every pass (default: the whole file mapped)")
 	prefixCache := fs.String("prefix-cache", "512MiB", "KV memory a lane may fill with finished requests' rows kept for --prefix-reuse, so that clients taking turns each keep their conversation (0: only the sequence slots live requests took)")
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
@@ -161,7 +166,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
-	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
+	mem, err := budget.ForLanes(f, *budgetFlag, len(laneSpecs),
+		budget.Options{AutoShare: autoBudgetShare, Available: sysmem.Available, Embedded: defaultmodel.IsEmbedded(f)})
+	if err != nil {
+		hs.Close()
+		return fmt.Errorf("--%w", err)
+	}
+	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, Stream: mem.Stream,
+		NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
 	if *sf.draft != "" {
 		df, err := sf.openDraftFile(tok, f.Path, *tokPath)
 		if err != nil {
@@ -195,12 +207,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *sf.draft != "" {
 		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
 	}
+
 	reuse := ", no prefix reuse"
 	switch {
 	case *prefixReuse && keep > 0:
 		reuse = fmt.Sprintf(", prefix cache %s a lane", progress.Bytes(uint64(keep)))
 	case *prefixReuse:
 		reuse = ", prefix cache 0 (rows kept only in slots live requests took)"
+	}
+	if mem.Stream != nil {
+		reuse += ", weights " + mem.Note
 	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding%s, policy %s, context %d, estimator %s\n",
 		len(lanes), describeLanes(lanes, laneSpecs), decoding, reuse, policy, sc.Context(), estimator)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
@@ -30,17 +29,7 @@ func TestServeGPULanes(t *testing.T) {
 	if ready := log[len(log)-1]; !strings.Contains(ready, "2 lane(s)") {
 		t.Errorf("ready line %q", ready)
 	}
-	var wg sync.WaitGroup
-	for c := range copies {
-		for i, prompt := range prompts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				checkCompletion(t, addr, prompt, n, want[i], fmt.Sprintf("record %d, copy %d", i, c))
-			}()
-		}
-	}
-	wg.Wait()
+	checkCompletions(t, addr, prompts, want, n, copies)
 
 	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0,"stream":true}`, prompts[0], n)
 	resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(body))

@@ -270,6 +270,23 @@ func greedyAnswers(t *testing.T, k, n int) (prompts, want []string) {
 // checkCompletion asks addr for a greedy completion of prompt, n tokens
 // long, and checks that it returns want (what names the request in
 // errors).
+// checkCompletions sends copies of every prompt at once and checks each
+// answer against want (checkCompletion).
+func checkCompletions(t *testing.T, addr string, prompts, want []string, n, copies int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for c := range copies {
+		for i, p := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				checkCompletion(t, addr, p, n, want[i], fmt.Sprintf("record %d, copy %d", i, c))
+			}()
+		}
+	}
+	wg.Wait()
+}
+
 func checkCompletion(t *testing.T, addr, prompt string, n int, want, what string) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0}`, prompt, n)
@@ -352,5 +369,46 @@ func TestServeDraftRefused(t *testing.T) {
 				t.Errorf("exit %d (want %d): %s", code, tc.code, stderr)
 			}
 		})
+	}
+}
+
+// TestServeBudget: `tandem serve --budget min` streams each lane's
+// weights from the file through the smallest window the model allows,
+// and concurrent completions on two streamed lanes still give the
+// reference greedy text. A budget below that minimum fails at startup
+// and says what the model needs.
+func TestServeBudget(t *testing.T) {
+	const n = 24
+	prompts, want := greedyAnswers(t, 3, n)
+	gguf := testutil.Model(t, "stories260K.gguf")
+	addr, log, done, _ := startServe(t, "--model", gguf, "--lanes", "1,1", "--ctx", "256", "--budget", "min")
+	if ready := log[len(log)-1]; !strings.Contains(ready, "weights streamed") || !strings.Contains(ready, "per lane (min)") {
+		t.Errorf("ready line %q does not say the weights stream", ready)
+	}
+	checkCompletions(t, addr, prompts, want, n, 2)
+	// Both lanes read their weights from the file (and hold no more than
+	// the budget); the metrics say so.
+	resp, err := http.Get(addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, l := range []string{"cpu0", "cpu1"} {
+		var read, resident float64
+		for _, line := range strings.Split(string(metrics), "\n") {
+			fmt.Sscanf(line, `tandem_lane_weights_read_bytes_total{lane="`+l+`"} %g`, &read)
+			fmt.Sscanf(line, `tandem_lane_weights_resident_bytes{lane="`+l+`"} %g`, &resident)
+		}
+		if read <= 0 || resident <= 0 {
+			t.Errorf("lane %s: %g weight bytes read, %g resident; want both above 0", l, read, resident)
+		}
+	}
+	stopServe(t, addr, done)
+
+	var errOut strings.Builder
+	code := run([]string{"serve", "--addr", "127.0.0.1:0", "--model", gguf, "--budget", "1KiB"}, io.Discard, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "needs at least") {
+		t.Errorf("--budget 1KiB: exit %d, %q; want a failure saying what the model needs", code, errOut.String())
 	}
 }
