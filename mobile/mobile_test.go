@@ -146,6 +146,14 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if strings.Contains(tc.name, "streamed") && (!strings.HasPrefix(st.Memory, "streamed") || len(st.Lanes) != 2) {
 				t.Errorf("stats: memory %q, %d lanes", st.Memory, len(st.Lanes))
 			}
+			for _, l := range st.Lanes {
+				// The lane that served the request read its weights from
+				// the file when they stream, and none when resident.
+				streamed := strings.Contains(tc.name, "streamed")
+				if (l.Tokens > 0 && (l.WeightsReadBytes > 0) != streamed) || (l.WeightsResidentBytes > 0) != streamed {
+					t.Errorf("stats: lane %s read %d weight bytes and holds %d (streamed %v)", l.Name, l.WeightsReadBytes, l.WeightsResidentBytes, streamed)
+				}
+			}
 			var laneTokens uint64
 			for _, l := range st.Lanes {
 				laneTokens += l.Tokens
