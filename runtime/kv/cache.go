@@ -313,7 +313,6 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 			}
 		}
 	}
-	kvd, ctx := c.cfg.KVDim, c.cfg.SeqRows()
 	var dsts, srcs []int // the moves, for Rows
 	move := func(dst, src int) {
 		if dst == src {
@@ -323,14 +322,7 @@ func (c *Cache) commit(id int, rows []int, keepRow int, keep bool) ([]int, error
 			dsts, srcs = append(dsts, dst), append(srcs, src)
 			return
 		}
-		for plane := 0; plane < 2*c.cfg.Layers; plane++ {
-			base := plane * ctx * kvd
-			if s.f16 != nil {
-				copy(s.f16[base+dst*kvd:base+(dst+1)*kvd], s.f16[base+src*kvd:base+(src+1)*kvd])
-			} else {
-				copy(s.f32[base+dst*kvd:base+(dst+1)*kvd], s.f32[base+src*kvd:base+(src+1)*kvd])
-			}
-		}
+		c.copyRows(s, s, dst, src, 1)
 	}
 	// Destinations never pass their sources (both lists increase and a
 	// row moves only down), so front-to-back copies never clobber a row
@@ -460,19 +452,26 @@ func (c *Cache) CopyPrefix(dst, src, n int) error {
 			return fmt.Errorf("kv: copy %d rows of sequence %d into %d: %w", n, src, dst, err)
 		}
 	} else {
-		// Each plane (K or V of a layer) holds its rows contiguously.
-		rows, plane := n*c.cfg.KVDim, c.cfg.SeqRows()*c.cfg.KVDim
-		for p := 0; p < 2*c.cfg.Layers; p++ {
-			if d.f16 != nil {
-				copy(d.f16[p*plane:p*plane+rows], s.f16[p*plane:p*plane+rows])
-			} else {
-				copy(d.f32[p*plane:p*plane+rows], s.f32[p*plane:p*plane+rows])
-			}
-		}
+		c.copyRows(d, s, 0, 0, n)
 	}
 	d.committed, d.tentative = n, 0
 	d.parent, d.depth = d.parent[:0], d.depth[:0]
 	return nil
+}
+
+// copyRows copies rows src..src+n-1 of s to rows dst..dst+n-1 of d in
+// every plane (K or V of a layer, each holding its rows contiguously);
+// host memory only.
+func (c *Cache) copyRows(d, s *seq, dst, src, n int) {
+	kvd, plane := c.cfg.KVDim, c.cfg.SeqRows()*c.cfg.KVDim
+	for p := 0; p < 2*c.cfg.Layers; p++ {
+		to, from := p*plane+dst*kvd, p*plane+src*kvd
+		if d.f16 != nil {
+			copy(d.f16[to:to+n*kvd], s.f16[from:from+n*kvd])
+		} else {
+			copy(d.f32[to:to+n*kvd], s.f32[from:from+n*kvd])
+		}
+	}
 }
 
 // Parent is the tentative row that tentative row r of a sequence follows,
