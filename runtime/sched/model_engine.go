@@ -134,6 +134,9 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 	if opt.KVType == 0 {
 		opt.KVType = weights.F32
 	}
+	if opt.PrefixCache == 0 {
+		opt.PrefixCache = DefaultPrefixCache
+	}
 	if opt.Name == "" {
 		opt.Name = "cpu"
 	}
@@ -248,11 +251,8 @@ func (e *ModelEngine) canGrow() bool {
 // roomToKeep reports whether a lane holding slots sequences (live and
 // kept), each of seqBytes, may allocate one more and keep the ones it
 // has: within maxSeqs, and within budget bytes (see
-// ModelEngineOptions.PrefixCache).
+// ModelEngineOptions.PrefixCache, defaults resolved).
 func roomToKeep(slots, maxSeqs int, seqBytes, budget int64) bool {
-	if budget == 0 {
-		budget = DefaultPrefixCache
-	}
 	return slots < maxSeqs && int64(slots+1)*seqBytes <= budget
 }
 

@@ -111,6 +111,9 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	if opt.KVType == 0 {
 		opt.KVType = weights.F32
 	}
+	if opt.PrefixCache == 0 {
+		opt.PrefixCache = DefaultPrefixCache
+	}
 	if opt.Name == "" {
 		opt.Name = "spec"
 	}

@@ -136,11 +136,10 @@ type LaneStats struct {
 	Tokens      uint64 // generated on this lane
 	// ReusedTokens: context tokens not prefilled thanks to prefix reuse.
 	ReusedTokens uint64
-	// Streamed: the lane's model streams its weights under a budget;
-	// then WeightsRead is the bytes it has read from the file, and
-	// WeightsResident the weight memory it holds now (pinned groups and
-	// the window's loaded slots).
-	Streamed        bool
+	// WeightsRead and WeightsResident: when the lane's model streams its
+	// weights under a budget, the bytes it has read from the file and the
+	// weight memory it holds now (pinned groups and the window's loaded
+	// slots); zero when the file is mapped whole.
 	WeightsRead     uint64
 	WeightsResident uint64
 	// MuchSlower: the lane's time per token at full batch is over 1.5
@@ -202,8 +201,7 @@ func (s *Scheduler) Stats() Stats {
 			ls.KVHeldBytes = h.KVBytesHeld()
 		}
 		if w, ok := l.eng.(weightStreamer); ok {
-			var ws weights.StreamStats
-			if ws, ls.Streamed = w.StreamStats(); ls.Streamed {
+			if ws, ok := w.StreamStats(); ok {
 				ls.WeightsRead, ls.WeightsResident = ws.BytesRead, ws.Resident
 			}
 		}
