@@ -75,7 +75,6 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
 	prefixReuse := fs.Bool("prefix-reuse", true, "the real engine's lanes start a request from a finished one's KV cache where their prompts share a prefix, as tandem serve does (every policy alike; the step costs are measured without it)")
-	prefixCache := fs.String("prefix-cache", "512MiB", "KV memory each real-engine lane may fill with finished requests' rows for --prefix-reuse, as tandem serve's --prefix-cache (0: only the slots live requests took)")
 	outDir := fs.String("out", "", "directory for sched.md, sched.json and sched.svg")
 	seed := fs.Uint64("seed", 1, "workload seed")
 	if _, err := parse(fs, args, 0, 0); err != nil {
@@ -121,14 +120,10 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	keep, err := sched.ParsePrefixCache(*prefixCache)
-	if err != nil {
-		return fmt.Errorf("%w: --prefix-cache: %v", errUsage, err)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
-		repeat: *repeat, seed: *seed, noPrefixReuse: !*prefixReuse, prefixCache: keep, stderr: stderr}
+		repeat: *repeat, seed: *seed, noPrefixReuse: !*prefixReuse, stderr: stderr}
 
 	var rows []bench.SchedRow
 	var notes []string
@@ -187,7 +182,6 @@ type schedBench struct {
 	seed        uint64
 	// noPrefixReuse turns off the real engine's prefix reuse.
 	noPrefixReuse bool
-	prefixCache   int64 // the lanes' sched.LaneOptions.PrefixCache
 	stderr        io.Writer
 }
 
@@ -304,7 +298,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 	}
 	ctxLen := min(512, costs[0].Context)
 	lanes, closeLanes, err := sched.LoadLanes(f, sched.LaneOptions{Lanes: specs, MaxSeqs: 16, Context: ctxLen, KVType: weights.F32,
-		NoPrefixReuse: b.noPrefixReuse, PrefixCache: b.prefixCache})
+		NoPrefixReuse: b.noPrefixReuse})
 	if err != nil {
 		return nil, "", err
 	}
