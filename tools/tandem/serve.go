@@ -170,7 +170,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		budget.Options{AutoShare: autoBudgetShare, Available: sysmem.Available, Embedded: defaultmodel.IsEmbedded(f)})
 	if err != nil {
 		hs.Close()
-		return fmt.Errorf("--%w", err)
+		return err
 	}
 	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, Stream: mem.Stream,
 		NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
