@@ -643,3 +643,32 @@ func TestTrimMemory(t *testing.T) {
 		t.Error("TrimMemory on a closed engine succeeded")
 	}
 }
+
+// TestPrefixCache: with the default prefix_cache a prompt asked again
+// after another reuses all its tokens but the last; with "0" the lane
+// keeps only the other prompt's rows and prefills it again.
+func TestPrefixCache(t *testing.T) {
+	model := testutil.Model(t, "stories260K.gguf")
+	for _, cache := range []string{"", "0"} {
+		e := newEngine(t, fmt.Sprintf(`{"model": %q, "threads": 1, "prefix_cache": %q}`, model, cache))
+		ask := func(prompt string) int {
+			return generate(t, e, fmt.Sprintf(`{"prompt": %q, "max_tokens": 4, "temperature": 0}`, prompt), newRecorder()).PromptTokens
+		}
+		reused := func() uint64 {
+			var st statsJSON
+			if err := json.Unmarshal([]byte(e.Stats()), &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.ReusedTokens
+		}
+		const a = "Once upon a time there was a little cat who liked to play in the sun"
+		ask(a)
+		ask("Tom had a red ball.")
+		before := reused()
+		n := ask(a)
+		got := int(reused() - before)
+		if keep := cache == ""; keep && got != n-1 || !keep && got >= n/2 {
+			t.Errorf("prefix_cache %q: the prompt again reused %d of its %d tokens", cache, got, n)
+		}
+	}
+}

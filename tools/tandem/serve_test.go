@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -410,5 +411,58 @@ func TestServeBudget(t *testing.T) {
 	code := run([]string{"serve", "--addr", "127.0.0.1:0", "--model", gguf, "--budget", "1KiB"}, io.Discard, &errOut)
 	if code == 0 || !strings.Contains(errOut.String(), "needs at least") {
 		t.Errorf("--budget 1KiB: exit %d, %q; want a failure saying what the model needs", code, errOut.String())
+	}
+}
+
+// TestServePrefixCache: with the default --prefix-cache a prompt sent
+// again after another client's reuses all its tokens but the last; with
+// --prefix-cache 0 the lane keeps one sequence, the other client's, and
+// the prompt is prefilled again.
+func TestServePrefixCache(t *testing.T) {
+	for _, cache := range []string{"512MiB", "0"} {
+		addr, _, done, _ := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", "--prefix-cache", cache)
+		complete := func(prompt string) (promptTokens int) {
+			t.Helper()
+			resp, err := http.Post(addr+"/v1/completions", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4,"temperature":0}`, prompt)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var r struct {
+				Usage struct {
+					PromptTokens int `json:"prompt_tokens"`
+				}
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("status %d: %v", resp.StatusCode, err)
+			}
+			return r.Usage.PromptTokens
+		}
+		reused := func() int {
+			t.Helper()
+			resp, err := http.Get(addr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindSubmatch(body)
+			if m == nil {
+				t.Fatal("no tandem_prefix_reused_tokens_total")
+			}
+			n, _ := strconv.Atoi(string(m[1]))
+			return n
+		}
+		const a = "Once upon a time there was a little cat who liked to play in the sun"
+		complete(a)
+		complete("Tom had a red ball.")
+		before := reused()
+		n := complete(a)
+		got := reused() - before
+		if keep := cache != "0"; keep && got != n-1 || !keep && got >= n/2 {
+			t.Errorf("--prefix-cache %s: the prompt again reused %d of its %d tokens", cache, got, n)
+		}
+		stopServe(t, addr, done)
 	}
 }
