@@ -473,7 +473,7 @@ func (s *Scheduler) topK(p pool, l *lane, r ranker, k int) []*task {
 			q = p.queues[qi]
 		}
 		for _, t := range q {
-			if (t.hasSeq || t.affine) && t.lane != l.idx && (t.hasSeq || s.awaitsAffine(t, r.now)) ||
+			if t.lane != l.idx && (t.hasSeq || t.affine && s.awaitsAffine(t, r.now)) ||
 				urgentOnly && (t.state != waiting || t.qi == p.own) ||
 				pinnedOnly && (!t.hasSeq || t.inDeadline && t.stake > noStake) {
 				// Its sequence lives on another lane, or the lane keeping
