@@ -1720,3 +1720,45 @@ func TestAffineRequestWakesItsLane(t *testing.T) {
 		}
 	}
 }
+
+// TestAffineRequestWaitsForItsLane: another lane leaves a request routed
+// to the lane keeping its context (affinity) to that lane while it has
+// room in its batch, until affinityWait has passed (its steps are not
+// measured yet); and takes it at once when that lane's batch is full.
+func TestAffineRequestWaitsForItsLane(t *testing.T) {
+	clock := newClock()
+	engines := []*reusingEngine{{fakeEngine: newFakeEngine(clock)}, {fakeEngine: newFakeEngine(clock), reusable: 90}}
+	s, err := New(Config{Manual: true, Now: clock.Now, MaxBatch: 1}, nil, Lane{Engine: engines[0]}, Lane{Engine: engines[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		drive(t, s, 1000)
+		s.Shutdown(context.Background())
+	}()
+	submit(t, s, Request{ID: "next turn", Prompt: prompt(100), MaxTokens: 4})
+	if lane, affine := affinityOf(s, "next turn"); lane != 1 || !affine {
+		t.Fatalf("routed to lane %d (affine %v), want lane 1", lane, affine)
+	}
+	if got := stepIDs(s.Begin(0)); got != nil {
+		t.Fatalf("lane 0 took %v at once; lane 1 keeps its context and has room", got)
+	}
+	clock.Add(affinityWait)
+	st := s.Begin(0)
+	if got := stepIDs(st); !slices.Equal(got, []string{"next turn"}) {
+		t.Fatalf("after %v lane 0 steps %v, want the request", affinityWait, got)
+	}
+	for ; st != nil; st = s.Begin(0) { // to its end
+		st.Run(context.Background())
+		s.End(st)
+	}
+
+	// Lane 1's one batch slot taken: its next affine request goes to
+	// lane 0 at once.
+	submit(t, s, Request{ID: "busy", Prompt: prompt(100), MaxTokens: 50})
+	stepLane(s, 1)
+	submit(t, s, Request{ID: "second turn", Prompt: prompt(100), MaxTokens: 4})
+	if got := stepIDs(s.Begin(0)); !slices.Contains(got, "second turn") {
+		t.Fatalf("with lane 1's batch full lane 0 steps %v, want the request", got)
+	}
+}
