@@ -1762,3 +1762,36 @@ func TestAffineRequestWaitsForItsLane(t *testing.T) {
 		t.Fatalf("with lane 1's batch full lane 0 steps %v, want the request", got)
 	}
 }
+
+// TestTrimMemoryManual: a Manual scheduler's lane trims at its next
+// Begin, and TrimMemory returns once it has (an engine that keeps
+// nothing releases nothing).
+func TestTrimMemoryManual(t *testing.T) {
+	s, _ := newManual(t, Config{}, nil, newFakeEngine(nil))
+	defer s.Shutdown(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		n, err := s.TrimMemory(context.Background())
+		if err == nil && n != 0 {
+			err = fmt.Errorf("%d bytes released", n)
+		}
+		done <- err
+	}()
+	waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.lanes[0].trims) == 1
+	})
+	st := s.Begin(0)
+	if st == nil {
+		t.Fatal("Begin: no step for a pending trim")
+	}
+	st.Run(context.Background())
+	s.End(st)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Begin(0); st != nil {
+		t.Errorf("Begin after the trim: a step of %v", stepIDs(st))
+	}
+}
