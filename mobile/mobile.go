@@ -238,7 +238,7 @@ func (e *Engine) Stats() string {
 		lj := laneJSON{Name: l.Name, Threads: l.Threads, CPUs: l.CPUs.String(), Running: l.Running, Waiting: l.Waiting,
 			Parked: l.Parked, Sequences: l.Sequences, MaxSeqs: l.MaxSeqs, KVBytes: l.KVBytes, KVHeldBytes: l.KVHeldBytes, Steps: l.Steps,
 			Tokens: l.Tokens, ReusedTokens: l.ReusedTokens, MuchSlower: l.MuchSlower,
-			WeightsReadBytes: l.WeightsRead, WeightsResidentBytes: l.WeightsResident,
+			WeightsReadBytes: l.WeightsRead, WeightsPeakBytes: l.WeightsPeak,
 			BusyMs: ms(l.Busy), StepMs: ms(l.StepTime), TokenMs: ms(l.TokenTime)}
 		if se := e.spec[l.Name]; se != nil {
 			ss := se.Stats()
@@ -307,11 +307,11 @@ type laneJSON struct {
 	Tokens      uint64 `json:"tokens"`
 	// ReusedTokens: prompt tokens taken from finished requests' KV rows.
 	ReusedTokens uint64 `json:"reused_tokens"`
-	// WeightsReadBytes and WeightsResidentBytes: on a lane streaming its
+	// WeightsReadBytes and WeightsPeakBytes: on a lane streaming its
 	// weights under the budget, the bytes it has read from the model file
-	// and the weight memory it holds now.
-	WeightsReadBytes     uint64 `json:"weights_read_bytes,omitempty"`
-	WeightsResidentBytes uint64 `json:"weights_resident_bytes,omitempty"`
+	// and the most weight memory it has held.
+	WeightsReadBytes uint64 `json:"weights_read_bytes,omitempty"`
+	WeightsPeakBytes uint64 `json:"weights_peak_bytes,omitempty"`
 	// MuchSlower: over 1.5 times slower per token than the fastest lane
 	// (little cores beside big ones), so it is routed short requests.
 	MuchSlower bool    `json:"much_slower"`

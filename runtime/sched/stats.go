@@ -136,12 +136,13 @@ type LaneStats struct {
 	Tokens      uint64 // generated on this lane
 	// ReusedTokens: context tokens not prefilled thanks to prefix reuse.
 	ReusedTokens uint64
-	// WeightsRead and WeightsResident: when the lane's model streams its
+	// WeightsRead and WeightsPeak: when the lane's model streams its
 	// weights under a budget, the bytes it has read from the file and the
-	// weight memory it holds now (pinned groups and the window's loaded
-	// slots); zero when the file is mapped whole.
-	WeightsRead     uint64
-	WeightsResident uint64
+	// most weight memory it has held (pinned groups and the window's
+	// loaded slots; between passes a window may hold none); zero when the
+	// file is mapped whole, or before the lane's first pass.
+	WeightsRead uint64
+	WeightsPeak uint64
 	// MuchSlower: the lane's time per token at full batch is over 1.5
 	// times the fastest lane's, so routing sends it short requests
 	// without deadlines instead of long ones (see Config.TauQuantile).
@@ -202,7 +203,7 @@ func (s *Scheduler) Stats() Stats {
 		}
 		if w, ok := l.eng.(weightStreamer); ok {
 			if ws, ok := w.StreamStats(); ok {
-				ls.WeightsRead, ls.WeightsResident = ws.BytesRead, ws.Resident
+				ls.WeightsRead, ls.WeightsPeak = ws.BytesRead, ws.Peak
 			}
 		}
 		_, ls.MuchSlower = s.muchSlower(l)

@@ -119,7 +119,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 			return 0
 		}},
 		{"tandem_lane_weights_read_bytes_total", "Weight bytes each lane has read from the model file (0 where the weights are resident; with --budget they stream every pass).", func(l sched.LaneStats) float64 { return float64(l.WeightsRead) }},
-		{"tandem_lane_weights_resident_bytes", "Weight memory each streamed lane holds now (pinned groups and loaded window slots; 0 where the file is mapped whole).", func(l sched.LaneStats) float64 { return float64(l.WeightsResident) }},
+		{"tandem_lane_weights_peak_bytes", "Most weight memory each streamed lane has held (pinned groups and loaded window slots; 0 where the file is mapped whole).", func(l sched.LaneStats) float64 { return float64(l.WeightsPeak) }},
 		{"tandem_lane_scheduler_seconds_total", "Wall time of each lane's scheduler sections (delivering a step and planning the next); tandem_scheduler_seconds_total less their sum is the intake's.", func(l sched.LaneStats) float64 { return l.SchedulerWall.Seconds() }},
 	} {
 		kind := "gauge"
