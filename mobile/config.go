@@ -275,12 +275,13 @@ func planMemory(f *weights.File, b string, lanes int) (budget.Plan, error) {
 }
 
 // specConfig is the speculative configuration of mode, with spec's
-// defaults (those of tandem generate --draft).
+// defaults (those of tandem generate --draft): a lane whose target
+// streams keeps drafting while it waits for weights.
 func specConfig(mode string) spec.Config {
 	if mode == "sd" {
-		return spec.Config{Method: spec.SD}
+		return spec.Config{Method: spec.SD, Pipeline: true}
 	}
-	return spec.Config{Method: spec.Tree}
+	return spec.Config{Method: spec.Tree, Pipeline: true}
 }
 
 // openDraft opens the draft and checks that it shares the model's

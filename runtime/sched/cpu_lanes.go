@@ -116,9 +116,11 @@ type LaneOptions struct {
 	Stream *weights.StreamOptions
 	// Draft, when set, makes every lane speculative: the draft is loaded
 	// per lane, on the lane's device and kernel pool (draft and target take
-	// turns on it), and the lane runs a SpecEngine with Spec (Pipeline
-	// must be off). The caller checks first that the tokenizers match
-	// (spec.CheckVocab).
+	// turns on it), and the lane runs a SpecEngine with Spec. The caller
+	// checks first that the tokenizers match (spec.CheckVocab). With
+	// Spec.Pipeline and Stream, each lane gets its own spec.Lane (Spec.Lane
+	// is ignored), so its draft computes while its target waits for
+	// weights; without Stream the pipeline is off.
 	Draft *weights.File
 	Spec  spec.Config
 }
@@ -160,6 +162,16 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 			s := *opt.Stream
 			mopt.Stream = &s
 		}
+		scfg := opt.Spec
+		scfg.Lane = nil
+		if opt.Draft != nil && opt.Stream != nil && scfg.Pipeline {
+			// The target lets go of the lane while it waits on IO, and
+			// this lane's draft computes in those gaps.
+			scfg.Lane = spec.NewLane()
+			mopt.Lane = scfg.Lane
+		} else {
+			scfg.Pipeline = false
+		}
 		m, err := model.Load(f, mopt)
 		if err != nil {
 			closeAll()
@@ -187,7 +199,7 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		}
 		// The draft shares the target's pool: closed before the target.
 		models = append([]*model.Model{dm}, models...)
-		e, err := NewSpecEngine(dm, m, opt.Spec, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
+		e, err := NewSpecEngine(dm, m, scfg, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
 			NoPrefixReuse: opt.NoPrefixReuse, PrefixCache: opt.PrefixCache})
 		if err != nil {
 			closeAll()

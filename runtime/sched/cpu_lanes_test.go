@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -58,6 +60,79 @@ func TestLoadLanesStreamed(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("streamed lanes: %v\nresident: %v", got, want)
+	}
+}
+
+// TestLoadLanesPipelinedSpec: speculative lanes whose target streams
+// (slowed like flash) keep drafting while it waits for weights, each lane
+// on its own spec.Lane shared by its decoders, and give the target's
+// greedy tokens: for requests sharing the lanes, and for a next turn that
+// adopts a conversation's rows. Resident lanes turn the pipeline off.
+func TestLoadLanesPipelinedSpec(t *testing.T) {
+	f, _ := realModel(t)
+	draft, err := weights.Open(testutil.Model(t, "llama2xs_model.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer draft.Close()
+	opt := weights.StreamOptions{Mode: weights.StreamPipelined, Throttle: weights.Throttle{Latency: 2 * time.Millisecond}}
+	probe, _, err := model.PlanStream(f, opt)
+	if probe.Min == 0 {
+		t.Fatalf("no minimum budget: %v", err)
+	}
+	opt.Budget = probe.Min
+	const n = 40
+	recs := greedyRecords(t, 2*n)
+	for _, stream := range []*weights.StreamOptions{&opt, nil} {
+		lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: CPULaneSpecs(1, 1), MaxSeqs: 4, Context: specContext, Stream: stream,
+			Draft: draft, Spec: spec.Config{Method: spec.Tree, Pipeline: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeLanes()
+		s, err := New(Config{}, nil, lanes...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Shutdown(context.Background())
+		var streams []*Stream
+		for _, r := range recs[:4] {
+			st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, st)
+		}
+		for i, st := range streams {
+			if got, _, _ := collect(t, st); !slices.Equal(got, recs[i].GeneratedIDs[:n]) {
+				t.Errorf("streamed %v: request %d got %v\nwant %v", stream != nil, i, got, recs[i].GeneratedIDs[:n])
+			}
+		}
+		reused := func() (n int64) {
+			for _, l := range lanes {
+				n += l.Engine.(*SpecEngine).ReusedTokens()
+			}
+			return n
+		}
+		before := reused()
+		turn := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs[:n])
+		st, err := s.Submit(context.Background(), Request{Prompt: turn, MaxTokens: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := collect(t, st); !slices.Equal(got, recs[0].GeneratedIDs[n:2*n]) || reused() == before {
+			t.Errorf("streamed %v: next turn got %v with %d tokens reused\nwant %v with the conversation's rows", stream != nil, got, reused()-before, recs[0].GeneratedIDs[n:2*n])
+		}
+		pipelined := 0
+		for _, l := range lanes {
+			pipelined += l.Engine.(*SpecEngine).Stats().PipelineSteps
+		}
+		if stream != nil && pipelined == 0 {
+			t.Error("streamed lanes never drafted while their targets waited for weights")
+		}
+		if stream == nil && pipelined != 0 {
+			t.Errorf("resident lanes drafted %d steps during IO they never wait on", pipelined)
+		}
 	}
 }
 

@@ -96,8 +96,11 @@ type specSeq struct {
 // *spec.CostAware) is copied too, so sequences never share its state.
 // Neither model may be used by anything else while the engine runs; they
 // may share one kernel pool, since draft and target never compute at
-// once here. cfg.Pipeline is not supported (it needs a streamed target
-// and its own lane goroutine) and is refused.
+// once here. With cfg.Pipeline a decoder keeps drafting while its
+// streamed target waits on IO: cfg.Lane must then be the lane the target
+// was loaded with (model.Options.Lane), which the engine's decoders share
+// as they share the target (LoadLanes sets this up). On a resident
+// target the pipeline has nothing to overlap and is off.
 func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOptions) (*SpecEngine, error) {
 	if opt.MaxSeqs <= 0 {
 		opt.MaxSeqs = 16
@@ -117,8 +120,8 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	if opt.Name == "" {
 		opt.Name = "spec"
 	}
-	if cfg.Pipeline {
-		return nil, fmt.Errorf("sched: engine %s: the speculative pipeline is not supported in a scheduler lane; leave spec.Config.Pipeline off", opt.Name)
+	if cfg.Pipeline && !target.Streamed() {
+		cfg.Pipeline = false // nothing to overlap, and no room for a longer tree
 	}
 	if dv, tv := draft.Config().Vocab, target.Config().Vocab; dv != tv {
 		return nil, fmt.Errorf("sched: engine %s: the draft has %d tokens and the target %d: %w", opt.Name, dv, tv, spec.ErrVocab)

@@ -280,8 +280,23 @@ func TestSpecEngineCancelFrees(t *testing.T) {
 
 func TestSpecEngineErrors(t *testing.T) {
 	draft, target := loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin")
-	if _, err := NewSpecEngine(draft, target, spec.Config{Pipeline: true}, SpecEngineOptions{}); err == nil {
-		t.Error("pipeline accepted")
+	// The pipeline needs the lane a streamed target was loaded with; a
+	// resident target never waits on IO, and the pipeline is off.
+	f, _ := realModel(t)
+	plan, _, err := model.PlanStream(f, weights.StreamOptions{})
+	if plan.Min == 0 {
+		t.Fatalf("no minimum budget: %v", err)
+	}
+	streamed, err := model.Load(f, model.Options{Threads: 1, Stream: &weights.StreamOptions{Budget: plan.Min}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer streamed.Close()
+	if _, err := NewSpecEngine(draft, streamed, spec.Config{Pipeline: true}, SpecEngineOptions{}); err == nil || !strings.Contains(err.Error(), "Lane") {
+		t.Errorf("pipeline on a streamed target without its lane: %v; want an error asking for Config.Lane", err)
+	}
+	if e, err := NewSpecEngine(draft, target, spec.Config{Pipeline: true}, SpecEngineOptions{}); err != nil || e.cfg.Pipeline {
+		t.Errorf("pipeline on a resident target: %v, pipeline left %v; want it accepted and off", err, e != nil && e.cfg.Pipeline)
 	}
 	if _, err := NewSpecEngine(draft, target, spec.Config{MaxTree: -1}, SpecEngineOptions{}); err == nil {
 		t.Error("negative tree size accepted")

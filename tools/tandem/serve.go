@@ -50,12 +50,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"With --draft every lane decodes speculatively: the small draft model, sharing\n"+
 			"the model's tokenizer, guesses tokens that the model verifies in one pass\n"+
 			"(--mode tree or sd: the output is the model's own; bild: lossy). The\n"+
-			"speculative tuning flags (--max-tree, --draft-len, ...) are generate's.", stdout, stderr,
+			"speculative tuning flags (--max-tree, --draft-len, ...) are generate's.\n"+
+			"With --budget each lane streams the model's weights through that much\n"+
+			"memory; with --draft too, its draft keeps growing the tree while the model\n"+
+			"waits for weights (--no-pipeline turns that off).", stdout, stderr,
 		"tandem serve",
 		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
 		"tandem serve --model model.gguf --lanes cuda,4   # GPU primary lane, 4-thread CPU lane for long requests",
 		"tandem serve --model model.gguf --lanes big,2@little   # on a phone: a lane on the big cores, one on two little cores",
 		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin --ctx 256",
+		"tandem serve --model big.gguf --draft small.gguf --budget 1GiB   # stream the model, draft during its IO",
 		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
@@ -205,7 +209,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	decoding := "plain"
 	if *sf.draft != "" {
-		decoding = fmt.Sprintf("speculative (%s, draft %s)", specCfg.Method, *sf.draft)
+		pipe := ""
+		if specCfg.Pipeline && mem.Stream != nil {
+			pipe = ", drafting while weights stream"
+		}
+		decoding = fmt.Sprintf("speculative (%s, draft %s%s)", specCfg.Method, *sf.draft, pipe)
 	}
 
 	reuse := ", no prefix reuse"
@@ -368,11 +376,14 @@ func describeLanes(lanes []sched.Lane, specs []sched.LaneSpec) string {
 }
 
 // serveSpecConfig reads --mode and the speculative tuning flags. The
-// target is resident in serve, so the IO pipeline never applies.
+// pipeline (drafting while a streamed target waits on IO) is on unless
+// --no-pipeline; LoadLanes gives each streamed lane its spec.Lane.
 func serveSpecConfig(sf *specFlags, mode string) (spec.Config, error) {
 	for _, m := range runModes {
 		if m.name == mode && m.speculative {
-			return sf.config(m.method, nil)
+			cfg, err := sf.config(m.method, nil)
+			cfg.Pipeline = !*sf.noPipeline
+			return cfg, err
 		}
 	}
 	return spec.Config{}, fmt.Errorf("%w: --mode %q: want tree, sd or bild", errUsage, mode)
@@ -393,7 +404,11 @@ func printSpecStats(w io.Writer, lanes []sched.Lane) {
 			continue
 		}
 		st := e.Stats()
-		fmt.Fprintf(w, "tandem serve: lane %s: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f\n",
-			l.Name, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
+		during := ""
+		if st.PipelineSteps > 0 {
+			during = fmt.Sprintf(", %d draft steps while weights streamed", st.PipelineSteps)
+		}
+		fmt.Fprintf(w, "tandem serve: lane %s: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f%s\n",
+			l.Name, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate(), during)
 	}
 }

@@ -376,8 +376,9 @@ func TestServeDraftRefused(t *testing.T) {
 // TestServeBudget: `tandem serve --budget min` streams each lane's
 // weights from the file through the smallest window the model allows,
 // and concurrent completions on two streamed lanes still give the
-// reference greedy text. A budget below that minimum fails at startup
-// and says what the model needs.
+// reference greedy text, also with a draft drafting while the weights
+// stream. A budget below that minimum fails at startup and says what the
+// model needs.
 func TestServeBudget(t *testing.T) {
 	const n = 24
 	prompts, want := greedyAnswers(t, 3, n)
@@ -414,6 +415,16 @@ func TestServeBudget(t *testing.T) {
 	if served == 0 {
 		t.Error("no lane generated tokens, by the metrics")
 	}
+	stopServe(t, addr, done)
+
+	// With a draft, a streamed lane drafts while it waits for weights,
+	// and the answers are still the model's own.
+	addr, log, done, _ = startServe(t, "--model", gguf, "--ctx", "256", "--budget", "min",
+		"--draft", testutil.Model(t, "llama2xs_model.bin"), "--draft-tokenizer", testutil.Model(t, "tok512.bin"))
+	if ready := log[len(log)-1]; !strings.Contains(ready, "drafting while weights stream") {
+		t.Errorf("ready line %q does not say the draft works while weights stream", ready)
+	}
+	checkCompletions(t, addr, prompts, want, n, 2)
 	stopServe(t, addr, done)
 
 	var errOut strings.Builder
