@@ -89,7 +89,13 @@ type StepOut struct {
 	// per decoding member and per prefilled token, so a decode reported
 	// as one prefilled token hides every member's cost from it.
 	Prefilled int
-	Err       error // this member failed (its sequence stays allocated until Free)
+	// Reused counts context tokens this step took from another live
+	// sequence's rows instead of evaluating them (a sequence that waited
+	// while another evaluated the instructions they share); negative when
+	// a failed copy undid what its Start reused. Start's own reuse is in
+	// the engine's ReusedTokens only.
+	Reused int
+	Err    error // this member failed (its sequence stays allocated until Free)
 }
 
 // stepCost describes a step for the cost model.

@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,4 +256,71 @@ func stepLane(s *Scheduler, i int) {
 	st := s.Begin(i)
 	st.Run(context.Background())
 	s.End(st)
+}
+
+// lockstep starts sequences on an engine and steps them all together, as
+// a lane steps its batch, collecting each one's tokens.
+type lockstep struct {
+	t *testing.T
+	e interface {
+		Engine
+		ReusedTokens() int64
+	}
+	limit int // each member's Limit
+	ids   []SeqID
+	got   [][]int32
+	out   []StepOut
+	// prefilled and reused sum the steps' StepOut counts.
+	prefilled, reused int
+}
+
+// start starts a sequence on ctx and returns the tokens its Start took
+// from other sequences' rows.
+func (l *lockstep) start(ctx []int32) (reused int) {
+	l.t.Helper()
+	before := l.e.ReusedTokens()
+	id, err := l.e.Start(ctx, nil, "")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.ids, l.got, l.out = append(l.ids, id), append(l.got, nil), append(l.out, StepOut{})
+	return int(l.e.ReusedTokens() - before)
+}
+
+// step steps every sequence once.
+func (l *lockstep) step() {
+	l.t.Helper()
+	members := make([]Member, len(l.ids))
+	for i, id := range l.ids {
+		members[i] = Member{Seq: id, Limit: l.limit}
+	}
+	if err := l.e.Step(context.Background(), members, l.out); err != nil {
+		l.t.Fatal(err)
+	}
+	for i, o := range l.out {
+		if o.Err != nil {
+			l.t.Fatal(o.Err)
+		}
+		l.got[i] = append(l.got[i], o.Tokens...)
+		l.prefilled += o.Prefilled
+		l.reused += o.Reused
+	}
+}
+
+// until steps until every sequence has n tokens.
+func (l *lockstep) until(n int) {
+	l.t.Helper()
+	for slices.ContainsFunc(l.got, func(g []int32) bool { return len(g) < n }) {
+		l.step()
+	}
+}
+
+// free frees every sequence.
+func (l *lockstep) free() {
+	l.t.Helper()
+	for _, id := range l.ids {
+		if err := l.e.Free(id); err != nil {
+			l.t.Fatal(err)
+		}
+	}
 }

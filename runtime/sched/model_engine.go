@@ -82,8 +82,11 @@ func ParsePrefixCache(s string) (int64, error) {
 // kept one before it takes memory for another, unless PrefixCache
 // leaves room for one more: then a context sharing less with the best
 // kept sequence than that sequence would lose starts in a new one, so
-// that clients taking turns each keep their conversation. A cache whose
-// rows live on a GPU keeps them there the same way (TestCUDAPrefixReuse).
+// that clients taking turns each keep their conversation. Live
+// sequences' evaluated contexts are sources too, copied but never taken:
+// clients that start together with the same instructions evaluate them
+// once. A cache whose rows live on a GPU keeps them there the same way
+// (TestCUDAPrefixReuse).
 type ModelEngine struct {
 	owner // claimed by the scheduler that runs it
 	m     *model.Model
@@ -92,8 +95,11 @@ type ModelEngine struct {
 	seqs  map[SeqID]*modelSeq
 	live  atomic.Int64 // len(seqs), readable from any goroutine
 
-	keptMu sync.Mutex   // guards kept: the scheduler asks Reusable from any goroutine
-	kept   []keptSeq    // freed sequences whose rows may be reused, oldest first
+	keptMu sync.Mutex // guards kept and open: the scheduler asks Reusable from any goroutine
+	kept   []keptSeq  // freed sequences whose rows may be reused, oldest first
+	// open are the live sequences' committed context rows, which a new
+	// sequence may copy but not take.
+	open   []keptSeq
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens not evaluated thanks to reuse
 	held   atomic.Int64 // the cache's memory: sequences live, kept and spare
@@ -104,15 +110,19 @@ type ModelEngine struct {
 	eval   []int // per member: the pending tokens the step evaluates
 }
 
-// keptSeq is a freed sequence that still holds the KV rows of tokens.
+// keptSeq is a sequence that holds the KV rows of tokens: a freed one
+// kept for reuse, or a live one's context, whose first tokens its rows
+// hold so far.
 type keptSeq struct {
-	id     int
-	tokens []int32
+	id      int
+	tokens  []int32
+	context []int32 // a live sequence's whole context
 }
 
 type modelSeq struct {
 	pending []int32 // context not yet evaluated: the prompt's rest, or the last sampled token
 	history []int32 // every token of the sequence, for the repeat penalty
+	context []int32 // the history's first tokens, given at Start
 	// decoding: the context is evaluated and pending is the last sampled
 	// token. Its evaluation is a decode step, not prefill progress: the
 	// scheduler's cost model tells the two apart by StepOut.Prefilled.
@@ -199,7 +209,13 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 		sampler = sample.New(sample.Options{})
 	}
 	hist := append(make([]int32, 0, len(tokens)+64), tokens...)
-	e.seqs[SeqID(id)] = &modelSeq{pending: hist[have:len(tokens):len(tokens)], history: hist, sampler: sampler}
+	ctx := hist[:len(tokens):len(tokens)]
+	e.seqs[SeqID(id)] = &modelSeq{pending: ctx[have:], history: hist, context: ctx, sampler: sampler}
+	if e.reuse {
+		e.keptMu.Lock()
+		e.open = append(e.open, keptSeq{id: id, tokens: ctx[:have], context: ctx})
+		e.keptMu.Unlock()
+	}
 	e.live.Add(1)
 	e.reused.Add(int64(have))
 	e.held.Store(e.cache.Bytes())
@@ -207,14 +223,14 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 }
 
 // newSeq finds a sequence for tokens as planStart says: a kept one rolled
-// back to the prefix it shares, a kept or new one given another kept
-// one's first rows, or a new one (have: the tokens its rows hold). The
-// last token is always evaluated again: its logits pick the first new
-// token.
+// back to the prefix it shares, a kept or new one given another kept or
+// a live one's first rows, or a new one (have: the tokens its rows
+// hold). The last token is always evaluated again: its logits pick the
+// first new token.
 func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	p := planStart(len(e.kept), e.keptTokens, tokens, nil, e.canGrow(), e.cache.CanCopy())
+	p := e.plan(tokens, nil)
 	if p.take < 0 {
 		if id, err = e.cache.NewSeq(); err != nil {
 			return 0, 0, err
@@ -223,7 +239,7 @@ func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 		id = e.kept[p.take].id
 	}
 	if p.from >= 0 {
-		err = e.cache.CopyPrefix(id, e.kept[p.from].id, p.have)
+		err = e.cache.CopyPrefix(id, e.source(p.from).id, p.have)
 	} else {
 		err = e.cache.Truncate(id, p.have)
 	}
@@ -239,8 +255,20 @@ func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 	return id, p.have, nil
 }
 
-// keptTokens is the tokens kept sequence i's rows hold (keptMu held).
-func (e *ModelEngine) keptTokens(i int) []int32 { return e.kept[i].tokens }
+// plan is planStart over the kept sequences and the live ones' context
+// rows (keptMu held).
+func (e *ModelEngine) plan(prompt, generated []int32) startPlan {
+	tokens := func(i int) []int32 { return e.source(i).tokens }
+	return planStart(len(e.kept), len(e.open), tokens, prompt, generated, e.canGrow(), e.cache.CanCopy())
+}
+
+// source is planStart's source i: kept, then live (keptMu held).
+func (e *ModelEngine) source(i int) keptSeq {
+	if i < len(e.kept) {
+		return e.kept[i]
+	}
+	return e.open[i-len(e.kept)]
+}
 
 // canGrow reports whether a new sequence may take memory beside the kept
 // ones (keptMu held).
@@ -259,21 +287,45 @@ func roomToKeep(slots, maxSeqs int, seqBytes, budget int64) bool {
 // startPlan says where a new sequence starts.
 type startPlan struct {
 	take int // the kept sequence it takes, or -1 for a new one
-	from int // the kept sequence whose first have rows it copies, or -1: take's own
+	// from is the source whose first have rows it copies, or -1: take's
+	// own. Below the kept count it is a kept sequence; from there on, a
+	// live one (see planStart).
+	from int
 	have int // the context's first tokens it starts with rows for
 }
 
 // planStart plans the start of a sequence with context prompt followed by
-// generated, among n kept sequences (kept(i): the tokens sequence i's rows
-// hold). The one sharing the longest prefix (see longestKept) is taken,
-// rolled back to it, when it shares at least as much as it would lose.
-// Otherwise its rows are left for their own conversation's next turn:
-// the context starts in a new sequence when grow allows one, else in an
-// empty kept one, else in the oldest kept one, and copies the shared
-// rows when canCopy (a GPU cache may not). Without grow and canCopy the
-// best one is taken as before: memory stays what the most sequences live
-// at once took.
-func planStart(n int, kept func(i int) []int32, prompt, generated []int32, grow, canCopy bool) startPlan {
+// generated. Its sources are n kept sequences and then live ones
+// (tokens(i): the tokens source i's committed rows hold; i < n for kept,
+// n <= i < n+live for live). The kept one sharing the longest prefix (see
+// longestKept) is taken, rolled back to it, when it shares at least as
+// much as it would lose. Otherwise its rows are left for their own
+// conversation's next turn: the context starts in a new sequence when
+// grow allows one, else in an empty kept one, else in the oldest kept
+// one, and copies the shared rows when canCopy (a GPU cache may not).
+// Without grow and canCopy the best one is taken as before: memory stays
+// what the most sequences live at once took. A live sequence sharing a
+// longer prefix than any kept one (clients starting together with the
+// same instructions) is never taken, only copied from, into a sequence
+// found the same way.
+func planStart(n, live int, tokens func(i int) []int32, prompt, generated []int32, grow, canCopy bool) startPlan {
+	p := planKept(n, tokens, prompt, generated, grow, canCopy)
+	if live == 0 || !canCopy {
+		return p
+	}
+	lb, lh := longestKept(live, func(i int) []int32 { return tokens(n + i) }, prompt, generated)
+	if lh <= p.have {
+		return p
+	}
+	slot := emptyKept(n, tokens)
+	if slot < 0 && !grow && n > 0 {
+		slot = 0
+	}
+	return startPlan{take: slot, from: n + lb, have: lh}
+}
+
+// planKept is planStart among the kept sequences alone.
+func planKept(n int, kept func(i int) []int32, prompt, generated []int32, grow, canCopy bool) startPlan {
 	if n == 0 {
 		return startPlan{take: -1, from: -1}
 	}
@@ -281,13 +333,7 @@ func planStart(n int, kept func(i int) []int32, prompt, generated []int32, grow,
 	if len(kept(best))-have <= have || (!grow && !canCopy) {
 		return startPlan{take: best, from: -1, have: have}
 	}
-	slot := -1
-	for i := range n {
-		if len(kept(i)) == 0 {
-			slot = i
-			break
-		}
-	}
+	slot := emptyKept(n, kept)
 	if slot < 0 && !grow {
 		slot = 0
 	}
@@ -298,6 +344,17 @@ func planStart(n int, kept func(i int) []int32, prompt, generated []int32, grow,
 		return startPlan{take: slot, from: best, have: have}
 	}
 	return startPlan{take: slot, from: -1}
+}
+
+// emptyKept is the first of n kept sequences whose rows hold no tokens,
+// or -1.
+func emptyKept(n int, kept func(i int) []int32) int {
+	for i := range n {
+		if len(kept(i)) == 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 // commonPrefix is how many leading tokens a and b share.
@@ -342,7 +399,7 @@ func longestKept(n int, kept func(i int) []int32, prompt, generated []int32) (be
 func (e *ModelEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	return planStart(len(e.kept), e.keptTokens, prompt, generated, e.canGrow(), e.cache.CanCopy()).have
+	return e.plan(prompt, generated).have
 }
 
 // StreamStats is the model's weight streaming counters (ok false when
@@ -381,6 +438,9 @@ func (e *ModelEngine) Free(id SeqID) error {
 	if !e.reuse {
 		return e.cache.Free(int(id))
 	}
+	e.keptMu.Lock()
+	e.open = slices.DeleteFunc(e.open, func(k keptSeq) bool { return k.id == int(id) })
+	e.keptMu.Unlock()
 	// The committed rows hold the history's first n tokens (the last
 	// sampled token is never evaluated); tentative rows of a failed step
 	// go. A sequence freed before its first step keeps no rows, and its
@@ -393,6 +453,73 @@ func (e *ModelEngine) Free(id SeqID) error {
 	e.kept = append(e.kept, keptSeq{id: int(id), tokens: s.history[:n:n]})
 	e.keptMu.Unlock()
 	return nil
+}
+
+// catchUp gives sequence id, still prefilling, the rows another live
+// sequence has committed of the context they share, once that one has
+// evaluated all of it and it is more than id holds: clients that arrive
+// together with the same instructions evaluate them once (see waits).
+// A copy that fails leaves the sequence to prefill its whole context.
+// It returns the tokens it took (negative after a failed copy).
+func (e *ModelEngine) catchUp(id int, s *modelSeq) int {
+	have := len(s.context) - len(s.pending)
+	src, n := -1, have
+	e.keptMu.Lock()
+	for _, o := range e.open {
+		if k := min(commonPrefix(o.context, s.context), len(s.context)-1); o.id != id && k > n && len(o.tokens) >= k {
+			src, n = o.id, k
+		}
+	}
+	e.keptMu.Unlock()
+	if src < 0 {
+		return 0
+	}
+	if err := e.cache.CopyPrefix(id, src, n); err != nil {
+		// The rows match no tokens now: evaluate them all.
+		e.cache.Truncate(id, 0)
+		n = 0
+	}
+	e.reused.Add(int64(n - have))
+	s.pending = s.context[n:]
+	e.opened(id, s.context[:n])
+	return n - have
+}
+
+// waits reports whether member i, prefilling, should leave this step's
+// prefill budget to another member that is further into the context
+// they share (or as far, and earlier in the batch) and still evaluating
+// it: i then copies those rows when they are done (catchUp) instead of
+// evaluating them too. The leader of such a chain never waits, so the
+// chain moves on.
+func (e *ModelEngine) waits(i int, members []Member) bool {
+	s := e.seqs[members[i].Seq]
+	have := len(s.context) - len(s.pending)
+	for j, mb := range members {
+		o, ok := e.seqs[mb.Seq]
+		if j == i || !ok || o.decoding {
+			continue
+		}
+		oh := len(o.context) - len(o.pending)
+		if oh < have || oh == have && j > i {
+			continue
+		}
+		if shared := min(commonPrefix(o.context, s.context), len(s.context)-1); oh < shared {
+			return true
+		}
+	}
+	return false
+}
+
+// opened records that live sequence id's committed rows now hold tokens,
+// for new sequences to copy.
+func (e *ModelEngine) opened(id int, tokens []int32) {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	for i := range e.open {
+		if e.open[i].id == id {
+			e.open[i].tokens = tokens[:len(tokens):len(tokens)]
+		}
+	}
 }
 
 // Step implements Engine: one Forward over a decode slot per decoding
@@ -411,6 +538,12 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 		if !ok {
 			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, kv.ErrUnknownSeq)
 			continue
+		}
+		if !s.decoding && e.reuse && e.cache.CanCopy() {
+			out[i].Reused = e.catchUp(int(mb.Seq), s)
+			if len(s.pending) > 1 && e.waits(i, members) {
+				continue
+			}
 		}
 		n := len(s.pending)
 		if n > 1 {
@@ -452,6 +585,9 @@ func (e *ModelEngine) Step(ctx context.Context, members []Member, out []StepOut)
 			continue
 		}
 		s.pending = s.pending[e.eval[i]:]
+		if out[i].Prefilled > 0 && e.reuse {
+			e.opened(int(mb.Seq), s.context[:e.cache.Len(int(mb.Seq))])
+		}
 		if e.slot[i] < 0 {
 			continue
 		}

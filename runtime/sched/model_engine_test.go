@@ -92,7 +92,7 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 	}
 	got := make([][]int32, len(prompts))
 	prefilled := make([]int, len(prompts)) // the scheduler's cost model counts these as prefill
-	reused := make([]int, len(prompts))    // taken from a freed sequence's rows (prefix reuse)
+	reused := make([]int, len(prompts))    // taken from a freed or a live sequence's rows (prefix reuse)
 	seqs := make([]SeqID, len(prompts))
 	active := map[int]bool{}
 	start := func(i int) {
@@ -135,6 +135,7 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 				t.Errorf("prompt %q: decode step %d reports %d prefilled tokens", testPrompts[i], len(got[i]), out[j].Prefilled)
 			}
 			prefilled[i] += out[j].Prefilled
+			reused[i] += out[j].Reused
 			got[i] = append(got[i], out[j].Tokens...)
 			if len(got[i]) == n {
 				delete(active, i)
@@ -521,6 +522,107 @@ func TestModelEngineKeepsConversations(t *testing.T) {
 	}
 }
 
+// TestModelEngineSharesLivePrefix: clients that start together with the
+// same instructions share them while all are live. A sequence starting
+// while another is still prefilling copies the rows that one has
+// committed so far; one starting after the other has evaluated its
+// context copies all of it but its own last token. The live sequence's
+// rows are copied, never taken: every sequence yields the reference
+// tokens, and the lane then keeps them all for their next turns.
+func TestModelEngineSharesLivePrefix(t *testing.T) {
+	f, _ := realModel(t)
+	r := testutil.GreedyRecords(t, "stories260K.greedy.jsonl")[0]
+	ctxs := [][]int32{ // each a prefix of the next one's context, as instructions with a request after them
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:60]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:40]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:50]),
+	}
+	const chunk, n = 16, 30
+	check := func(l *lockstep, ctxs [][]int32) {
+		t.Helper()
+		l.until(n)
+		for i, ctx := range ctxs {
+			at := len(ctx) - len(r.PromptIDs)
+			if want := r.GeneratedIDs[at : at+n]; !slices.Equal(l.got[i][:n], want) {
+				t.Errorf("sequence %d: %v\nwant %v", i, l.got[i][:n], want)
+			}
+		}
+		l.free()
+	}
+	e, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 512, PrefillChunk: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lockstep{t: t, e: e, limit: 1}
+	l.start(ctxs[0])
+	l.step() // the first sequence has evaluated one chunk
+	if got := l.start(ctxs[1]); got != chunk {
+		t.Errorf("the second sequence reused %d tokens, want the first's %d evaluated so far", got, chunk)
+	}
+	for len(l.got[0]) == 0 {
+		l.step()
+	}
+	if got, want := l.start(ctxs[2]), len(ctxs[2])-1; got != want {
+		t.Errorf("the third sequence reused %d tokens, want %d", got, want)
+	}
+	check(l, ctxs)
+	if held, want := e.KVBytesHeld(), 3*e.cache.Config().SeqBytes(); held != want {
+		t.Errorf("%d bytes held, want three sequences' %d", held, want)
+	}
+	if reused, want := e.Reusable(slices.Concat(ctxs[1], l.got[1]), nil), len(ctxs[1])+len(l.got[1])-1; reused != want {
+		t.Errorf("the second sequence's next turn would reuse %d tokens, want %d", reused, want)
+	}
+
+	// All three start together, the shortest first, with room in a step's
+	// prefill for more than one: the others wait while it evaluates the
+	// instructions they share, then copy them. The longest then leads
+	// the third the same way, which prefills only its last token.
+	e, err = NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 512, PrefillChunk: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxs = [][]int32{ctxs[1], ctxs[0], ctxs[2]}
+	l = &lockstep{t: t, e: e, limit: 1}
+	for _, ctx := range ctxs {
+		l.start(ctx)
+	}
+	check(l, ctxs)
+	if want := len(ctxs[0]) + len(ctxs[2]) - 1; l.prefilled != len(ctxs[1])+1 || l.reused != want {
+		t.Errorf("started together: %d tokens prefilled and %d copied, want %d and %d", l.prefilled, l.reused, len(ctxs[1])+1, want)
+	}
+}
+
+// TestPlanStart: where a new sequence starts among kept and live
+// sources. A live one is only ever copied from, and only when it shares
+// more than the best kept one and the cache can copy.
+func TestPlanStart(t *testing.T) {
+	ctx := []int32{1, 10, 11, 12, 13, 14, 15, 16}
+	for _, tc := range []struct {
+		name         string
+		kept, live   [][]int32
+		grow, copies bool
+		want         startPlan
+	}{
+		{"nothing", nil, nil, true, true, startPlan{take: -1, from: -1}},
+		{"a live sequence alone", nil, [][]int32{ctx[:6]}, true, true, startPlan{take: -1, from: 0, have: 6}},
+		{"the live one's whole context is all but the last token", nil, [][]int32{ctx}, true, true, startPlan{take: -1, from: 0, have: 7}},
+		{"the longer of two live ones", nil, [][]int32{ctx[:3], {1, 10, 11, 12, 13, 99}}, true, true, startPlan{take: -1, from: 1, have: 5}},
+		{"a kept next turn beats a live one", [][]int32{ctx[:6]}, [][]int32{ctx[:5]}, true, true, startPlan{take: 0, from: -1, have: 6}},
+		{"a live one beats a weak kept one, which stays", [][]int32{{1, 10, 50, 51, 52}}, [][]int32{ctx[:6]}, true, true, startPlan{take: -1, from: 1, have: 6}},
+		{"no room to grow: into an empty kept one", [][]int32{{1, 40}, {}}, [][]int32{ctx[:6]}, false, true, startPlan{take: 1, from: 2, have: 6}},
+		{"no room to grow: into the oldest kept one", [][]int32{{1, 40}, {1, 41}}, [][]int32{ctx[:6]}, false, true, startPlan{take: 0, from: 2, have: 6}},
+		{"a cache that cannot copy ignores live ones", [][]int32{{1, 10, 50}}, [][]int32{ctx[:6]}, false, false, startPlan{take: 0, from: -1, have: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := slices.Concat(tc.kept, tc.live)
+			got := planStart(len(tc.kept), len(tc.live), func(i int) []int32 { return src[i] }, ctx, nil, tc.grow, tc.copies)
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestModelEngineNoPrefixReuse: with NoPrefixReuse every context is
 // prefilled whole and freed sequences release their slot.
 func TestModelEngineNoPrefixReuse(t *testing.T) {
@@ -639,7 +741,8 @@ func BenchmarkClientsTakingTurns(b *testing.B) {
 // contexts cut from earlier ones and their answers (so they share
 // prefixes of every length): each sequence must yield the same tokens on
 // both (the engine with reuse may yield them steps earlier, having less
-// to prefill), and each context's tokens are either prefilled or reused.
+// to prefill, or later, having waited to copy a live sequence's rows),
+// and each context's tokens are either prefilled or reused.
 func FuzzPrefixReuse(f *testing.F) {
 	f.Add([]byte{0, 0, 4, 1, 1, 1, 1, 2, 0, 0, 1, 9, 3, 1, 1, 2, 0})
 	f.Add([]byte{0, 0, 5, 0, 0, 3, 1, 1, 1, 2, 1, 0, 2, 40, 1, 1, 2, 0, 0, 1, 30, 1, 1})
@@ -687,8 +790,10 @@ func FuzzPrefixReuse(f *testing.F) {
 					t.Fatal(err)
 				}
 			}
-			// Freed mid-prefill (cancelled), a context is partly evaluated.
-			if n, with := len(s.ctx), s.prefilled[0]+s.reused; s.prefilled[1] > n || with > n || s.prefilled[1] == n && with != n {
+			// Freed mid-prefill (cancelled), a context is partly evaluated;
+			// the engine with reuse may be behind, having waited for a live
+			// sequence to evaluate what they share.
+			if n, with := len(s.ctx), s.prefilled[0]+s.reused; s.prefilled[1] > n || with > n || len(s.out[0]) > 0 && with != n {
 				t.Fatalf("a context of %d tokens: %d prefilled and %d reused with reuse, %d prefilled without", n, s.prefilled[0], s.reused, s.prefilled[1])
 			}
 			n := min(len(s.out[0]), len(s.out[1]))
@@ -744,6 +849,9 @@ func FuzzPrefixReuse(f *testing.F) {
 							}
 							s.prefilled[k] += outs[k][i].Prefilled
 							s.out[k] = append(s.out[k], outs[k][i].Tokens...)
+							if k == 0 {
+								s.reused += outs[k][i].Reused // caught up from a live sequence
+							}
 						}
 						n := min(len(s.out[0]), len(s.out[1]))
 						if !slices.Equal(s.out[0][:n], s.out[1][:n]) {
@@ -773,6 +881,9 @@ func FuzzPrefixReuse(f *testing.F) {
 						t.Fatal(err, out[0].Err)
 					}
 					s.prefilled[k] += out[0].Prefilled
+					if k == 0 {
+						s.reused += out[0].Reused
+					}
 				}
 			}
 			free(0)

@@ -58,7 +58,8 @@ type SpecEngineOptions struct {
 // Prefix reuse works as in ModelEngine, for both caches: a freed
 // decoder's sequences are kept with their rows (spec.Decoder.Detach),
 // and a new sequence adopts those sharing the longest prefix with its
-// context, so each model prefills only the rest. For a streamed target,
+// context, so each model prefills only the rest; a live decoder's
+// committed context rows are copied, as in ModelEngine. For a streamed target,
 // whose every prefill chunk reads all its weights, a chat's next turn
 // then costs no prefill at all.
 type SpecEngine struct {
@@ -74,19 +75,31 @@ type SpecEngine struct {
 	stats          atomic.Pointer[spec.Stats]
 	done           spec.Stats // counters of freed decoders
 
-	keptMu sync.Mutex   // guards kept: the scheduler asks Reusable from any goroutine
-	kept   []spec.Held  // freed decoders' sequences whose rows may be reused, oldest first
+	keptMu sync.Mutex  // guards kept and open: the scheduler asks Reusable from any goroutine
+	kept   []spec.Held // freed decoders' sequences whose rows may be reused, oldest first
+	// open are the live decoders' committed context rows, which a new
+	// sequence may copy but not take.
+	open   []openSeq
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens the target did not evaluate thanks to reuse
 	held   atomic.Int64 // both caches' memory: sequences live, kept and spare
 }
 
+// openSeq is a live decoder's rows of its context, for new sequences to
+// copy (Held.Tokens is a copy of the context's first tokens).
+type openSeq struct {
+	seq SeqID
+	h   spec.Held
+}
+
 type specSeq struct {
-	dec    *spec.Decoder
-	have   int     // the context's first tokens the adopted target rows hold
-	prompt []int32 // the context to prefill; nil once started
-	buf    []int32 // tokens emitted by the decoder, not yet handed out
-	out    []int32 // the slice handed out by the last Step
+	dec     *spec.Decoder
+	have    int     // the context's first tokens the adopted target rows hold
+	prompt  []int32 // the context to prefill; nil once started
+	context int     // the context's length
+	opening bool    // started, with the target's context rows not all committed yet
+	buf     []int32 // tokens emitted by the decoder, not yet handed out
+	out     []int32 // the slice handed out by the last Step
 }
 
 // NewSpecEngine makes an engine on a draft/target pair with its own KV
@@ -216,11 +229,23 @@ func (e *SpecEngine) noteHeld() { e.held.Store(e.dcache.Bytes() + e.tcache.Bytes
 func (e *SpecEngine) Reusable(prompt, generated []int32) int {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	return planStart(len(e.kept), e.keptTarget, prompt, generated, e.canGrow(), e.canCopy()).have
+	return e.plan(prompt, generated).have
 }
 
-// keptTarget is the tokens kept sequence i's target rows hold.
-func (e *SpecEngine) keptTarget(i int) []int32 { return e.kept[i].Tokens[:e.kept[i].TargetLen] }
+// plan is planStart over the kept sequences and the live decoders'
+// context rows, by what their target rows hold (keptMu held).
+func (e *SpecEngine) plan(prompt, generated []int32) startPlan {
+	tokens := func(i int) []int32 { h := e.source(i); return h.Tokens[:h.TargetLen] }
+	return planStart(len(e.kept), len(e.open), tokens, prompt, generated, e.canGrow(), e.canCopy())
+}
+
+// source is planStart's source i: kept, then live (keptMu held).
+func (e *SpecEngine) source(i int) spec.Held {
+	if i < len(e.kept) {
+		return e.kept[i]
+	}
+	return e.open[i-len(e.kept)].h
+}
 
 // Stats are the speculative counters of every sequence since the engine
 // was made (updated after each step). Safe to call from any goroutine.
@@ -259,7 +284,7 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	}
 	id := e.next
 	e.next++
-	e.seqs[id] = &specSeq{dec: d, have: have, prompt: append([]int32(nil), tokens...)}
+	e.seqs[id] = &specSeq{dec: d, have: have, prompt: append([]int32(nil), tokens...), context: len(tokens)}
 	e.live.Add(1)
 	return id, nil
 }
@@ -270,7 +295,7 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 // pair's first rows (d makes new ones itself when nothing is adopted).
 // have is the context tokens the target rows hold. keptMu held.
 func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error) {
-	p := planStart(len(e.kept), e.keptTarget, tokens, nil, e.canGrow(), e.canCopy())
+	p := e.plan(tokens, nil)
 	if p.take < 0 && p.from < 0 {
 		return 0, nil
 	}
@@ -285,7 +310,7 @@ func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error
 	}
 	src := h
 	if p.from >= 0 {
-		src = e.kept[p.from]
+		src = e.source(p.from)
 	}
 	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
 	h.TargetLen = p.have
@@ -345,6 +370,7 @@ func (e *SpecEngine) Free(id SeqID) error {
 	if !ok {
 		return fmt.Errorf("sched: engine %s: free sequence %d: %w", e.opt.Name, id, kv.ErrUnknownSeq)
 	}
+	e.closed(id)
 	if !e.reuse {
 		s.dec.Close()
 	} else if h, ok := s.dec.Detach(); ok {
@@ -395,10 +421,13 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 			budget -= rest
 			out[i].Prefilled = rest
 			s.prompt = nil
+			s.opening = e.reuse
+			e.opened(mb.Seq, s)
 			continue
 		default:
 			toks, err := s.dec.Step(ctx)
 			if err != nil {
+				e.closed(mb.Seq) // a failed step freed the decoder's sequences
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -406,6 +435,7 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 				continue
 			}
 			s.buf = append(s.buf, toks...)
+			e.opened(mb.Seq, s) // the first round commits the prompt's last target rows
 		}
 		n := min(max(mb.Limit, 1), len(s.buf))
 		s.out = append(s.out[:0], s.buf[:n]...)
@@ -413,6 +443,37 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 		out[i].Tokens = s.out
 	}
 	return nil
+}
+
+// opened records what live sequence id's decoder holds of its context,
+// for new sequences to copy, until all of it is committed in the target.
+func (e *SpecEngine) opened(id SeqID, s *specSeq) {
+	if !s.opening {
+		return
+	}
+	h, ok := s.dec.Rows()
+	if !ok {
+		return
+	}
+	h.DraftLen, h.TargetLen = min(h.DraftLen, s.context), min(h.TargetLen, s.context)
+	h.Tokens = slices.Clone(h.Tokens[:max(h.DraftLen, h.TargetLen)])
+	s.opening = h.TargetLen < s.context-1
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	for i := range e.open {
+		if e.open[i].seq == id {
+			e.open[i].h = h
+			return
+		}
+	}
+	e.open = append(e.open, openSeq{seq: id, h: h})
+}
+
+// closed drops live sequence id's rows from the copy sources.
+func (e *SpecEngine) closed(id SeqID) {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	e.open = slices.DeleteFunc(e.open, func(o openSeq) bool { return o.seq == id })
 }
 
 // publishStats stores the counters of the freed decoders and the live

@@ -510,6 +510,69 @@ func TestSpecEngineKeepsConversations(t *testing.T) {
 	}
 }
 
+// TestSpecEngineSharesLivePrefix is TestModelEngineSharesLivePrefix on a
+// speculative lane: a sequence starting while another is live copies the
+// context rows that one's decoder has committed in both caches, at its
+// start (all but the prompt's last chunk) and after its first round (the
+// rest). The tokens are the target's, and each sequence runs the same
+// rounds as on a lane that prefills every context whole, so the copied
+// draft rows are right too.
+func TestSpecEngineSharesLivePrefix(t *testing.T) {
+	r := greedyRecords(t, 120)[0]
+	p := len(r.PromptIDs)
+	ctxs := [][]int32{
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:60]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:50]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:55]),
+	}
+	const chunk, n = 16, 20
+	// The first sequence's target commits all but its last chunk at its
+	// start: the second copies those; after its first round, all of it.
+	wantReused := []int{0, p + 60 - 1 - chunk, len(ctxs[2]) - 1}
+	var stats [2][]spec.Stats
+	for k, reuse := range []bool{true, false} {
+		e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"),
+			spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}},
+			SpecEngineOptions{MaxSeqs: 4, Context: specContext, PrefillChunk: chunk, NoPrefixReuse: !reuse})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &lockstep{t: t, e: e, limit: n}
+		start := func() {
+			t.Helper()
+			i := len(l.ids)
+			if reused, want := l.start(ctxs[i]), wantReused[i]; reuse && reused != want || !reuse && reused != 0 {
+				t.Errorf("reuse %v: sequence %d reused %d tokens, want %d", reuse, i, reused, want)
+			}
+		}
+		start()
+		l.step() // the first sequence's prefill
+		start()
+		for len(l.got[0]) == 0 {
+			l.step()
+		}
+		start()
+		l.until(n)
+		for i, ctx := range ctxs {
+			at := len(ctx) - p
+			if want := r.GeneratedIDs[at : at+n]; !slices.Equal(l.got[i][:n], want) {
+				t.Errorf("reuse %v: sequence %d: %v\nwant %v", reuse, i, l.got[i][:n], want)
+			}
+			stats[k] = append(stats[k], e.seqs[l.ids[i]].dec.Stats())
+		}
+		l.free()
+		if len(e.open) != 0 {
+			t.Errorf("reuse %v: %d live sequences still offered for copying after all were freed", reuse, len(e.open))
+		}
+	}
+	for i := range ctxs {
+		if a, b := stats[0][i], stats[1][i]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
+			t.Errorf("sequence %d with copied rows: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",
+				i, a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
+		}
+	}
+}
+
 // BenchmarkSpecNextTurn is BenchmarkNextTurn on a speculative lane
 // (llama2xs drafting for stories260K): the conversation so far started
 // again up to the first emitted tokens, prefilled whole into both models

@@ -369,6 +369,18 @@ func (d *Decoder) Detach() (h Held, ok bool) {
 	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: dn, TargetLen: tn, Tokens: slices.Clone(d.history)}, true
 }
 
+// Rows says what the decoder's sequences hold now, as Detach would hand
+// them over, without ending the generation: another decoder may copy
+// their committed rows (kv.Cache.CopyPrefix) but must not Adopt them. ok
+// is false before Start. Tokens is the decoder's own history: copy what
+// you keep past its next Step.
+func (d *Decoder) Rows() (h Held, ok bool) {
+	if !d.started {
+		return Held{}, false
+	}
+	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: d.dcache.Len(d.dseq), TargetLen: d.tcache.Len(d.tseq), Tokens: d.history}, true
+}
+
 // Adopt makes the next Start continue h's sequences, which must belong
 // to this decoder's caches, instead of allocating new ones: their first
 // h.DraftLen and h.TargetLen committed rows must hold the first tokens
