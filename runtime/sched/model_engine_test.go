@@ -736,6 +736,71 @@ func BenchmarkClientsTakingTurns(b *testing.B) {
 	}
 }
 
+// BenchmarkClientsStartingTogether times four clients that send their
+// requests at once, each about 200 tokens of the same instructions and a
+// question of its own: an op starts all four on one lane and steps them
+// together until each has its first token. With prefix reuse the others
+// wait while one evaluates the instructions, then copy its rows; without
+// it each evaluates them. Kept sequences are trimmed between ops, so
+// every op starts cold.
+// go test -bench ClientsStartingTogether ./runtime/sched
+func BenchmarkClientsStartingTogether(b *testing.B) {
+	f, _ := realModel(b)
+	recs := testutil.GreedyRecords(b, "stories260K.greedy.jsonl")
+	instructions := slices.Concat(recs[0].PromptIDs, recs[0].GeneratedIDs[:195])
+	var ctxs [][]int32
+	for i := range 4 {
+		ctxs = append(ctxs, slices.Concat(instructions, recs[1+i%(len(recs)-1)].PromptIDs[1:], []int32{int32(10 + i)}))
+	}
+	for _, reuse := range []bool{false, true} {
+		name := "no-reuse"
+		if reuse {
+			name = "reuse"
+		}
+		b.Run(name, func(b *testing.B) {
+			e, err := NewModelEngine(loadModel(b, f), ModelEngineOptions{MaxSeqs: 4, Context: 512, NoPrefixReuse: !reuse})
+			if err != nil {
+				b.Fatal(err)
+			}
+			prefilled := 0
+			for b.Loop() {
+				members := make([]Member, len(ctxs))
+				for i, ctx := range ctxs {
+					id, err := e.Start(ctx, nil, "")
+					if err != nil {
+						b.Fatal(err)
+					}
+					members[i] = Member{Seq: id, Limit: 1}
+				}
+				out := make([]StepOut, len(members))
+				for waiting := len(members); waiting > 0; {
+					if err := e.Step(context.Background(), members, out); err != nil {
+						b.Fatal(err)
+					}
+					for i, o := range out {
+						if o.Err != nil {
+							b.Fatal(o.Err)
+						}
+						prefilled += o.Prefilled
+						if len(o.Tokens) > 0 && members[i].Limit > 0 {
+							members[i].Limit, waiting = 0, waiting-1
+						}
+					}
+				}
+				for _, m := range members {
+					if err := e.Free(m.Seq); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := e.TrimKV(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(prefilled)/float64(b.N), "prefilled/op")
+		})
+	}
+}
+
 // FuzzPrefixReuse drives two engines on stories260K, one with prefix
 // reuse and one without, through the same starts, steps and frees, with
 // contexts cut from earlier ones and their answers (so they share
