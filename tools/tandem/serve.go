@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/budget"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/sysmem"
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -80,6 +81,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	budgetFlag := fs.String("budget", "", "most bytes of model weights the lanes hold in memory together, like 512MiB (split among them), N% of the weights each, auto ("+
 		fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory) or min (the smallest each lane allows); the rest streams from the file every pass (default: the whole file mapped)")
 	prefixCache := fs.String("prefix-cache", "512MiB", "KV memory a lane may fill with finished requests' rows kept for --prefix-reuse, so that clients taking turns each keep their conversation (0: only the sequence slots live requests took)")
+	trimBelow := fs.String("trim-below", "256MiB", "when the machine's available memory falls below this, give back the KV memory kept for --prefix-reuse (0: never)")
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on shutdown, wait this long for in-flight requests")
 	backend := fs.String("kernels", "", "kernel backend: c or go (default: fastest compiled in)")
@@ -118,6 +120,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	keep, err := sched.ParsePrefixCache(*prefixCache)
 	if err != nil {
 		return fmt.Errorf("%w: --prefix-cache: %v", errUsage, err)
+	}
+	floor, err := units.ParseSize(*trimBelow)
+	if err != nil {
+		return fmt.Errorf("%w: --trim-below: %v (or 0 to never trim)", errUsage, err)
 	}
 	if *drain < 0 {
 		return fmt.Errorf("%w: --drain-timeout %v: want 0 (cancel at once) or more", errUsage, *drain)
@@ -203,6 +209,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv.Ready(sc, tok)
+	if floor > 0 && *prefixReuse {
+		wctx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		go watchMemory(wctx, sc, floor, memoryCheckEvery, sysmem.Available, stderr)
+	}
 	estimator := "prompt length (uncalibrated: run tandem calibrate)"
 	if calPath != "" {
 		estimator = calPath

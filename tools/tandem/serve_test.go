@@ -486,3 +486,47 @@ func TestServePrefixCache(t *testing.T) {
 		stopServe(t, addr, done)
 	}
 }
+
+// TestServeTrimBelow: when the machine's available memory is below
+// --trim-below, serve gives back the KV memory the lane keeps for prefix
+// reuse and says so; above it, the kept rows stay.
+func TestServeTrimBelow(t *testing.T) {
+	defer func(d time.Duration) { memoryCheckEvery = d }(memoryCheckEvery)
+	memoryCheckEvery = 10 * time.Millisecond
+	prompts, want := greedyAnswers(t, 1, 8)
+	for _, floor := range []string{"1KiB", "1000000TiB"} { // always above it, always below
+		addr, _, done, after := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", "--trim-below", floor)
+		checkCompletion(t, addr, prompts[0], 8, want[0], "a completion")
+		kv := func() (inUse, held float64) {
+			t.Helper()
+			resp, err := http.Get(addr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, line := range strings.Split(string(body), "\n") {
+				fmt.Sscanf(line, `tandem_memory_bytes{kind="kv"} %g`, &inUse)
+				fmt.Sscanf(line, `tandem_memory_bytes{kind="kv_held"} %g`, &held)
+			}
+			return inUse, held
+		}
+		trims := floor != "1KiB"
+		deadline := time.Now().Add(10 * time.Second)
+		time.Sleep(10 * memoryCheckEvery)
+		for inUse, held := kv(); trims && held > inUse && time.Now().Before(deadline); inUse, held = kv() {
+			time.Sleep(memoryCheckEvery)
+		}
+		if inUse, held := kv(); trims && held != inUse || !trims && held <= inUse {
+			t.Errorf("--trim-below %s: the lane holds %g bytes of KV memory with %g in use", floor, held, inUse)
+		}
+		stopServe(t, addr, done)
+		if said := strings.Contains(after(), "released"); said != trims {
+			t.Errorf("--trim-below %s: serve said it released kept KV memory: %v, want %v", floor, said, trims)
+		}
+	}
+	var errOut strings.Builder
+	if code := run([]string{"serve", "--addr", "127.0.0.1:0", "--trim-below", "lots"}, io.Discard, &errOut); code == 0 || !strings.Contains(errOut.String(), "--trim-below") {
+		t.Errorf("--trim-below lots: exit %d, %q; want a usage error naming the flag", code, errOut.String())
+	}
+}
