@@ -61,6 +61,21 @@ func startServe(t *testing.T, args ...string) (string, []string, chan int, func(
 	return addr, log, done, after
 }
 
+// getMetrics returns the server's /metrics page.
+func getMetrics(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get(addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/metrics: status %d, %v", resp.StatusCode, err)
+	}
+	return string(body)
+}
+
 // stopServe stops a server started by startServe with SIGTERM, as a
 // service manager would, and checks that it exits cleanly.
 func stopServe(t *testing.T, addr string, done chan int) {
@@ -124,14 +139,8 @@ func TestServePrefixReuse(t *testing.T) {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
 		}
-		resp, err := http.Get(addr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindSubmatch(body)
-		if m == nil || (string(m[1]) != "0") != on {
+		m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindStringSubmatch(getMetrics(t, addr))
+		if m == nil || (m[1] != "0") != on {
 			t.Errorf("--prefix-reuse=%v: reused tokens %q", on, m)
 		}
 		stopServe(t, addr, done)
@@ -390,16 +399,11 @@ func TestServeBudget(t *testing.T) {
 	checkCompletions(t, addr, prompts, want, n, 2)
 	// Each lane that served read its weights from the file and held
 	// some; the metrics say so.
-	resp, err := http.Get(addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	metrics := getMetrics(t, addr)
 	served := 0
 	for _, l := range []string{"cpu0", "cpu1"} {
 		var tokens, read, peak float64
-		for _, line := range strings.Split(string(metrics), "\n") {
+		for _, line := range strings.Split(metrics, "\n") {
 			fmt.Sscanf(line, `tandem_lane_tokens_generated_total{lane="`+l+`"} %g`, &tokens)
 			fmt.Sscanf(line, `tandem_lane_weights_read_bytes_total{lane="`+l+`"} %g`, &read)
 			fmt.Sscanf(line, `tandem_lane_weights_peak_bytes{lane="`+l+`"} %g`, &peak)
@@ -461,13 +465,7 @@ func TestServePrefixCache(t *testing.T) {
 		}
 		reused := func() int {
 			t.Helper()
-			resp, err := http.Get(addr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindSubmatch(body)
+			m := regexp.MustCompile(`(?m)^tandem_prefix_reused_tokens_total (\d+)$`).FindStringSubmatch(getMetrics(t, addr))
 			if m == nil {
 				t.Fatal("no tandem_prefix_reused_tokens_total")
 			}
@@ -499,13 +497,7 @@ func TestServeTrimBelow(t *testing.T) {
 		checkCompletion(t, addr, prompts[0], 8, want[0], "a completion")
 		kv := func() (inUse, held float64) {
 			t.Helper()
-			resp, err := http.Get(addr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			for _, line := range strings.Split(string(body), "\n") {
+			for _, line := range strings.Split(getMetrics(t, addr), "\n") {
 				fmt.Sscanf(line, `tandem_memory_bytes{kind="kv"} %g`, &inUse)
 				fmt.Sscanf(line, `tandem_memory_bytes{kind="kv_held"} %g`, &held)
 			}
