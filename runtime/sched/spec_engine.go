@@ -46,9 +46,11 @@ type SpecEngineOptions struct {
 // SpecEngine is the speculative engine: each sequence is a spec.Decoder
 // pairing a draft with the target, all of them sharing one draft KV cache
 // and one target KV cache. A step runs one draft-and-verify round per
-// decoding member (the decoders run one after another: a spec.Decoder
-// verifies one sequence's tree per target pass) and yields every token
-// the round accepted, at least one. Tokens past a member's Limit are kept
+// decoding member: each decoder drafts its tree, then one target pass
+// verifies every member's tree (spec.Group), so the target's weights are
+// read once a step for the whole batch, as a ModelEngine step reads them
+// once for its members' tokens. A member yields every token its round
+// accepted, at least one. Tokens past a member's Limit are kept
 // and handed out by the next Steps before the decoder runs again.
 //
 // With greedy sampling the tokens are exactly the target's; with
@@ -82,6 +84,13 @@ type SpecEngine struct {
 	open   []openSeq
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens the target did not evaluate thanks to reuse
+
+	group  spec.Group   // verifies the decoding members' trees in one target pass
+	passes atomic.Int64 // the group's target passes
+	round  []int        // the members a step runs a round for
+	decs   []*spec.Decoder
+	toks   [][]int32
+	errs   []error
 	held   atomic.Int64 // both caches' memory: sequences live, kept and spare
 }
 
@@ -249,7 +258,14 @@ func (e *SpecEngine) source(i int) spec.Held {
 
 // Stats are the speculative counters of every sequence since the engine
 // was made (updated after each step). Safe to call from any goroutine.
+// TargetPasses there counts the trees verified; Passes, the target
+// passes that verified them.
 func (e *SpecEngine) Stats() spec.Stats { return *e.stats.Load() }
+
+// Passes is how many target passes have verified the sequences' trees:
+// a step verifies all its decoding members' trees in one. Safe to call
+// from any goroutine.
+func (e *SpecEngine) Passes() int64 { return e.passes.Load() }
 
 // Start implements Engine. The sequence's decoder is made now, with
 // sampler as the target's sampler; its prefill runs in a later Step.
@@ -396,6 +412,7 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 	defer e.noteHeld() // decoders allocate when they start, and free when they fail
 	budget := e.opt.PrefillBudget
 	prefilled := false
+	e.round = e.round[:0]
 	for i, mb := range members {
 		out[i] = StepOut{}
 		s, ok := e.seqs[mb.Seq]
@@ -425,24 +442,47 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 			e.opened(mb.Seq, s)
 			continue
 		default:
-			toks, err := s.dec.Step(ctx)
-			if err != nil {
-				e.closed(mb.Seq) // a failed step freed the decoder's sequences
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, err)
-				continue
-			}
-			s.buf = append(s.buf, toks...)
-			e.opened(mb.Seq, s) // the first round commits the prompt's last target rows
+			e.round = append(e.round, i) // below, with the others decoding
+			continue
 		}
-		n := min(max(mb.Limit, 1), len(s.buf))
-		s.out = append(s.out[:0], s.buf[:n]...)
-		s.buf = s.buf[:copy(s.buf, s.buf[n:])]
-		out[i].Tokens = s.out
+		s.handOut(mb.Limit, &out[i])
+	}
+	if len(e.round) == 0 {
+		return nil
+	}
+	// One round of every decoding member, their trees verified in one
+	// target pass.
+	e.decs = e.decs[:0]
+	for _, i := range e.round {
+		e.decs = append(e.decs, e.seqs[members[i].Seq].dec)
+	}
+	e.toks, e.errs = slices.Grow(e.toks[:0], len(e.round))[:len(e.round)], slices.Grow(e.errs[:0], len(e.round))[:len(e.round)]
+	e.group.Step(ctx, e.decs, e.toks, e.errs)
+	e.passes.Store(int64(e.group.Passes()))
+	for k, i := range e.round {
+		mb := members[i]
+		s := e.seqs[mb.Seq]
+		if err := e.errs[k]; err != nil {
+			e.closed(mb.Seq) // a failed round freed the decoder's sequences
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			out[i].Err = fmt.Errorf("sched: engine %s: sequence %d: %w", e.opt.Name, mb.Seq, err)
+			continue
+		}
+		s.buf = append(s.buf, e.toks[k]...)
+		e.opened(mb.Seq, s) // the first round commits the prompt's last target rows
+		s.handOut(mb.Limit, &out[i])
 	}
 	return nil
+}
+
+// handOut moves up to limit (at least one) buffered tokens to o.
+func (s *specSeq) handOut(limit int, o *StepOut) {
+	n := min(max(limit, 1), len(s.buf))
+	s.out = append(s.out[:0], s.buf[:n]...)
+	s.buf = s.buf[:copy(s.buf, s.buf[n:])]
+	o.Tokens = s.out
 }
 
 // opened records what live sequence id's decoder holds of its context,

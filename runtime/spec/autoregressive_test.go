@@ -16,11 +16,11 @@ import (
 
 type arRecord = testutil.Greedy
 
-func arRecords(t *testing.T, name string) []arRecord {
+func arRecords(t testing.TB, name string) []arRecord {
 	return testutil.GreedyRecords(t, name)
 }
 
-func arLoadModel(t *testing.T, name string) *model.Model {
+func arLoadModel(t testing.TB, name string) *model.Model {
 	t.Helper()
 	f, err := weights.Open(testutil.Model(t, name))
 	return arLoadFile(t, f, err)
@@ -28,7 +28,7 @@ func arLoadModel(t *testing.T, name string) *model.Model {
 
 // arLoadFile loads an opened (or parsed) weights file; model and file
 // are closed when the test ends.
-func arLoadFile(t *testing.T, f *weights.File, err error) *model.Model {
+func arLoadFile(t testing.TB, f *weights.File, err error) *model.Model {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

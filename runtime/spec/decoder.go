@@ -180,7 +180,7 @@ func (c Config) validate() error {
 type Stats struct {
 	Method       string
 	Emitted      int // tokens emitted
-	TargetPasses int // verifications (target Forward calls)
+	TargetPasses int // verifications: target passes over the decoder's tree (a Group's pass counts for each tree in it)
 	DraftSteps   int // draft Forward calls
 	DraftTokens  int // draft batch slots evaluated
 	Verified     int // drafted tokens the target checked
@@ -505,48 +505,74 @@ func (d *Decoder) maxNodes(cap int) int {
 // other error both caches are left holding exactly the tokens emitted
 // before the call; the generation cannot go on (Close it).
 func (d *Decoder) Step(ctx context.Context) ([]int32, error) {
-	if !d.started {
-		return nil, errors.New("spec: step before Start")
-	}
-	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
-		return nil, fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
+	if err := d.canStep(); err != nil {
+		return nil, err
 	}
 	out, err := d.step(ctx)
 	if err != nil {
-		d.dcache.Drop(d.dseq)
-		d.tcache.Drop(d.tseq)
-		d.tree, d.pending, d.prefix = nil, nil, nil
-		d.started = false
-		d.dcache.Free(d.dseq)
-		d.tcache.Free(d.tseq)
-		return nil, err
+		return nil, d.fail(err)
 	}
 	return out, nil
 }
 
+// canStep says why Step cannot run now, if it cannot.
+func (d *Decoder) canStep() error {
+	if !d.started {
+		return errors.New("spec: step before Start")
+	}
+	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
+		return fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
+	}
+	return nil
+}
+
+// fail ends the generation after a step failed part way: both caches go
+// back to the tokens emitted before it, and the sequences are freed.
+func (d *Decoder) fail(err error) error {
+	d.dcache.Drop(d.dseq)
+	d.tcache.Drop(d.tseq)
+	d.tree, d.pending, d.prefix = nil, nil, nil
+	d.started = false
+	d.dcache.Free(d.dseq)
+	d.tcache.Free(d.tseq)
+	return err
+}
+
 func (d *Decoder) step(ctx context.Context) ([]int32, error) {
+	snap, err := d.grow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.verifyOwn(ctx); err != nil {
+		return nil, err
+	}
+	return d.accept(snap, d.tout.Row, 0)
+}
+
+// verifyOwn verifies the tree in a pass of its own, pipelined when the
+// configuration says.
+func (d *Decoder) verifyOwn(ctx context.Context) error {
+	if d.cfg.Pipeline {
+		return d.verifyPipelined(ctx)
+	}
+	return d.verify()
+}
+
+// grow drafts until the trigger says verify, and puts the tree in the
+// target's batch.
+func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
 	d.handover = false
 	d.roundDraft, d.last = 0, stepInfo{}
 	for !d.shouldVerify(d.cfg.MaxTree) {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return snapshot{}, err
 		}
 		if err := d.draftStep(d.cfg.MaxTree); err != nil {
-			return nil, err
+			return snapshot{}, err
 		}
 		d.roundDraft += d.last.time
 	}
-	snap := d.snapshot(d.fill())
-	var err error
-	if d.cfg.Pipeline {
-		err = d.verifyPipelined(ctx)
-	} else {
-		err = d.verify()
-	}
-	if err != nil {
-		return nil, err
-	}
-	return d.accept(snap)
+	return d.snapshot(d.fill()), nil
 }
 
 // shouldVerify asks the trigger, after the hard limits: the tree is

@@ -32,6 +32,9 @@ type TreeState struct {
 type Outcome struct {
 	Verified int // drafted tokens the target checked
 	Prompt   int // prompt tokens that rode with the pass (the first one)
+	// Others are the rows of other sequences' trees verified in the same
+	// pass (Group): the pass's cost counts them too.
+	Others   int
 	Accepted int // drafted tokens accepted
 	// Branch is the length of the tree branch that best matched the
 	// accepted path (N_all) and Correct how many of its tokens were
@@ -301,7 +304,7 @@ func (c *CostAware) Observe(o Outcome) {
 	if o.Time > 0 && o.IOWait.Seconds() > ioBound*o.Time.Seconds() {
 		c.io = ewma(c.io, o.Time.Seconds(), c.io == 0)
 	}
-	n := float64(o.Prompt + o.Verified + 1) // the pass's rows
+	n := float64(o.Prompt + o.Verified + 1 + o.Others) // the pass's rows
 	t := math.Max(0, (o.Time - o.IOWait).Seconds())
 	decay := 1 - ewmaWeight
 	c.sn, c.st, c.snn, c.snt, c.sw = decay*c.sn+n, decay*c.st+t, decay*c.snn+n*n, decay*c.snt+n*t, decay*c.sw+1

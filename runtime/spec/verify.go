@@ -83,9 +83,32 @@ func (d *Decoder) ioWait() time.Duration {
 func (d *Decoder) verifyPipelined(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- d.verify() }()
-	lane := d.cfg.Lane
 	var draftErr error
-	for draftErr == nil && ctx.Err() == nil && !d.pipelineFull() {
+	err := draftDuringPass(ctx, d.cfg.Lane, done, func() *Decoder {
+		if draftErr != nil || d.pipelineFull() {
+			return nil
+		}
+		return d
+	}, func(_ *Decoder, err error) { draftErr = err })
+	if err == nil {
+		err = draftErr
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
+// draftDuringPass runs draft steps on the lane whenever the target pass
+// in flight lets go of it, until the pass ends (done) or next has no
+// decoder left to extend. A draft step that fails goes to failed; next
+// should not offer that decoder again. It returns the pass's error.
+func draftDuringPass(ctx context.Context, lane *Lane, done <-chan error, next func() *Decoder, failed func(*Decoder, error)) error {
+	for ctx.Err() == nil {
+		d := next()
+		if d == nil {
+			break
+		}
 		if !lane.tryDraft() {
 			select {
 			case err := <-done:
@@ -95,26 +118,19 @@ func (d *Decoder) verifyPipelined(ctx context.Context) error {
 			}
 			continue
 		}
-		draftErr = d.draftStep(d.cfg.PipelineCap)
+		err := d.draftStep(d.cfg.PipelineCap)
 		lane.Unlock()
 		d.stats.PipelineSteps++
+		if err != nil {
+			failed(d, err)
+		}
 		select {
 		case err := <-done:
-			if err == nil {
-				err = draftErr
-			}
 			return err
 		default:
 		}
 	}
-	err := <-done
-	if err == nil {
-		err = draftErr
-	}
-	if err == nil {
-		err = ctx.Err()
-	}
-	return err
+	return <-done
 }
 
 // pipelineFull reports whether the draft has nothing left to do while
@@ -127,9 +143,11 @@ func (d *Decoder) pipelineFull() bool {
 // the child the target's choice selects, emits the path and the target's
 // own token after it, commits the path's KV rows in both models and
 // re-roots the tree at that token (keeping what the draft grew under it).
-func (d *Decoder) accept(snap snapshot) ([]int32, error) {
+// logits is the target's row of a slot of the tree's batch; others are
+// the rows other sequences' trees added to the pass (Group).
+func (d *Decoder) accept(snap snapshot, logits func(slot int) []float32, others int) ([]int32, error) {
 	t := d.tree
-	path, next, nextNode := d.walk(snap, func(slot int) []float32 { return d.tout.Row(slot) })
+	path, next, nextNode := d.walk(snap, logits)
 	x := path[len(path)-1]
 
 	verified := len(d.tb.Tokens) - len(d.prefix) - 1
@@ -156,7 +174,7 @@ func (d *Decoder) accept(snap snapshot) ([]int32, error) {
 			byDepth[n.depth-1] += n.conf
 		}
 	}
-	d.cfg.Trigger.Observe(Outcome{Verified: verified, Prompt: len(d.prefix), Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
+	d.cfg.Trigger.Observe(Outcome{Verified: verified, Prompt: len(d.prefix), Others: others, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
 		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
 
 	// The target evaluated every slot; keep the prompt's rows and the

@@ -80,6 +80,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	prefixReuse := fs.Bool("prefix-reuse", true, "start a request from a finished one's KV cache when their contexts share a prefix (a chat's earlier turns, a shared instruction), prefilling only the rest")
 	budgetFlag := fs.String("budget", "", "most bytes of model weights the lanes hold in memory together, like 512MiB (split among them), N% of the weights each, auto ("+
 		fmt.Sprintf("%.0f%%", 100*autoBudgetShare)+" of available memory) or min (the smallest each lane allows); the rest streams from the file every pass (default: the whole file mapped)")
+	ioBandwidth := fs.String("io-bandwidth", "off", "with --budget: emulate slower storage for the streamed reads, like 400MB/s (eMMC) or 1.5GB/s (UFS), to measure a device's serving on a faster machine")
 	prefixCache := fs.String("prefix-cache", "512MiB", "KV memory a lane may fill with finished requests' rows kept for --prefix-reuse, so that clients taking turns each keep their conversation (0: only the sequence slots live requests took)")
 	trimBelow := fs.String("trim-below", "256MiB", "when the machine's available memory falls below this, give back the KV memory kept for --prefix-reuse (0: never)")
 	parkTTL := fs.Duration("park-ttl", 10*time.Minute, "drop a parked segmented request not resumed within this")
@@ -120,6 +121,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	keep, err := sched.ParsePrefixCache(*prefixCache)
 	if err != nil {
 		return fmt.Errorf("%w: --prefix-cache: %v", errUsage, err)
+	}
+	bw, err := parseBandwidth(*ioBandwidth)
+	if err != nil {
+		return fmt.Errorf("%w: --io-bandwidth: %v", errUsage, err)
+	}
+	if bw > 0 && *budgetFlag == "" {
+		return fmt.Errorf("%w: --io-bandwidth emulates storage for streamed weights: add --budget", errUsage)
 	}
 	floor, err := units.ParseSize(*trimBelow)
 	if err != nil {
@@ -182,6 +190,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		hs.Close()
 		return err
 	}
+	if mem.Stream != nil {
+		mem.Stream.Throttle.Bandwidth = bw
+	}
 	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, Stream: mem.Stream,
 		NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
 	if *sf.draft != "" {
@@ -236,6 +247,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	if mem.Stream != nil {
 		reuse += ", weights " + mem.Note
+		if bw > 0 {
+			reuse += fmt.Sprintf(" (reads emulated at %s/s)", progress.Bytes(uint64(bw)))
+		}
 	}
 	fmt.Fprintf(stderr, "tandem serve: ready: %d lane(s) (%s), %s decoding%s, policy %s, context %d, estimator %s\n",
 		len(lanes), describeLanes(lanes, laneSpecs), decoding, reuse, policy, sc.Context(), estimator)
@@ -419,7 +433,11 @@ func printSpecStats(w io.Writer, lanes []sched.Lane) {
 		if st.PipelineSteps > 0 {
 			during = fmt.Sprintf(", %d draft steps while weights streamed", st.PipelineSteps)
 		}
-		fmt.Fprintf(w, "tandem serve: lane %s: %s: %d tokens in %d target passes (%.2f per pass), acceptance %.2f%s\n",
-			l.Name, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate(), during)
+		perPass := 0.0
+		if p := e.Passes(); p > 0 {
+			perPass = float64(st.Emitted) / float64(p)
+		}
+		fmt.Fprintf(w, "tandem serve: lane %s: %s: %d tokens in %d rounds (%.2f per round) verified in %d target passes (%.2f per pass), acceptance %.2f%s\n",
+			l.Name, st.Method, st.Emitted, st.TargetPasses, st.TokensPerPass(), e.Passes(), perPass, st.AcceptanceRate(), during)
 	}
 }

@@ -1,0 +1,212 @@
+package spec
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/kv"
+	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/weights"
+)
+
+// TestGroupStep: three decoders sharing a draft/target pair and its
+// caches step as a Group, every round's trees verified in one target
+// pass, and each emits exactly the target's reference tokens: resident,
+// and streamed with the IO pipeline, where the target's passes over its
+// weights are one per round of the group, fewer than the trees verified.
+func TestGroupStep(t *testing.T) {
+	const n = 40
+	recs := arRecords(t, "stories260K.greedy.jsonl")[:3]
+	for i, r := range recs {
+		if j := slices.Index(r.GeneratedIDs, 1); j >= 0 {
+			r.GeneratedIDs = r.GeneratedIDs[:j]
+		}
+		if len(r.GeneratedIDs) < n {
+			t.Fatalf("record %d has %d tokens before BOS, want %d", i, len(r.GeneratedIDs), n)
+		}
+		recs[i].GeneratedIDs = r.GeneratedIDs[:n]
+	}
+	for _, stream := range []bool{false, true} {
+		p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", stream)
+		cfg := Config{Method: Tree, Pipeline: stream, Lane: p.lane}
+		newCache := func(m *model.Model) *kv.Cache {
+			c, err := m.NewTreeCache(specContext, cfg.TreeRows(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kc := c.Config()
+			kc.MaxSeqs = len(recs)
+			if c, err = kv.New(kc); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		dcache, tcache := newCache(p.draft), newCache(p.target)
+		var decs []*Decoder
+		for _, r := range recs {
+			d, err := New(p.draft, p.target, dcache, tcache, nil, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Start(context.Background(), r.PromptIDs, 0); err != nil {
+				t.Fatal(err)
+			}
+			decs = append(decs, d)
+		}
+		passes0 := targetPasses(p.target)
+		var g Group
+		got := make([][]int32, len(decs))
+		out, errs := make([][]int32, len(decs)), make([]error, len(decs))
+		rounds := 0
+		for {
+			var active []*Decoder
+			var which []int
+			for i, d := range decs {
+				if len(got[i]) < n {
+					active, which = append(active, d), append(which, i)
+				}
+			}
+			if len(active) == 0 {
+				break
+			}
+			g.Step(context.Background(), active, out, errs)
+			rounds++
+			for k, i := range which {
+				if errs[k] != nil {
+					t.Fatalf("stream %v: decoder %d: %v", stream, i, errs[k])
+				}
+				got[i] = append(got[i], out[k]...)
+			}
+		}
+		trees := 0
+		for i, d := range decs {
+			if !slices.Equal(got[i][:n], recs[i].GeneratedIDs) {
+				t.Errorf("stream %v: decoder %d emitted %v\nwant %v", stream, i, got[i][:n], recs[i].GeneratedIDs)
+			}
+			trees += d.Stats().TargetPasses
+			d.Close()
+		}
+		t.Logf("stream %v: %d rounds verified %d trees", stream, rounds, trees)
+		if stream {
+			if passes := targetPasses(p.target) - passes0; passes != rounds || trees <= rounds {
+				t.Errorf("%d passes over the target's weights for %d rounds verifying %d trees; want one a round, fewer than the trees", passes, rounds, trees)
+			}
+		}
+	}
+}
+
+// targetPasses is how many passes a streamed model has made over its
+// weights.
+func targetPasses(m *model.Model) int {
+	st, _ := m.StreamStats()
+	return st.Passes
+}
+
+// BenchmarkGroupStep times four clients' 40 tokens each on one
+// speculative lane, llama2xs drafting for stories260K inflated to the
+// stories110m shape (Q4_0, 46 MB, written to a temporary directory; its tokens are
+// stories260K's), streamed under its smallest budget from storage
+// emulated at 400 MB/s, with the IO pipeline: each decoder verifying its
+// own tree per pass (Step) against all four trees verified in one pass a
+// round (Group).
+// go test -bench GroupStep -run '^$' ./runtime/spec
+func BenchmarkGroupStep(b *testing.B) {
+	const n, clients = 40, 4
+	recs := arRecords(b, "stories260K.greedy.jsonl")[:clients]
+	draft := arLoadModel(b, "llama2xs_model.bin")
+	src, err := weights.Open(testutil.Model(b, "stories260K.bin"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(b.TempDir(), "s110m.gguf")
+	err = weights.Inflate(src, path, weights.InflateOptions{Shape: weights.Shapes["stories110m"], Type: weights.Q4_0})
+	src.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	f, err := weights.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	plan, _, err := model.PlanStream(f, weights.StreamOptions{})
+	if plan.Min == 0 {
+		b.Fatalf("no minimum budget: %v", err)
+	}
+	lane := NewLane()
+	target, err := model.Load(f, model.Options{Threads: 2, Lane: lane, Stream: &weights.StreamOptions{Budget: plan.Min,
+		Mode: weights.StreamPipelined, Throttle: weights.Throttle{Bandwidth: 400e6}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer target.Close()
+	cfg := Config{Method: Tree, Pipeline: true, Lane: lane}
+	newCache := func(m *model.Model) *kv.Cache {
+		c, err := m.NewTreeCache(specContext, cfg.TreeRows(), 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		kc := c.Config()
+		kc.MaxSeqs = clients
+		if c, err = kv.New(kc); err != nil {
+			b.Fatal(err)
+		}
+		return c
+	}
+	dcache, tcache := newCache(draft), newCache(target)
+	for _, grouped := range []bool{false, true} {
+		name := "one-by-one"
+		if grouped {
+			name = "group"
+		}
+		b.Run(name, func(b *testing.B) {
+			var g Group
+			passes, read := 0, uint64(0)
+			for b.Loop() {
+				var decs []*Decoder
+				for _, r := range recs {
+					d, err := New(draft, target, dcache, tcache, nil, cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := d.Start(context.Background(), r.PromptIDs, 0); err != nil {
+						b.Fatal(err)
+					}
+					decs = append(decs, d)
+				}
+				p0 := targetPasses(target)
+				st0, _ := target.StreamStats()
+				got := make([]int, clients)
+				out, errs := make([][]int32, clients), make([]error, clients)
+				for slices.Min(got) < n {
+					if grouped {
+						g.Step(context.Background(), decs, out, errs)
+					} else {
+						for i, d := range decs {
+							out[i], errs[i] = d.Step(context.Background())
+						}
+					}
+					for i := range decs {
+						if errs[i] != nil {
+							b.Fatal(errs[i])
+						}
+						got[i] += len(out[i])
+					}
+				}
+				passes += targetPasses(target) - p0
+				st, _ := target.StreamStats()
+				read += st.BytesRead - st0.BytesRead
+				for _, d := range decs {
+					d.Close()
+				}
+			}
+			b.ReportMetric(float64(passes)/float64(b.N), "passes/op")
+			// The physical bound: the bytes read at the emulated bandwidth.
+			b.ReportMetric(float64(read)/float64(b.N)/1e6, "MB-read/op")
+			b.ReportMetric(float64(read)/float64(b.N)/400e6, "IO-bound-s/op")
+		})
+	}
+}
