@@ -386,7 +386,7 @@ func TestServeDraftRefused(t *testing.T) {
 // weights from the file through the smallest window the model allows,
 // and concurrent completions on two streamed lanes still give the
 // reference greedy text, also with a draft drafting while the weights
-// stream. A budget below that minimum fails at startup and says what the
+// stream from emulated flash (--io-bandwidth). A budget below that minimum fails at startup and says what the
 // model needs.
 func TestServeBudget(t *testing.T) {
 	const n = 24
@@ -423,10 +423,11 @@ func TestServeBudget(t *testing.T) {
 
 	// With a draft, a streamed lane drafts while it waits for weights,
 	// and the answers are still the model's own.
-	addr, log, done, _ = startServe(t, "--model", gguf, "--ctx", "256", "--budget", "min",
+	// Reads emulated at 1 GB/s, as from a phone's flash.
+	addr, log, done, _ = startServe(t, "--model", gguf, "--ctx", "256", "--budget", "min", "--io-bandwidth", "1GB/s",
 		"--draft", testutil.Model(t, "llama2xs_model.bin"), "--draft-tokenizer", testutil.Model(t, "tok512.bin"))
-	if ready := log[len(log)-1]; !strings.Contains(ready, "drafting while weights stream") {
-		t.Errorf("ready line %q does not say the draft works while weights stream", ready)
+	if ready := log[len(log)-1]; !strings.Contains(ready, "drafting while weights stream") || !strings.Contains(ready, "reads emulated at 953.7 MiB/s") {
+		t.Errorf("ready line %q does not say the draft works while weights stream, read at 1 GB/s", ready)
 	}
 	checkCompletions(t, addr, prompts, want, n, 2)
 	stopServe(t, addr, done)
@@ -435,6 +436,11 @@ func TestServeBudget(t *testing.T) {
 	code := run([]string{"serve", "--addr", "127.0.0.1:0", "--model", gguf, "--budget", "1KiB"}, io.Discard, &errOut)
 	if code == 0 || !strings.Contains(errOut.String(), "needs at least") {
 		t.Errorf("--budget 1KiB: exit %d, %q; want a failure saying what the model needs", code, errOut.String())
+	}
+	errOut.Reset()
+	code = run([]string{"serve", "--addr", "127.0.0.1:0", "--model", gguf, "--io-bandwidth", "1GB/s"}, io.Discard, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "add --budget") {
+		t.Errorf("--io-bandwidth without --budget: exit %d, %q; want a usage error asking for --budget", code, errOut.String())
 	}
 }
 
