@@ -324,3 +324,45 @@ func (l *lockstep) free() {
 		}
 	}
 }
+
+// fuzzScript reads a fuzzer's bytes as a script of engine operations,
+// and cuts the contexts it starts from a pool of earlier contexts and
+// their answers, so that they share prefixes of every length with live
+// and finished sequences.
+type fuzzScript struct {
+	ops  []byte
+	pool [][]int32
+}
+
+// more reports whether bytes are left.
+func (f *fuzzScript) more() bool { return len(f.ops) > 0 }
+
+// next is the script's next byte, 0 once it has run out.
+func (f *fuzzScript) next() byte {
+	if len(f.ops) == 0 {
+		return 0
+	}
+	b := f.ops[0]
+	f.ops = f.ops[1:]
+	return b
+}
+
+// context cuts a context of at most n tokens from the pool, maybe with a
+// token of its own after it.
+func (f *fuzzScript) context(n int) []int32 {
+	p := f.pool[int(f.next())%len(f.pool)]
+	ctx := slices.Clone(p[:1+int(f.next())%len(p)])
+	if b := f.next(); b%2 == 1 {
+		ctx = append(ctx, 2+int32(b)%400)
+	}
+	return ctx[:min(len(ctx), n)]
+}
+
+// finished adds a finished sequence's context and answer to the pool,
+// which keeps the last eight.
+func (f *fuzzScript) finished(ctx, answer []int32) {
+	f.pool = append(f.pool, slices.Concat(ctx, answer))
+	if len(f.pool) > 8 {
+		f.pool = f.pool[1:]
+	}
+}

@@ -839,15 +839,7 @@ func FuzzPrefixReuse(f *testing.F) {
 			reused    int
 		}
 		var seqs []*live
-		pool := [][]int32{base}
-		next := func() byte {
-			if len(ops) == 0 {
-				return 0
-			}
-			b := ops[0]
-			ops = ops[1:]
-			return b
-		}
+		script := &fuzzScript{ops: ops, pool: [][]int32{base}}
 		free := func(i int) {
 			s := seqs[i]
 			for k, e := range engines {
@@ -861,25 +853,16 @@ func FuzzPrefixReuse(f *testing.F) {
 			if n, with := len(s.ctx), s.prefilled[0]+s.reused; s.prefilled[1] > n || with > n || len(s.out[0]) > 0 && with != n {
 				t.Fatalf("a context of %d tokens: %d prefilled and %d reused with reuse, %d prefilled without", n, s.prefilled[0], s.reused, s.prefilled[1])
 			}
-			n := min(len(s.out[0]), len(s.out[1]))
-			pool = append(pool, slices.Concat(s.ctx, s.out[0][:n]))
-			if len(pool) > 8 {
-				pool = pool[1:]
-			}
+			script.finished(s.ctx, s.out[0][:min(len(s.out[0]), len(s.out[1]))])
 			seqs = slices.Delete(seqs, i, i+1)
 		}
-		for len(ops) > 0 {
-			switch next() % 3 {
+		for script.more() {
+			switch script.next() % 3 {
 			case 0: // start a context cut from the pool, maybe with a token of its own
 				if len(seqs) == 3 {
 					continue
 				}
-				p := pool[int(next())%len(pool)]
-				ctx := slices.Clone(p[:1+int(next())%len(p)])
-				if b := next(); b%2 == 1 {
-					ctx = append(ctx, 2+int32(b)%400)
-				}
-				ctx = ctx[:min(len(ctx), ctxLen/2)]
+				ctx := script.context(ctxLen / 2)
 				s := &live{ctx: ctx}
 				before := engines[0].ReusedTokens()
 				for k, e := range engines {
@@ -892,7 +875,7 @@ func FuzzPrefixReuse(f *testing.F) {
 				s.reused = int(engines[0].ReusedTokens() - before)
 				seqs = append(seqs, s)
 			case 1: // step every live sequence together, a few times
-				for range 1 + int(next())%4 {
+				for range 1 + int(script.next())%4 {
 					if len(seqs) == 0 {
 						break
 					}
@@ -931,7 +914,7 @@ func FuzzPrefixReuse(f *testing.F) {
 				}
 			case 2: // free one
 				if len(seqs) > 0 {
-					free(int(next()) % len(seqs))
+					free(int(script.next()) % len(seqs))
 				}
 			}
 		}

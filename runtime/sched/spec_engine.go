@@ -330,6 +330,9 @@ func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error
 	}
 	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
 	h.TargetLen = p.have
+	// The tokens the rows hold: a decoder freed before it starts hands
+	// h back (Detach), and it is kept with them.
+	h.Tokens = slices.Clone(tokens[:max(h.DraftLen, h.TargetLen)])
 	if p.take >= 0 {
 		e.kept = slices.Delete(e.kept, p.take, p.take+1)
 	}

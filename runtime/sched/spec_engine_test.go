@@ -640,3 +640,145 @@ func TestSpecStartCopyFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecEngineFreedBeforeItsFirstStep: a sequence that started with a
+// copy of another's rows and was freed before its first step (a client
+// that went away at once) is kept with the tokens those rows hold, and a
+// later start plans over it (it panicked on a kept pair without tokens;
+// FuzzSpecEngine found it).
+func TestSpecEngineFreedBeforeItsFirstStep(t *testing.T) {
+	r := greedyRecords(t, 60)[0]
+	e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"), spec.Config{Method: spec.Tree},
+		SpecEngineOptions{MaxSeqs: 4, Context: specContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := slices.Concat(r.PromptIDs, r.GeneratedIDs[:50])
+	specTurn(t, e, long, 5) // kept: the conversation
+	// The prompt alone shares less than the kept pair would lose: new
+	// sequences with a copy of its rows.
+	id, err := e.Start(r.PromptIDs, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, reused := specTurn(t, e, r.PromptIDs, 20); !slices.Equal(got, r.GeneratedIDs[:20]) || reused != len(r.PromptIDs)-1 {
+		t.Errorf("the prompt again: %v with %d reused\nwant %v with %d", got, reused, r.GeneratedIDs[:20], len(r.PromptIDs)-1)
+	}
+}
+
+// FuzzSpecEngine drives three engines through the same starts, steps
+// and frees: a speculative lane with prefix reuse, one without, and a
+// plain lane on the target alone, with contexts cut from earlier ones
+// and their answers (so they share prefixes of every length, with live
+// sequences and kept ones). Every sequence must yield the target's own
+// greedy tokens on all three: the speculative lanes verify their
+// members' trees in one pass (spec.Group) and copy or adopt rows, and
+// neither may change a token.
+func FuzzSpecEngine(f *testing.F) {
+	f.Add([]byte{0, 0, 4, 1, 3, 0, 0, 9, 1, 1, 1, 2, 0, 0, 1, 9, 3, 1, 2, 2, 0})
+	f.Add([]byte{0, 0, 5, 0, 0, 3, 0, 1, 40, 1, 1, 1, 2, 1, 0, 2, 40, 1, 3, 2, 0, 0, 1, 30, 1, 1})
+	file, _ := realModel(f)
+	target := loadModel(f, file)
+	drafts := []*model.Model{loadShared(f, "llama2xs_model.bin"), loadShared(f, "llama2xs_model.bin")}
+	targets := []*model.Model{loadModel(f, file), loadModel(f, file)}
+	base := testutil.GreedyRecords(f, "stories260K.greedy.jsonl")[0].PromptIDs
+	cfg := spec.Config{Method: spec.Tree, MaxTree: 8, Trigger: spec.FixedSize{N: 8}}
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const ctxLen, maxSeqs = 96, 3
+		var engines [3]Engine
+		for k := range 2 {
+			e, err := NewSpecEngine(drafts[k], targets[k], cfg, SpecEngineOptions{MaxSeqs: maxSeqs, Context: ctxLen, PrefillChunk: 5, NoPrefixReuse: k == 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			engines[k] = e
+		}
+		plain, err := NewModelEngine(target, ModelEngineOptions{MaxSeqs: maxSeqs, Context: ctxLen, NoPrefixReuse: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines[2] = plain
+		type live struct {
+			ids [3]SeqID
+			ctx []int32
+			out [3][]int32
+		}
+		var seqs []*live
+		script := &fuzzScript{ops: ops, pool: [][]int32{base}}
+		free := func(i int) {
+			s := seqs[i]
+			for k, e := range engines {
+				if err := e.Free(s.ids[k]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			script.finished(s.ctx, s.out[2][:min(len(s.out[0]), len(s.out[1]), len(s.out[2]))])
+			seqs = slices.Delete(seqs, i, i+1)
+		}
+		for script.more() {
+			switch script.next() % 3 {
+			case 0: // start a context cut from the pool, maybe with a token of its own
+				if len(seqs) == maxSeqs {
+					continue
+				}
+				s := &live{ctx: script.context(ctxLen / 2)}
+				for k, e := range engines {
+					id, err := e.Start(s.ctx, nil, "")
+					if err != nil {
+						t.Fatal(err)
+					}
+					s.ids[k] = id
+				}
+				seqs = append(seqs, s)
+			case 1: // step every live sequence together, a few times
+				for range 1 + int(script.next())%4 {
+					if len(seqs) == 0 {
+						break
+					}
+					for k, e := range engines {
+						members := make([]Member, len(seqs))
+						for i, s := range seqs {
+							members[i] = Member{Seq: s.ids[k], Limit: 1}
+						}
+						out := make([]StepOut, len(seqs))
+						if err := e.Step(context.Background(), members, out); err != nil {
+							t.Fatal(err)
+						}
+						for i, s := range seqs {
+							if out[i].Err != nil {
+								t.Fatal(out[i].Err)
+							}
+							s.out[k] = append(s.out[k], out[i].Tokens...)
+						}
+					}
+					for i, s := range seqs {
+						n := min(len(s.out[0]), len(s.out[1]), len(s.out[2]))
+						if !slices.Equal(s.out[0][:n], s.out[2][:n]) || !slices.Equal(s.out[1][:n], s.out[2][:n]) {
+							t.Fatalf("sequence %d from %v: speculative with reuse %v, without %v; the target alone %v", i, s.ctx, s.out[0], s.out[1], s.out[2])
+						}
+					}
+					for i := len(seqs) - 1; i >= 0; i-- {
+						if s := seqs[i]; len(s.ctx)+max(len(s.out[0]), len(s.out[1]), len(s.out[2])) >= ctxLen-10 {
+							free(i)
+						}
+					}
+				}
+			case 2: // free one
+				if len(seqs) > 0 {
+					free(int(script.next()) % len(seqs))
+				}
+			}
+		}
+		for len(seqs) > 0 {
+			free(0)
+		}
+		for k, e := range engines {
+			if n := e.(interface{ Live() int }).Live(); n != 0 {
+				t.Fatalf("engine %d: %d sequences live after freeing all", k, n)
+			}
+		}
+	})
+}
