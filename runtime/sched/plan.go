@@ -443,8 +443,15 @@ func (s *Scheduler) backlog(l *lane) time.Duration {
 // otherwise take it and prefill its whole context; one whose batch
 // stays full leaves it to the others.
 func (s *Scheduler) awaitsAffine(t *task, now time.Time) bool {
+	return len(s.lanes[t.lane].running) < s.cfg.MaxBatch && now.Sub(t.arrival) < s.affinityHold(t)
+}
+
+// affinityHold is how long after its arrival the other lanes leave t to
+// the lane its affinity chose (while that lane has room in its batch):
+// two of its steps, at least affinityWait.
+func (s *Scheduler) affinityHold(t *task) time.Duration {
 	a := s.lanes[t.lane]
-	return len(a.running) < s.cfg.MaxBatch && now.Sub(t.arrival) < max(2*a.cost.step(max(len(a.running), 1), 0), affinityWait)
+	return max(2*a.cost.step(max(len(a.running), 1), 0), affinityWait)
 }
 
 // affinityWait is the least time awaitsAffine holds a request for its

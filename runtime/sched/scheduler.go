@@ -574,11 +574,36 @@ func (s *Scheduler) wake(t *task) {
 		// An affine request's lane alone: another idle lane woken
 		// now could take it and prefill its whole context.
 		s.lanes[t.lane].cond.Signal()
+		if t.affine && !s.cfg.Manual {
+			s.releaseAffine(t, t.arrival)
+		}
 		return
 	}
 	for _, l := range s.lanes {
 		l.cond.Signal()
 	}
+}
+
+// releaseAffine wakes every lane once the other lanes stop leaving t to
+// the lane its affinity chose (awaitsAffine), should t still wait then:
+// that lane may pass it over (a much slower lane past its share of the
+// work, admission control), and the others, asleep since they left it,
+// would let it wait for good. Called with s.mu held.
+func (s *Scheduler) releaseAffine(t *task, now time.Time) {
+	time.AfterFunc(s.affinityHold(t)-now.Sub(t.arrival)+time.Millisecond, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if t.state != waiting || !t.affine || s.stopped {
+			return
+		}
+		if _, now := s.clock(); s.awaitsAffine(t, now) {
+			s.releaseAffine(t, now) // its lane's steps grew longer meanwhile
+			return
+		}
+		for _, l := range s.lanes {
+			l.cond.Signal()
+		}
+	})
 }
 
 func (s *Scheduler) waitingCount() int {
