@@ -38,7 +38,7 @@ run() {
 }
 run kernels/cuda cuda.test . "$@"          # every kernel against its Go twin, the embedded PTX
 run runtime/model model.test CUDA "$@"     # parity, tree commits, streamed weights
-run runtime/sched sched.test CUDA "$@"     # a GPU lane beside a CPU lane, prefix reuse
+run runtime/sched sched.test CUDA "$@"     # a GPU lane beside a CPU lane, prefix reuse, batches sharing rows and passes
 run tools/tandem tandem.test GPULanes "$@" # tandem serve --lanes cuda,1 over HTTP
 if [ -n "$failed" ]; then
 	echo "cuda-tests: failed:$failed" >&2

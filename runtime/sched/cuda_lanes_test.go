@@ -4,12 +4,14 @@ package sched
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -191,6 +193,73 @@ func TestCUDAPrefixReuse(t *testing.T) {
 	if a, b := stats[0], stats[1]; a.TargetPasses != b.TargetPasses || a.DraftSteps != b.DraftSteps || a.Accepted != b.Accepted {
 		t.Errorf("speculative next turn with reuse: %d target passes, %d draft steps, %d accepted; prefilled whole: %d, %d, %d",
 			a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
+	}
+}
+
+// TestCUDABatchedLanes: on GPU lanes, requests that start together share
+// their instructions and their passes. A plain lane copies the rows a
+// live sequence has evaluated (device copies, kv.RowCopier) into those
+// that waited for it; a speculative lane, resident and streamed with its
+// IO pipeline, verifies all its members' trees in one target pass
+// (spec.Group). Every sequence yields the reference tokens.
+func TestCUDABatchedLanes(t *testing.T) {
+	f, _ := realModel(t)
+	r := greedyRecords(t, 120)[0]
+	ctxs := [][]int32{ // each a prefix of the longest
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:40]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:60]),
+		slices.Concat(r.PromptIDs, r.GeneratedIDs[:50]),
+	}
+	const n = 30
+	check := func(what string, l *lockstep) {
+		t.Helper()
+		for _, ctx := range ctxs {
+			l.start(ctx)
+		}
+		l.until(n)
+		for i, ctx := range ctxs {
+			at := len(ctx) - len(r.PromptIDs)
+			if want := r.GeneratedIDs[at : at+n]; !slices.Equal(l.got[i][:n], want) {
+				t.Errorf("%s: sequence %d: %v\nwant %v", what, i, l.got[i][:n], want)
+			}
+		}
+		l.free()
+	}
+
+	lanes, closeLanes, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 4, Context: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLanes()
+	plain := &lockstep{t: t, e: lanes[0].Engine.(*ModelEngine), limit: 1}
+	check("plain GPU lane", plain)
+	// As on the CPU (TestModelEngineSharesLivePrefix): the shortest
+	// leads, then the longest leads the third.
+	if want := len(ctxs[0]) + len(ctxs[2]) - 1; plain.prefilled != len(ctxs[1])+1 || plain.reused != want {
+		t.Errorf("plain GPU lane: %d tokens prefilled and %d copied, want %d and %d", plain.prefilled, plain.reused, len(ctxs[1])+1, want)
+	}
+
+	draft, err := weights.Open(testutil.Model(t, "llama2xs_model.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer draft.Close()
+	plan, _, err := model.PlanStream(f, weights.StreamOptions{Mode: weights.StreamPipelined})
+	if plan.Min == 0 {
+		t.Fatalf("no minimum budget: %v", err)
+	}
+	for _, stream := range []*weights.StreamOptions{nil, {Mode: weights.StreamPipelined, Budget: plan.Min}} {
+		slanes, closeSpec, err := LoadLanes(f, LaneOptions{Lanes: []LaneSpec{gpuLane()}, MaxSeqs: 4, Context: specContext, Stream: stream,
+			Draft: draft, Spec: spec.Config{Method: spec.Tree, Pipeline: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeSpec()
+		e := slanes[0].Engine.(*SpecEngine)
+		check(fmt.Sprintf("speculative GPU lane, streamed %v", stream != nil), &lockstep{t: t, e: e, limit: n})
+		if st := e.Stats(); e.Passes() >= int64(st.TargetPasses) {
+			t.Errorf("streamed %v: %d target passes for %d trees; want the trees to share passes", stream != nil, e.Passes(), st.TargetPasses)
+		}
 	}
 }
 
