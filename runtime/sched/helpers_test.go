@@ -290,28 +290,41 @@ func (l *lockstep) start(ctx []int32) (reused int) {
 // step steps every sequence once.
 func (l *lockstep) step() {
 	l.t.Helper()
-	members := make([]Member, len(l.ids))
+	l.stepSome(func(int) bool { return true })
+}
+
+// stepSome steps the sequences that want says, together.
+func (l *lockstep) stepSome(want func(i int) bool) {
+	l.t.Helper()
+	var members []Member
+	var which []int
 	for i, id := range l.ids {
-		members[i] = Member{Seq: id, Limit: l.limit}
+		if want(i) {
+			members, which = append(members, Member{Seq: id, Limit: l.limit}), append(which, i)
+		}
 	}
-	if err := l.e.Step(context.Background(), members, l.out); err != nil {
+	out := l.out[:len(members)]
+	if err := l.e.Step(context.Background(), members, out); err != nil {
 		l.t.Fatal(err)
 	}
-	for i, o := range l.out {
+	for k, o := range out {
 		if o.Err != nil {
 			l.t.Fatal(o.Err)
 		}
+		i := which[k]
 		l.got[i] = append(l.got[i], o.Tokens...)
 		l.prefilled += o.Prefilled
 		l.reused += o.Reused
 	}
 }
 
-// until steps until every sequence has n tokens.
+// until steps the sequences short of n tokens together until none is:
+// each runs until it has n, whatever the others do.
 func (l *lockstep) until(n int) {
 	l.t.Helper()
+	short := func(i int) bool { return len(l.got[i]) < n }
 	for slices.ContainsFunc(l.got, func(g []int32) bool { return len(g) < n }) {
-		l.step()
+		l.stepSome(short)
 	}
 }
 

@@ -103,12 +103,13 @@ type openSeq struct {
 
 type specSeq struct {
 	dec     *spec.Decoder
-	have    int     // the context's first tokens the adopted target rows hold
-	prompt  []int32 // the context to prefill; nil once started
-	context int     // the context's length
-	opening bool    // started, with the target's context rows not all committed yet
-	buf     []int32 // tokens emitted by the decoder, not yet handed out
-	out     []int32 // the slice handed out by the last Step
+	have    int        // the context's first tokens the adopted target rows hold
+	prompt  []int32    // the context to prefill; nil once started
+	ctx     []int32    // the context
+	held    *spec.Held // the pair the decoder adopted, until it starts; nil when it makes its own
+	opening bool       // started, with the target's context rows not all committed yet
+	buf     []int32    // tokens emitted by the decoder, not yet handed out
+	out     []int32    // the slice handed out by the last Step
 }
 
 // NewSpecEngine makes an engine on a draft/target pair with its own KV
@@ -291,16 +292,20 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	}
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
-	have := 0
+	ctx := slices.Clone(tokens)
+	s := &specSeq{dec: d, prompt: ctx, ctx: ctx}
 	if e.reuse {
-		if have, err = e.adopt(d, tokens); err != nil {
+		if s.held, err = e.adopt(d, tokens); err != nil {
 			return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
 		}
-		e.reused.Add(int64(have))
+		if s.held != nil {
+			s.have = s.held.TargetLen
+		}
+		e.reused.Add(int64(s.have))
 	}
 	id := e.next
 	e.next++
-	e.seqs[id] = &specSeq{dec: d, have: have, prompt: append([]int32(nil), tokens...), context: len(tokens)}
+	e.seqs[id] = s
 	e.live.Add(1)
 	return id, nil
 }
@@ -309,45 +314,65 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 // with tokens, as ModelEngine.newSeq does for its one cache: a kept pair
 // rolled back to the prefix it shares, or new sequences given a kept
 // pair's first rows (d makes new ones itself when nothing is adopted).
-// have is the context tokens the target rows hold. keptMu held.
-func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error) {
+// It returns the pair adopted (nil: none), whose TargetLen is the
+// context tokens its target rows hold. keptMu held.
+func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (*spec.Held, error) {
 	p := e.plan(tokens, nil)
 	if p.take < 0 && p.from < 0 {
-		return 0, nil
+		return nil, nil
 	}
 	var h spec.Held
+	var err error
 	if p.take >= 0 {
 		h = e.kept[p.take]
-	} else if h.Draft, err = e.dcache.NewSeq(); err != nil {
-		return 0, err
-	} else if h.Target, err = e.tcache.NewSeq(); err != nil {
-		e.dcache.Free(h.Draft)
-		return 0, err
+	} else if h, err = e.newPair(); err != nil {
+		return nil, err
 	}
 	src := h
 	if p.from >= 0 {
 		src = e.source(p.from)
 	}
-	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
-	h.TargetLen = p.have
-	// The tokens the rows hold: a decoder freed before it starts hands
-	// h back (Detach), and it is kept with them.
-	h.Tokens = slices.Clone(tokens[:max(h.DraftLen, h.TargetLen)])
 	if p.take >= 0 {
 		e.kept = slices.Delete(e.kept, p.take, p.take+1)
 	}
-	if p.from >= 0 {
-		err = errors.Join(e.dcache.CopyPrefix(h.Draft, src.Draft, h.DraftLen), e.tcache.CopyPrefix(h.Target, src.Target, h.TargetLen))
-		if err != nil {
-			// Rows a failed copy left match no tokens: the pair goes,
-			// kept or new.
-			e.dcache.Free(h.Draft)
-			e.tcache.Free(h.Target)
-			return 0, err
-		}
+	if p.from < 0 {
+		// Rolled back at Start to what it shares.
+		h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
+		h.TargetLen = p.have
+		h.Tokens = slices.Clone(tokens[:max(h.DraftLen, h.TargetLen)])
+	} else if err := e.copyPair(&h, src, tokens, p.have); err != nil {
+		// Rows a failed copy left match no tokens: the pair goes, kept
+		// or new.
+		e.dcache.Free(h.Draft)
+		e.tcache.Free(h.Target)
+		return nil, err
 	}
 	d.Adopt(h)
-	return p.have, nil
+	return &h, nil
+}
+
+// newPair allocates a sequence in each cache.
+func (e *SpecEngine) newPair() (h spec.Held, err error) {
+	if h.Draft, err = e.dcache.NewSeq(); err != nil {
+		return h, err
+	}
+	if h.Target, err = e.tcache.NewSeq(); err != nil {
+		e.dcache.Free(h.Draft)
+		return h, err
+	}
+	return h, nil
+}
+
+// copyPair gives pair h the rows of src that hold the first tokens of a
+// context (its target's first have), and records them in h. The tokens
+// are recorded too: a decoder freed before it starts hands h back
+// (Detach), and it is kept with them. A failed copy leaves rows that
+// match no tokens; the caller frees or empties h.
+func (e *SpecEngine) copyPair(h *spec.Held, src spec.Held, ctx []int32, have int) error {
+	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], ctx), len(ctx)-1)
+	h.TargetLen = have
+	h.Tokens = slices.Clone(ctx[:max(h.DraftLen, h.TargetLen)])
+	return errors.Join(e.dcache.CopyPrefix(h.Draft, src.Draft, h.DraftLen), e.tcache.CopyPrefix(h.Target, src.Target, h.TargetLen))
 }
 
 // canGrow reports whether a new sequence pair may take memory beside the
@@ -426,6 +451,12 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 		switch {
 		case len(s.buf) > 0:
 		case s.prompt != nil:
+			if e.reuse && e.canCopy() {
+				out[i].Reused = e.catchUp(mb.Seq, s)
+				if e.waits(i, members) {
+					continue
+				}
+			}
 			rest := len(s.prompt) - s.have // what the adopted rows do not hold
 			if prefilled && rest > budget {
 				continue // no prefill budget left this step
@@ -440,7 +471,7 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 			prefilled = true
 			budget -= rest
 			out[i].Prefilled = rest
-			s.prompt = nil
+			s.prompt, s.held = nil, nil
 			s.opening = e.reuse
 			e.opened(mb.Seq, s)
 			continue
@@ -488,6 +519,66 @@ func (s *specSeq) handOut(limit int, o *StepOut) {
 	o.Tokens = s.out
 }
 
+// catchUp gives sequence id, about to prefill, the rows a live decoder
+// has committed of the context they share since id started, when they
+// hold more of it than the pair it adopted: as ModelEngine.catchUp, for
+// both caches. A copy that fails leaves the pair holding nothing, to
+// prefill whole. It returns the target tokens it took (negative after a
+// failed copy).
+func (e *SpecEngine) catchUp(id SeqID, s *specSeq) int {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	src, have := -1, s.have
+	for i, o := range e.open {
+		if n := min(commonPrefix(o.h.Tokens[:o.h.TargetLen], s.prompt), len(s.prompt)-1); o.seq != id && n > have {
+			src, have = i, n
+		}
+	}
+	if src < 0 {
+		return 0
+	}
+	h := s.held
+	if h == nil {
+		p, err := e.newPair()
+		if err != nil {
+			return 0 // it prefills whole, allocating at Start
+		}
+		h = &p
+	}
+	if err := e.copyPair(h, e.open[src].h, s.prompt, have); err != nil {
+		e.dcache.Truncate(h.Draft, 0)
+		e.tcache.Truncate(h.Target, 0)
+		h.DraftLen, h.TargetLen, h.Tokens, have = 0, 0, nil, 0
+	}
+	s.dec.Adopt(*h)
+	s.held = h
+	took := have - s.have
+	s.have = have
+	e.reused.Add(int64(took))
+	return took
+}
+
+// waits reports whether member i, about to prefill, should leave its
+// prefill to a later step because another member has started on more of
+// the context they share than i holds and has not committed it yet (a
+// decoder's target commits its prompt's last rows with its first
+// round): i then copies them (catchUp) instead of evaluating them too.
+// Such a leader decodes already, so it never waits itself.
+func (e *SpecEngine) waits(i int, members []Member) bool {
+	s := e.seqs[members[i].Seq]
+	for j, mb := range members {
+		o, ok := e.seqs[mb.Seq]
+		if j == i || !ok || o.prompt != nil || !o.opening {
+			continue
+		}
+		h, ok := o.dec.Rows()
+		if shared := min(commonPrefix(o.ctx, s.prompt), len(s.prompt)-1); ok && shared > s.have && h.TargetLen < shared {
+			return true
+		}
+	}
+	return false
+}
+
 // opened records what live sequence id's decoder holds of its context,
 // for new sequences to copy, until all of it is committed in the target.
 func (e *SpecEngine) opened(id SeqID, s *specSeq) {
@@ -498,9 +589,9 @@ func (e *SpecEngine) opened(id SeqID, s *specSeq) {
 	if !ok {
 		return
 	}
-	h.DraftLen, h.TargetLen = min(h.DraftLen, s.context), min(h.TargetLen, s.context)
+	h.DraftLen, h.TargetLen = min(h.DraftLen, len(s.ctx)), min(h.TargetLen, len(s.ctx))
 	h.Tokens = slices.Clone(h.Tokens[:max(h.DraftLen, h.TargetLen)])
-	s.opening = h.TargetLen < s.context-1
+	s.opening = h.TargetLen < len(s.ctx)-1
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()
 	for i := range e.open {

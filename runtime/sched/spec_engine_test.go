@@ -571,6 +571,33 @@ func TestSpecEngineSharesLivePrefix(t *testing.T) {
 				i, a.TargetPasses, a.DraftSteps, a.Accepted, b.TargetPasses, b.DraftSteps, b.Accepted)
 		}
 	}
+
+	// All three start together, the shortest first: the others copy what
+	// its decoder has committed, wait for its first round to commit the
+	// rest, and copy that; the longest then leads the third the same
+	// way, which prefills only its last token.
+	e, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"),
+		spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}},
+		SpecEngineOptions{MaxSeqs: 4, Context: specContext, PrefillChunk: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	together := [][]int32{ctxs[1], ctxs[0], ctxs[2]}
+	l := &lockstep{t: t, e: e, limit: n}
+	for _, ctx := range together {
+		l.start(ctx)
+	}
+	l.until(n)
+	for i, ctx := range together {
+		at := len(ctx) - p
+		if want := r.GeneratedIDs[at : at+n]; !slices.Equal(l.got[i][:n], want) {
+			t.Errorf("started together, sequence %d: %v\nwant %v", i, l.got[i][:n], want)
+		}
+	}
+	if want := len(together[0]) + len(together[2]) - 1; l.prefilled != len(together[1])+1 || l.reused != want {
+		t.Errorf("started together: %d tokens prefilled and %d copied, want %d and %d", l.prefilled, l.reused, len(together[1])+1, want)
+	}
+	l.free()
 }
 
 // BenchmarkSpecNextTurn is BenchmarkNextTurn on a speculative lane
