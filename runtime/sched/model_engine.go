@@ -103,6 +103,8 @@ type ModelEngine struct {
 	reuse  bool         // prefix reuse is on
 	reused atomic.Int64 // context tokens not evaluated thanks to reuse
 	held   atomic.Int64 // the cache's memory: sequences live, kept and spare
+	// copyPrefix is kv.Cache.CopyPrefix; tests make it fail part way.
+	copyPrefix func(c *kv.Cache, dst, src, n int) error
 
 	batch  model.Batch
 	logits model.Logits
@@ -159,7 +161,8 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 	if cache, err = kv.New(cfg); err != nil {
 		return nil, fmt.Errorf("sched: engine %s: %w", opt.Name, err)
 	}
-	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}, reuse: !opt.NoPrefixReuse}, nil
+	return &ModelEngine{m: m, cache: cache, opt: opt, seqs: map[SeqID]*modelSeq{}, reuse: !opt.NoPrefixReuse,
+		copyPrefix: (*kv.Cache).CopyPrefix}, nil
 }
 
 // Info implements Engine.
@@ -239,7 +242,7 @@ func (e *ModelEngine) newSeq(tokens []int32) (id, have int, err error) {
 		id = e.kept[p.take].id
 	}
 	if p.from >= 0 {
-		err = e.cache.CopyPrefix(id, e.source(p.from).id, p.have)
+		err = e.copyPrefix(e.cache, id, e.source(p.from).id, p.have)
 	} else {
 		err = e.cache.Truncate(id, p.have)
 	}
@@ -474,7 +477,7 @@ func (e *ModelEngine) catchUp(id int, s *modelSeq) int {
 	if src < 0 {
 		return 0
 	}
-	if err := e.cache.CopyPrefix(id, src, n); err != nil {
+	if err := e.copyPrefix(e.cache, id, src, n); err != nil {
 		// The rows match no tokens now: evaluate them all.
 		e.cache.Truncate(id, 0)
 		n = 0

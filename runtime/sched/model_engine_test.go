@@ -1108,3 +1108,77 @@ func TestStartCopyFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestCatchUpCopyFailure: a copy that fails part way while a waiting
+// sequence catches up (a device copy can) leaves rows that match no
+// tokens; the sequence must prefill its whole context instead of
+// trusting them, on both engines. The failing copy here writes another
+// sequence's rows first, so trusting them would change the tokens.
+func TestCatchUpCopyFailure(t *testing.T) {
+	f, _ := realModel(t)
+	recs := greedyRecords(t, 120)
+	r, other := recs[0], recs[1]
+	long := slices.Concat(r.PromptIDs, r.GeneratedIDs[:40])
+	short := slices.Concat(r.PromptIDs, r.GeneratedIDs[:30])
+	unrelated := slices.Concat(other.PromptIDs, other.GeneratedIDs[:40])
+	const n = 20
+	for _, speculative := range []bool{false, true} {
+		var e interface {
+			Engine
+			ReusedTokens() int64
+		}
+		var failing *func(c *kv.Cache, dst, src, n int) error
+		if speculative {
+			se, err := NewSpecEngine(loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin"),
+				spec.Config{Method: spec.Tree, MaxTree: 12, Trigger: spec.FixedSize{N: 12}}, SpecEngineOptions{MaxSeqs: 4, Context: specContext})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, failing = se, &se.copyPrefix
+		} else {
+			me, err := NewModelEngine(loadModel(t, f), ModelEngineOptions{MaxSeqs: 4, Context: 256})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, failing = me, &me.copyPrefix
+		}
+		l := &lockstep{t: t, e: e, limit: 1}
+		l.start(unrelated)
+		for len(l.got[0]) == 0 {
+			l.step()
+		}
+		l.start(long)
+		l.start(short) // waits for long, then copies its rows: fails
+		src := l.ids[0]
+		// From now on every copy writes the unrelated sequence's rows,
+		// then fails.
+		*failing = func(c *kv.Cache, dst, _, n int) error {
+			c.CopyPrefix(dst, int(src), min(n, c.Len(int(src))))
+			return errors.New("device copy failed")
+		}
+		if speculative {
+			// The speculative engine's sequence ids are its own; its
+			// decoders' caches hold the rows.
+			se := e.(*SpecEngine)
+			h, _ := se.seqs[src].dec.Rows()
+			*failing = func(c *kv.Cache, dst, _, n int) error {
+				from := h.Target
+				if c == se.dcache {
+					from = h.Draft
+				}
+				c.CopyPrefix(dst, from, min(n, c.Len(from)))
+				return errors.New("device copy failed")
+			}
+		}
+		l.until(n)
+		for i, want := range [][]int32{other.GeneratedIDs[40 : 40+n], r.GeneratedIDs[40 : 40+n], r.GeneratedIDs[30 : 30+n]} {
+			if !slices.Equal(l.got[i][:n], want) {
+				t.Errorf("speculative %v: sequence %d: %v\nwant %v", speculative, i, l.got[i][:n], want)
+			}
+		}
+		if l.reused > 0 {
+			t.Errorf("speculative %v: %d tokens reported copied by copies that failed", speculative, l.reused)
+		}
+		l.free()
+	}
+}

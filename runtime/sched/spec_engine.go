@@ -92,6 +92,8 @@ type SpecEngine struct {
 	toks   [][]int32
 	errs   []error
 	held   atomic.Int64 // both caches' memory: sequences live, kept and spare
+	// copyPrefix is kv.Cache.CopyPrefix; tests make it fail part way.
+	copyPrefix func(c *kv.Cache, dst, src, n int) error
 }
 
 // openSeq is a live decoder's rows of its context, for new sequences to
@@ -170,7 +172,7 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 		}
 		return c, nil
 	}
-	e := &SpecEngine{draft: draft, target: target, cfg: cfg, opt: opt, seqs: map[SeqID]*specSeq{}}
+	e := &SpecEngine{draft: draft, target: target, cfg: cfg, opt: opt, seqs: map[SeqID]*specSeq{}, copyPrefix: (*kv.Cache).CopyPrefix}
 	var err error
 	if e.dcache, err = newCache(draft, "draft"); err != nil {
 		return nil, err
@@ -372,7 +374,7 @@ func (e *SpecEngine) copyPair(h *spec.Held, src spec.Held, ctx []int32, have int
 	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], ctx), len(ctx)-1)
 	h.TargetLen = have
 	h.Tokens = slices.Clone(ctx[:max(h.DraftLen, h.TargetLen)])
-	return errors.Join(e.dcache.CopyPrefix(h.Draft, src.Draft, h.DraftLen), e.tcache.CopyPrefix(h.Target, src.Target, h.TargetLen))
+	return errors.Join(e.copyPrefix(e.dcache, h.Draft, src.Draft, h.DraftLen), e.copyPrefix(e.tcache, h.Target, src.Target, h.TargetLen))
 }
 
 // canGrow reports whether a new sequence pair may take memory beside the
