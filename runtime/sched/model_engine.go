@@ -113,12 +113,11 @@ type ModelEngine struct {
 }
 
 // keptSeq is a sequence that holds the KV rows of tokens: a freed one
-// kept for reuse, or a live one's context, whose first tokens its rows
-// hold so far.
+// kept for reuse, or a live one, whose rows hold its context's first
+// tokens so far.
 type keptSeq struct {
-	id      int
-	tokens  []int32
-	context []int32 // a live sequence's whole context
+	id     int
+	tokens []int32
 }
 
 type modelSeq struct {
@@ -132,6 +131,10 @@ type modelSeq struct {
 	sampler  *sample.Sampler
 	out      [1]int32
 }
+
+// evaluated is how many of the context's tokens the sequence's rows hold
+// while it prefills.
+func (s *modelSeq) evaluated() int { return len(s.context) - len(s.pending) }
 
 // NewModelEngine makes an engine on m with its own KV cache. m must not be
 // used by anything else while the engine runs (its buffers are reused);
@@ -216,7 +219,7 @@ func (e *ModelEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (
 	e.seqs[SeqID(id)] = &modelSeq{pending: ctx[have:], history: hist, context: ctx, sampler: sampler}
 	if e.reuse {
 		e.keptMu.Lock()
-		e.open = append(e.open, keptSeq{id: id, tokens: ctx[:have], context: ctx})
+		e.open = append(e.open, keptSeq{id: id, tokens: ctx[:have]})
 		e.keptMu.Unlock()
 	}
 	e.live.Add(1)
@@ -441,21 +444,19 @@ func (e *ModelEngine) Free(id SeqID) error {
 	if !e.reuse {
 		return e.cache.Free(int(id))
 	}
-	e.keptMu.Lock()
-	e.open = slices.DeleteFunc(e.open, func(k keptSeq) bool { return k.id == int(id) })
-	e.keptMu.Unlock()
 	// The committed rows hold the history's first n tokens (the last
 	// sampled token is never evaluated); tentative rows of a failed step
 	// go. A sequence freed before its first step keeps no rows, and its
 	// slot serves the next start as a new one would.
 	n := e.cache.Len(int(id))
-	if err := e.cache.Truncate(int(id), n); err != nil {
-		return err
-	}
+	err := e.cache.Truncate(int(id), n)
 	e.keptMu.Lock()
-	e.kept = append(e.kept, keptSeq{id: int(id), tokens: s.history[:n:n]})
-	e.keptMu.Unlock()
-	return nil
+	defer e.keptMu.Unlock()
+	e.open = slices.DeleteFunc(e.open, func(k keptSeq) bool { return k.id == int(id) })
+	if err == nil {
+		e.kept = append(e.kept, keptSeq{id: int(id), tokens: s.history[:n:n]})
+	}
+	return err
 }
 
 // catchUp gives sequence id, still prefilling, the rows another live
@@ -465,11 +466,15 @@ func (e *ModelEngine) Free(id SeqID) error {
 // A copy that fails leaves the sequence to prefill its whole context.
 // It returns the tokens it took (negative after a failed copy).
 func (e *ModelEngine) catchUp(id int, s *modelSeq) int {
-	have := len(s.context) - len(s.pending)
+	have := s.evaluated()
 	src, n := -1, have
 	e.keptMu.Lock()
 	for _, o := range e.open {
-		if k := min(commonPrefix(o.context, s.context), len(s.context)-1); o.id != id && k > n && len(o.tokens) >= k {
+		if o.id == id || len(o.tokens) <= n {
+			continue // it holds no more than id does
+		}
+		// open holds live sequences, whose contexts this goroutine owns.
+		if k := min(commonPrefix(e.seqs[SeqID(o.id)].context, s.context), len(s.context)-1); k > n && len(o.tokens) >= k {
 			src, n = o.id, k
 		}
 	}
@@ -496,13 +501,13 @@ func (e *ModelEngine) catchUp(id int, s *modelSeq) int {
 // chain moves on.
 func (e *ModelEngine) waits(i int, members []Member) bool {
 	s := e.seqs[members[i].Seq]
-	have := len(s.context) - len(s.pending)
+	have := s.evaluated()
 	for j, mb := range members {
 		o, ok := e.seqs[mb.Seq]
 		if j == i || !ok || o.decoding {
 			continue
 		}
-		oh := len(o.context) - len(o.pending)
+		oh := o.evaluated()
 		if oh < have || oh == have && j > i {
 			continue
 		}
