@@ -105,13 +105,12 @@ type openSeq struct {
 
 type specSeq struct {
 	dec     *spec.Decoder
-	have    int        // the context's first tokens the adopted target rows hold
-	prompt  []int32    // the context to prefill; nil once started
-	ctx     []int32    // the context
-	held    *spec.Held // the pair the decoder adopted, until it starts; nil when it makes its own
-	opening bool       // started, with the target's context rows not all committed yet
-	buf     []int32    // tokens emitted by the decoder, not yet handed out
-	out     []int32    // the slice handed out by the last Step
+	have    int     // the context's first tokens the adopted target rows hold
+	prompt  []int32 // the context to prefill; nil once started
+	ctx     []int32 // the context
+	opening bool    // started, with the target's context rows not all committed yet
+	buf     []int32 // tokens emitted by the decoder, not yet handed out
+	out     []int32 // the slice handed out by the last Step
 }
 
 // NewSpecEngine makes an engine on a draft/target pair with its own KV
@@ -297,11 +296,8 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 	ctx := slices.Clone(tokens)
 	s := &specSeq{dec: d, prompt: ctx, ctx: ctx}
 	if e.reuse {
-		if s.held, err = e.adopt(d, tokens); err != nil {
+		if s.have, err = e.adopt(d, tokens); err != nil {
 			return 0, fmt.Errorf("sched: engine %s: %w", e.opt.Name, err)
-		}
-		if s.held != nil {
-			s.have = s.held.TargetLen
 		}
 		e.reused.Add(int64(s.have))
 	}
@@ -316,19 +312,17 @@ func (e *SpecEngine) Start(tokens []int32, sampler *sample.Sampler, _ string) (S
 // with tokens, as ModelEngine.newSeq does for its one cache: a kept pair
 // rolled back to the prefix it shares, or new sequences given a kept
 // pair's first rows (d makes new ones itself when nothing is adopted).
-// It returns the pair adopted (nil: none), whose TargetLen is the
-// context tokens its target rows hold. keptMu held.
-func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (*spec.Held, error) {
+// have is the context tokens the adopted target rows hold. keptMu held.
+func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (have int, err error) {
 	p := e.plan(tokens, nil)
 	if p.take < 0 && p.from < 0 {
-		return nil, nil
+		return 0, nil
 	}
 	var h spec.Held
-	var err error
 	if p.take >= 0 {
 		h = e.kept[p.take]
 	} else if h, err = e.newPair(); err != nil {
-		return nil, err
+		return 0, err
 	}
 	src := h
 	if p.from >= 0 {
@@ -337,20 +331,18 @@ func (e *SpecEngine) adopt(d *spec.Decoder, tokens []int32) (*spec.Held, error) 
 	if p.take >= 0 {
 		e.kept = slices.Delete(e.kept, p.take, p.take+1)
 	}
-	if p.from < 0 {
-		// Rolled back at Start to what it shares.
-		h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], tokens), len(tokens)-1)
-		h.TargetLen = p.have
-		h.Tokens = slices.Clone(tokens[:max(h.DraftLen, h.TargetLen)])
-	} else if err := e.copyPair(&h, src, tokens, p.have); err != nil {
-		// Rows a failed copy left match no tokens: the pair goes, kept
-		// or new.
-		e.dcache.Free(h.Draft)
-		e.tcache.Free(h.Target)
-		return nil, err
+	holds(&h, src, tokens, p.have) // a kept pair rolls back to it at Start
+	if p.from >= 0 {
+		if err := e.copyPair(h, src); err != nil {
+			// Rows a failed copy left match no tokens: the pair goes,
+			// kept or new.
+			e.dcache.Free(h.Draft)
+			e.tcache.Free(h.Target)
+			return 0, err
+		}
 	}
 	d.Adopt(h)
-	return &h, nil
+	return p.have, nil
 }
 
 // newPair allocates a sequence in each cache.
@@ -365,15 +357,20 @@ func (e *SpecEngine) newPair() (h spec.Held, err error) {
 	return h, nil
 }
 
-// copyPair gives pair h the rows of src that hold the first tokens of a
-// context (its target's first have), and records them in h. The tokens
-// are recorded too: a decoder freed before it starts hands h back
-// (Detach), and it is kept with them. A failed copy leaves rows that
-// match no tokens; the caller frees or empties h.
-func (e *SpecEngine) copyPair(h *spec.Held, src spec.Held, ctx []int32, have int) error {
+// holds records in h the rows of src that hold the first tokens of a
+// context: the draft's it shares, and the target's first have. The
+// tokens are recorded too: a decoder freed before it starts hands h
+// back (Detach), and it is kept with them.
+func holds(h *spec.Held, src spec.Held, ctx []int32, have int) {
 	h.DraftLen = min(commonPrefix(src.Tokens[:src.DraftLen], ctx), len(ctx)-1)
 	h.TargetLen = have
 	h.Tokens = slices.Clone(ctx[:max(h.DraftLen, h.TargetLen)])
+}
+
+// copyPair copies into pair h the rows of src that holds recorded. A
+// failed copy leaves rows that match no tokens; the caller frees or
+// empties h.
+func (e *SpecEngine) copyPair(h, src spec.Held) error {
 	return errors.Join(e.copyPrefix(e.dcache, h.Draft, src.Draft, h.DraftLen), e.copyPrefix(e.tcache, h.Target, src.Target, h.TargetLen))
 }
 
@@ -473,7 +470,7 @@ func (e *SpecEngine) Step(ctx context.Context, members []Member, out []StepOut) 
 			prefilled = true
 			budget -= rest
 			out[i].Prefilled = rest
-			s.prompt, s.held = nil, nil
+			s.prompt = nil
 			s.opening = e.reuse
 			e.opened(mb.Seq, s)
 			continue
@@ -539,21 +536,20 @@ func (e *SpecEngine) catchUp(id SeqID, s *specSeq) int {
 	if src < 0 {
 		return 0
 	}
-	h := s.held
-	if h == nil {
-		p, err := e.newPair()
-		if err != nil {
+	h, ok := s.dec.Adopted()
+	if !ok {
+		var err error
+		if h, err = e.newPair(); err != nil {
 			return 0 // it prefills whole, allocating at Start
 		}
-		h = &p
 	}
-	if err := e.copyPair(h, e.open[src].h, s.prompt, have); err != nil {
+	holds(&h, e.open[src].h, s.prompt, have)
+	if err := e.copyPair(h, e.open[src].h); err != nil {
 		e.dcache.Truncate(h.Draft, 0)
 		e.tcache.Truncate(h.Target, 0)
 		h.DraftLen, h.TargetLen, h.Tokens, have = 0, 0, nil, 0
 	}
-	s.dec.Adopt(*h)
-	s.held = h
+	s.dec.Adopt(h)
 	took := have - s.have
 	s.have = have
 	e.reused.Add(int64(took))

@@ -597,6 +597,10 @@ func TestSpecEngineSharesLivePrefix(t *testing.T) {
 	if want := len(together[0]) + len(together[2]) - 1; l.prefilled != len(together[1])+1 || l.reused != want {
 		t.Errorf("started together: %d tokens prefilled and %d copied, want %d and %d", l.prefilled, l.reused, len(together[1])+1, want)
 	}
+	// Their trees shared target passes (spec.Group).
+	if passes, trees := e.Passes(), e.Stats().TargetPasses; passes >= int64(trees) {
+		t.Errorf("started together: %d target passes for %d trees; want the trees to share passes", passes, trees)
+	}
 	l.free()
 }
 

@@ -381,6 +381,14 @@ func (d *Decoder) Rows() (h Held, ok bool) {
 	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: d.dcache.Len(d.dseq), TargetLen: d.tcache.Len(d.tseq), Tokens: d.history}, true
 }
 
+// Adopted is the pair the next Start continues (Adopt), if any.
+func (d *Decoder) Adopted() (Held, bool) {
+	if d.adopted == nil {
+		return Held{}, false
+	}
+	return *d.adopted, true
+}
+
 // Adopt makes the next Start continue h's sequences, which must belong
 // to this decoder's caches, instead of allocating new ones: their first
 // h.DraftLen and h.TargetLen committed rows must hold the first tokens
