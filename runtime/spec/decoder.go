@@ -551,19 +551,15 @@ func (d *Decoder) step(ctx context.Context) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.verifyOwn(ctx); err != nil {
+	if d.cfg.Pipeline {
+		err = d.verifyPipelined(ctx)
+	} else {
+		err = d.verify()
+	}
+	if err != nil {
 		return nil, err
 	}
 	return d.accept(snap, d.tout.Row, 0)
-}
-
-// verifyOwn verifies the tree in a pass of its own, pipelined when the
-// configuration says.
-func (d *Decoder) verifyOwn(ctx context.Context) error {
-	if d.cfg.Pipeline {
-		return d.verifyPipelined(ctx)
-	}
-	return d.verify()
 }
 
 // grow drafts until the trigger says verify, and puts the tree in the

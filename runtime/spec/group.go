@@ -35,7 +35,7 @@ func (g *Group) Passes() int { return g.passes }
 // caches (and the Lane). out[i] gets decoder i's tokens and errs[i] its
 // error; a decoder that fails is left as a failed Step leaves it, with
 // its sequences freed, and the others go on (a failed pass fails them
-// all).
+// all). One decoder alone takes the same path as several.
 func (g *Group) Step(ctx context.Context, decs []*Decoder, out [][]int32, errs []error) {
 	if len(out) < len(decs) || len(errs) < len(decs) {
 		panic(fmt.Sprintf("spec: Group.Step with %d decoders, %d outputs and %d errors", len(decs), len(out), len(errs)))
@@ -59,19 +59,6 @@ func (g *Group) Step(ctx context.Context, decs []*Decoder, out [][]int32, errs [
 		g.live, g.snaps = append(g.live, i), append(g.snaps, snap)
 	}
 	if len(g.live) == 0 {
-		return
-	}
-	if len(g.live) == 1 { // alone: the decoder's own pass, as Step runs it
-		i := g.live[0]
-		d := decs[i]
-		g.passes++
-		err := d.verifyOwn(ctx)
-		if err == nil {
-			out[i], err = d.accept(g.snaps[0], d.tout.Row, 0)
-		}
-		if err != nil {
-			errs[i] = d.fail(err)
-		}
 		return
 	}
 	g.verify(ctx, decs, errs)
