@@ -162,7 +162,7 @@ cuda-ptx:
 # story corpus and a 1024-token BPE vocabulary, the target trained on it,
 # the draft trained on it and then distilled from the target (KL to its
 # soft targets, on text the target samples), both written as Q8_0 into
-# tools/tandem/defaultmodel. Every step is seeded, and the trainer's
+# tools/tandem/defaultmodel with the target's uncertainty calibration. Every step is seeded, and the trainer's
 # results do not depend on the thread count, so a rerun gives the same
 # files. Interrupted steps resume from their checkpoints (--resume).
 MODELS_DIR ?= /tmp/tandem-models
@@ -190,3 +190,4 @@ models:
 	$(TANDEM_NICE) convert --type q8_0 $(MODELS_DIR)/draft.gguf $(MODELS_OUT)/draft.gguf
 	$(TANDEM_NICE) eval --model $(MODELS_OUT)/target.gguf --draft $(MODELS_OUT)/draft.gguf \
 		--data $(MODELS_DIR)/held-out.txt --prompts $(MODELS_OUT)/prompts.txt
+	$(TANDEM_NICE) calibrate --model $(MODELS_OUT)/target.gguf --out $(MODELS_OUT)/target.calib.json

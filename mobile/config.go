@@ -35,7 +35,8 @@ type config struct {
 	// Mode is how the draft is used: "tree" (default) or "sd".
 	Mode string `json:"mode"`
 	// Calibration is the uncertainty estimator (empty: MODEL.calib.json
-	// when it exists, else the prompt length).
+	// when it exists, else the prompt length; the embedded model's own
+	// for the embedded model).
 	Calibration string `json:"calibration"`
 	// Budget is the most bytes of weights the lanes hold (see
 	// internal/budget): "" keeps the whole (mapped) file, "auto" takes
@@ -246,12 +247,20 @@ func openTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
 	return tok, err
 }
 
-// openEstimator reads the calibration, explicit or beside the model.
+// openEstimator reads the calibration, explicit or beside the model;
+// the embedded model has the one it ships with.
 func openEstimator(path, modelPath string) (*sched.Estimator, error) {
 	if path == "" && modelPath != "" {
 		if def := sched.CalibrationPath(modelPath); fileExists(def) {
 			path = def
 		}
+	}
+	if path == "" && modelPath == "" {
+		c, err := sched.ParseCalibration(defaultmodel.Calibration(), defaultmodel.CalibrationName)
+		if err != nil {
+			return nil, err
+		}
+		return sched.NewEstimator(c), nil
 	}
 	if path == "" {
 		return sched.NewEstimator(nil), nil

@@ -52,7 +52,8 @@ type Engine struct {
 //	             private files (Context.getFilesDir()); "": the embedded
 //	             default model
 //	tokenizer    tokenizer.bin or GGUF vocabulary ("": the model's own)
-//	calibration  uncertainty calibration ("": MODEL.calib.json if present)
+//	calibration  uncertainty calibration ("": MODEL.calib.json if present;
+//	             the embedded model's own for the embedded model)
 //	budget       bytes of weights each lane holds: "" (the whole file,
 //	             mapped), "auto" (half the available memory, leaving the
 //	             rest to the app: the low-memory killer ends apps that

@@ -226,6 +226,22 @@ func TestEmbeddedDefault(t *testing.T) {
 	}
 }
 
+// TestEmbeddedCalibration: the embedded model schedules with the
+// calibration it ships with, from the first request. Uncalibrated, the
+// predicted length is the prompt's length in tokens, under 40 for both
+// prompts here.
+func TestEmbeddedCalibration(t *testing.T) {
+	e := newEngine(t, "")
+	predict := func(prompt string) float64 {
+		return generate(t, e, fmt.Sprintf(`{"prompt": %q, "max_tokens": 200, "temperature": 0}`, prompt), nil).Uncertainty
+	}
+	closed := predict("Is the red ball in the box?")
+	open := predict("Tell me everything about the little dog and the big tree, and then describe what might happen next, and why?")
+	if open < closed+50 {
+		t.Errorf("predicted %.1f tokens for a closed question, %.1f for an open, multi-part request: the shipped calibration is not in use", closed, open)
+	}
+}
+
 // TestEmbeddedDraft: the embedded draft ("draft": "default") speculates
 // for the embedded model without changing its greedy text.
 func TestEmbeddedDraft(t *testing.T) {

@@ -110,7 +110,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeLanes()
-	sc, err := sched.New(sched.Config{}, sched.NewEstimator(nil), lanes...)
+	est, err := estimator(o.model)
+	if err != nil {
+		return err
+	}
+	sc, err := sched.New(sched.Config{}, est, lanes...)
 	if err != nil {
 		return err
 	}
@@ -207,6 +211,26 @@ func receive(ctx context.Context, st *sched.Stream) (string, *sched.Result, erro
 }
 
 // open loads the model (or the embedded one) and its tokenizer.
+// estimator is the embedded model's uncertainty calibration, or the one
+// tandem calibrate wrote beside the model (the prompt length without).
+func estimator(modelPath string) (*sched.Estimator, error) {
+	if modelPath == "" {
+		c, err := sched.ParseCalibration(defaultmodel.Calibration(), defaultmodel.CalibrationName)
+		if err != nil {
+			return nil, err
+		}
+		return sched.NewEstimator(c), nil
+	}
+	c, err := sched.LoadCalibration(sched.CalibrationPath(modelPath))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return sched.NewEstimator(nil), nil
+	case err != nil:
+		return nil, err
+	}
+	return sched.NewEstimator(c), nil
+}
+
 func open(modelPath, tokPath string) (*weights.File, *tokenizer.Tokenizer, error) {
 	var f *weights.File
 	var err error

@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/kernels/cpuset"
+	"github.com/tandem-llm/tandem/runtime/sched"
 )
 
 // TestPlanner runs the planner briefly on the embedded model: every step
@@ -82,5 +85,23 @@ func TestPlannerErrors(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"--help"}, &out, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "robot planner") {
 		t.Errorf("--help: %v\n%s", err, out.String())
+	}
+}
+
+// TestEstimator: the embedded model plans with the calibration it ships
+// with; a model file with the one beside it, or with none (prompt
+// length); a damaged one is an error, not a silent fallback.
+func TestEstimator(t *testing.T) {
+	est, err := estimator("")
+	if err != nil || !est.Calibrated() {
+		t.Fatalf("embedded model: calibrated %v, %v", est.Calibrated(), err)
+	}
+	model := filepath.Join(t.TempDir(), "model.gguf")
+	if est, err := estimator(model); err != nil || est.Calibrated() {
+		t.Errorf("a model without calibration: calibrated %v, %v", est.Calibrated(), err)
+	}
+	os.WriteFile(sched.CalibrationPath(model), []byte("{"), 0o644)
+	if _, err := estimator(model); err == nil {
+		t.Error("a damaged calibration beside the model was ignored")
 	}
 }

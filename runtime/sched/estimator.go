@@ -82,25 +82,31 @@ func LoadCalibration(path string) (*Calibration, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseCalibration(data, path)
+}
+
+// ParseCalibration checks a calibration's JSON; name (a file, or what
+// else holds it) prefixes its errors.
+func ParseCalibration(data []byte, name string) (*Calibration, error) {
 	var c Calibration
 	if err := json.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("%s: not a calibration file: %w", path, err)
+		return nil, fmt.Errorf("%s: not a calibration file: %w", name, err)
 	}
 	if c.Format != CalibrationFormat {
-		return nil, fmt.Errorf("%s: format %q, want %q; rerun tandem calibrate", path, c.Format, CalibrationFormat)
+		return nil, fmt.Errorf("%s: format %q, want %q; rerun tandem calibrate", name, c.Format, CalibrationFormat)
 	}
 	if c.MLP == nil {
-		return nil, fmt.Errorf("%s: no mlp", path)
+		return nil, fmt.Errorf("%s: no mlp", name)
 	}
 	if err := c.MLP.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w; rerun tandem calibrate", path, err)
+		return nil, fmt.Errorf("%s: %w; rerun tandem calibrate", name, err)
 	}
 	if c.MLP.Inputs() != NumFeatures {
-		return nil, fmt.Errorf("%s: the mlp takes %d inputs, this tandem computes %d features; rerun tandem calibrate", path, c.MLP.Inputs(), NumFeatures)
+		return nil, fmt.Errorf("%s: the mlp takes %d inputs, this tandem computes %d features; rerun tandem calibrate", name, c.MLP.Inputs(), NumFeatures)
 	}
 	for i, s := range c.Scores {
 		if !finite(s) || s < 0 || (i > 0 && s < c.Scores[i-1]) {
-			return nil, fmt.Errorf("%s: scores must be finite, >= 0 and ascending (entry %d is %v)", path, i, s)
+			return nil, fmt.Errorf("%s: scores must be finite, >= 0 and ascending (entry %d is %v)", name, i, s)
 		}
 	}
 	return &c, nil

@@ -72,7 +72,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	simRequests := fs.Int("sim-requests", 600, "requests per simulated run (10 to 100000)")
 	lanesFlag := fs.String("lanes", "1,1", "the real engine's lanes, comma separated: threads per CPU lane, pinned to CPUs with @ (1@0,1@1; 4@big,4@little on a phone), or cuda / cuda:N for a GPU lane (a build with -tags cuda); the simulator uses as many lanes")
 	maxBatch := fs.Int("max-batch", 8, "most sequences a lane decodes together")
-	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json; calibrated now when missing)")
+	calib := fs.String("calibration", "", "estimator for the real engine (default: MODEL.calib.json, or the embedded model's own; calibrated now when missing)")
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
 	prefixReuse := fs.Bool("prefix-reuse", true, "the real engine's lanes start a request from a finished one's KV cache where their prompts share a prefix, as tandem serve does (every policy alike; the step costs are measured without it)")
 	outDir := fs.String("out", "", "directory for sched.md, sched.json and sched.svg")

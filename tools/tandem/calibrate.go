@@ -21,6 +21,7 @@ import (
 	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/sched"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -34,8 +35,9 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 			"prompts' linguistic-uncertainty features and length to the output lengths.\n"+
 			"It reports the estimator's error on held-out prompts next to the fallback\n"+
 			"(predicting the prompt length) and writes MODEL.calib.json beside the model\n"+
-			"(for the embedded model: the user config directory), where tandem serve and\n"+
-			"tandem bench sched find it. The default corpus is the scheduling benchmark's\n"+
+			"(for the embedded model: the user config directory, where it takes the place\n"+
+			"of the calibration the model ships with), where tandem serve and tandem\n"+
+			"bench sched find it. The default corpus is the scheduling benchmark's\n"+
 			"prompt mix; --prompts takes one prompt per line, or JSON lines\n"+
 			`{"prompt": "...", "max_tokens": N}.`, stdout, stderr,
 		"tandem calibrate --model stories260K.gguf",
@@ -143,18 +145,27 @@ func calibrationPath(modelPath string) (string, error) {
 }
 
 // loadEstimator reads the calibration at path (explicit), or the model's
-// default one when it exists; without either the estimator falls back to
-// the prompt length.
-func loadEstimator(path, modelPath string) (*sched.Estimator, string, error) {
+// default one when it exists; the embedded model otherwise has the one
+// it ships with (defaultmodel.Calibration), and any other model falls
+// back to the prompt length. The name says where the calibration came
+// from ("" when there is none).
+func loadEstimator(path, modelPath string) (est *sched.Estimator, name string, err error) {
 	if path == "" {
-		def, err := calibrationPath(modelPath)
+		if def, err := calibrationPath(modelPath); err == nil {
+			if _, err := os.Stat(def); err == nil {
+				path = def
+			}
+		}
+	}
+	if path == "" && modelPath == "" {
+		c, err := sched.ParseCalibration(defaultmodel.Calibration(), defaultmodel.CalibrationName)
 		if err != nil {
-			return sched.NewEstimator(nil), "", nil
+			return nil, "", err
 		}
-		if _, err := os.Stat(def); err != nil {
-			return sched.NewEstimator(nil), "", nil
-		}
-		path = def
+		return sched.NewEstimator(c), defaultmodel.CalibrationName, nil
+	}
+	if path == "" {
+		return sched.NewEstimator(nil), "", nil
 	}
 	c, err := sched.LoadCalibration(path)
 	if err != nil {

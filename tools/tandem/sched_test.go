@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/sched"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 )
 
 // calibrateSmall runs tandem calibrate on stories260K with a small corpus
@@ -265,5 +266,50 @@ func TestFastLanes(t *testing.T) {
 		if got := fastLanes(c.costs, 8); !slices.Equal(got, c.want) {
 			t.Errorf("fastLanes(%v) = %v, want %v", c.costs, got, c.want)
 		}
+	}
+}
+
+// TestLoadEstimator: the embedded model comes calibrated, a calibration
+// the user made for it (tandem calibrate, no --model) wins over the
+// shipped one, a model file uses the calibration beside it when there is
+// one and the prompt length when not, and a damaged file is an error,
+// not a silent fallback.
+func TestLoadEstimator(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	est, name, err := loadEstimator("", "")
+	if err != nil || !est.Calibrated() || name != defaultmodel.CalibrationName {
+		t.Fatalf("embedded model: calibrated %v from %q, %v", est.Calibrated(), name, err)
+	}
+	own, err := calibrationPath("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := sched.ParseCalibration(defaultmodel.Calibration(), defaultmodel.CalibrationName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(own), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := shipped.Save(own); err != nil {
+		t.Fatal(err)
+	}
+	if est, name, err := loadEstimator("", ""); err != nil || !est.Calibrated() || name != own {
+		t.Errorf("embedded model with the user's calibration: calibrated %v from %q, %v; want %s", est.Calibrated(), name, err, own)
+	}
+
+	model := filepath.Join(t.TempDir(), "model.gguf")
+	if est, name, err := loadEstimator("", model); err != nil || est.Calibrated() || name != "" {
+		t.Errorf("a model without calibration: calibrated %v from %q, %v", est.Calibrated(), name, err)
+	}
+	if err := shipped.Save(sched.CalibrationPath(model)); err != nil {
+		t.Fatal(err)
+	}
+	if est, name, err := loadEstimator("", model); err != nil || !est.Calibrated() || name != sched.CalibrationPath(model) {
+		t.Errorf("a model with its calibration beside it: calibrated %v from %q, %v", est.Calibrated(), name, err)
+	}
+	os.WriteFile(own, []byte(`{"format":"tandem-calibration/1"}`), 0o644)
+	if _, _, err := loadEstimator("", ""); err == nil || !strings.Contains(err.Error(), own) {
+		t.Errorf("a damaged user calibration: %v, want an error naming %s", err, own)
 	}
 }

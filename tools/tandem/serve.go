@@ -46,7 +46,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			"without deadlines, up to its share of the work (see README, \"Serving\").\n"+
 			"With no --model it serves the embedded default model. The uncertainty\n"+
 			"estimator is read from MODEL.calib.json when it exists (see tandem\n"+
-			"calibrate). SIGINT or SIGTERM drain in-flight requests for\n"+
+			"calibrate); the embedded model has the calibration it ships with.\n"+
+			"SIGINT or SIGTERM drain in-flight requests for\n"+
 			"--drain-timeout, then cancel the rest.\n"+
 			"With --draft every lane decodes speculatively: the small draft model, sharing\n"+
 			"the model's tokenizer, guesses tokens that the model verifies in one pass\n"+

@@ -89,6 +89,38 @@ func stopServe(t *testing.T, addr string, done chan int) {
 	}
 }
 
+// TestServeEmbeddedCalibration: with no --model, serve schedules the
+// embedded model with the calibration it ships with: the ready line says
+// so, and an open, multi-part request is predicted far longer than its
+// prompt (the uncalibrated score is the prompt's length, 37 tokens here).
+func TestServeEmbeddedCalibration(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir()) // no calibration of the user's
+	addr, log, done, _ := startServe(t)
+	if ready := log[len(log)-1]; !strings.Contains(ready, "estimator the embedded default calibration") {
+		t.Errorf("ready line %q", ready)
+	}
+	resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":"Tell me everything about the little dog and the big tree, and then describe what might happen next, and why?","max_tokens":200,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		}
+		Tandem struct{ Uncertainty float64 }
+	}
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("completion: status %d, %v", resp.StatusCode, err)
+	}
+	if out.Tandem.Uncertainty < float64(out.Usage.PromptTokens)+50 {
+		t.Errorf("predicted %.1f tokens for a %d-token open, multi-part request", out.Tandem.Uncertainty, out.Usage.PromptTokens)
+	}
+	stopServe(t, addr, done)
+}
+
 // TestServeEndToEnd runs the serve verb on a free port, talks to it, then
 // stops it.
 func TestServeEndToEnd(t *testing.T) {
