@@ -148,7 +148,9 @@ func calibrationPath(modelPath string) (string, error) {
 // default one when it exists; the embedded model otherwise has the one
 // it ships with (defaultmodel.Calibration), and any other model falls
 // back to the prompt length. The name says where the calibration came
-// from ("" when there is none).
+// from ("" when there is none), and when it was made for a file of
+// another size than the model's: a model replaced or requantized since
+// answers differently, so its predictions are a stale guess.
 func loadEstimator(path, modelPath string) (est *sched.Estimator, name string, err error) {
 	if path == "" {
 		if def, err := calibrationPath(modelPath); err == nil {
@@ -171,7 +173,11 @@ func loadEstimator(path, modelPath string) (est *sched.Estimator, name string, e
 	if err != nil {
 		return nil, "", err
 	}
-	return sched.NewEstimator(c), path, nil
+	name = path
+	if st, err := os.Stat(modelPath); err == nil && c.ModelBytes > 0 && c.ModelBytes != st.Size() {
+		name += fmt.Sprintf(" (made for a %d-byte model, this one has %d bytes: rerun tandem calibrate)", c.ModelBytes, st.Size())
+	}
+	return sched.NewEstimator(c), name, nil
 }
 
 // readPrompts reads text lines or JSON lines {"prompt", "max_tokens"}.

@@ -272,8 +272,8 @@ func TestFastLanes(t *testing.T) {
 // TestLoadEstimator: the embedded model comes calibrated, a calibration
 // the user made for it (tandem calibrate, no --model) wins over the
 // shipped one, a model file uses the calibration beside it when there is
-// one and the prompt length when not, and a damaged file is an error,
-// not a silent fallback.
+// one (saying so when it was made for another file) and the prompt
+// length when not, and a damaged file is an error, not a silent fallback.
 func TestLoadEstimator(t *testing.T) {
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
 	est, name, err := loadEstimator("", "")
@@ -307,6 +307,11 @@ func TestLoadEstimator(t *testing.T) {
 	}
 	if est, name, err := loadEstimator("", model); err != nil || !est.Calibrated() || name != sched.CalibrationPath(model) {
 		t.Errorf("a model with its calibration beside it: calibrated %v from %q, %v", est.Calibrated(), name, err)
+	}
+	// The shipped calibration records the embedded target's size.
+	os.WriteFile(model, []byte("a different model"), 0o644)
+	if est, name, err := loadEstimator("", model); err != nil || !est.Calibrated() || !strings.Contains(name, fmt.Sprintf("made for a %d-byte model, this one has 17 bytes: rerun tandem calibrate", shipped.ModelBytes)) {
+		t.Errorf("a model that is not the one calibrated: calibrated %v from %q, %v", est.Calibrated(), name, err)
 	}
 	os.WriteFile(own, []byte(`{"format":"tandem-calibration/1"}`), 0o644)
 	if _, _, err := loadEstimator("", ""); err == nil || !strings.Contains(err.Error(), own) {
