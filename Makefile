@@ -162,9 +162,10 @@ cuda-ptx:
 # story corpus and a 1024-token BPE vocabulary, the target trained on it,
 # the draft trained on it and then distilled from the target (KL to its
 # soft targets, on text the target samples), both written as Q8_0 into
-# tools/tandem/defaultmodel with the target's uncertainty calibration. Every step is seeded, and the trainer's
-# results do not depend on the thread count, so a rerun gives the same
-# files. Interrupted steps resume from their checkpoints (--resume).
+# tools/tandem/defaultmodel with the target's uncertainty calibration.
+# Every step is seeded, and the trainer's results do not depend on the
+# thread count, so a rerun gives the same files. Interrupted steps resume
+# from their checkpoints (--resume).
 MODELS_DIR ?= /tmp/tandem-models
 TARGET_SHAPE ?= 192,512,6,6,3,256
 DRAFT_SHAPE ?= 96,256,3,4,2,256

@@ -210,7 +210,6 @@ func receive(ctx context.Context, st *sched.Stream) (string, *sched.Result, erro
 	}
 }
 
-// open loads the model (or the embedded one) and its tokenizer.
 // estimator is the embedded model's uncertainty calibration, or the one
 // tandem calibrate wrote beside the model (the prompt length without).
 func estimator(modelPath string) (*sched.Estimator, error) {
@@ -231,6 +230,7 @@ func estimator(modelPath string) (*sched.Estimator, error) {
 	return sched.NewEstimator(c), nil
 }
 
+// open loads the model (or the embedded one) and its tokenizer.
 func open(modelPath, tokPath string) (*weights.File, *tokenizer.Tokenizer, error) {
 	var f *weights.File
 	var err error

@@ -152,32 +152,31 @@ func calibrationPath(modelPath string) (string, error) {
 // another size than the model's: a model replaced or requantized since
 // answers differently, so its predictions are a stale guess.
 func loadEstimator(path, modelPath string) (est *sched.Estimator, name string, err error) {
-	if path == "" {
-		if def, err := calibrationPath(modelPath); err == nil {
-			if _, err := os.Stat(def); err == nil {
-				path = def
+	explicit := path != ""
+	if !explicit {
+		path, _ = calibrationPath(modelPath) // "" without a config directory
+	}
+	if path != "" {
+		c, err := sched.LoadCalibration(path)
+		switch {
+		case err == nil:
+			name = path
+			if st, err := os.Stat(modelPath); err == nil && c.ModelBytes > 0 && c.ModelBytes != st.Size() {
+				name += fmt.Sprintf(" (made for a %d-byte model, this one has %d bytes: rerun tandem calibrate)", c.ModelBytes, st.Size())
 			}
+			return sched.NewEstimator(c), name, nil
+		case explicit || !errors.Is(err, os.ErrNotExist):
+			return nil, "", err
 		}
 	}
-	if path == "" && modelPath == "" {
+	if modelPath == "" {
 		c, err := sched.ParseCalibration(defaultmodel.Calibration(), defaultmodel.CalibrationName)
 		if err != nil {
 			return nil, "", err
 		}
 		return sched.NewEstimator(c), defaultmodel.CalibrationName, nil
 	}
-	if path == "" {
-		return sched.NewEstimator(nil), "", nil
-	}
-	c, err := sched.LoadCalibration(path)
-	if err != nil {
-		return nil, "", err
-	}
-	name = path
-	if st, err := os.Stat(modelPath); err == nil && c.ModelBytes > 0 && c.ModelBytes != st.Size() {
-		name += fmt.Sprintf(" (made for a %d-byte model, this one has %d bytes: rerun tandem calibrate)", c.ModelBytes, st.Size())
-	}
-	return sched.NewEstimator(c), name, nil
+	return sched.NewEstimator(nil), "", nil
 }
 
 // readPrompts reads text lines or JSON lines {"prompt", "max_tokens"}.

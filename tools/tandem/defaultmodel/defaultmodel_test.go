@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/runtime/sched"
-
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 )
