@@ -331,16 +331,100 @@ AVX2 INLINE float dot_avx2(int wt, int64_t es, const float *a, const uint8_t *p,
 	return s;
 }
 
+// hsum8_ps returns the horizontal sums of v[0..7], each added in
+// hsum_ps's order ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)), so a row's
+// score has the same bits reduced alone or with seven others.
+AVX2 INLINE __m256 hsum8_ps(const __m256 v[8]) {
+	// t[j]: row 2j's x_i+x_{i+4} in the low 128-bit lane, row 2j+1's in
+	// the high one.
+	__m256 t[4];
+	for (int j = 0; j < 4; j++) {
+		t[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+			_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+	}
+	// u[j]: per lane (p0+p2, p1+p3) of rows 4j and 4j+2 (low lane),
+	// 4j+1 and 4j+3 (high lane).
+	__m256 u[2];
+	for (int j = 0; j < 2; j++) {
+		u[j] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+			_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	}
+	// The even rows' sums land in the low lane, the odd rows' in the high.
+	return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u[0], u[1]), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// scores8 sets the scores of eight rows (K rows at p[0..7], hd a
+// multiple of 8) for H heads from h0: each row's K values are loaded
+// once for the H heads, each head's two accumulator chains are
+// dot_avx2's, and the eight rows' horizontal sums share their shuffles.
+// One row at a time, the horizontal sums cost more than the products on
+// heads of 8 to 32 values (stories260K, the embedded target).
+AVX2 INLINE void scores8(const int H, int wt, int64_t es, const float *q, int64_t h0, int64_t hd,
+	const uint8_t *const p[8], int64_t n, int64_t r0, float scale, float *scores) {
+	__m256 v[4][8];
+	for (int r = 0; r < 8; r++) {
+		__m256 acc0[4], acc1[4];
+		for (int j = 0; j < H; j++) {
+			acc0[j] = _mm256_setzero_ps();
+			acc1[j] = _mm256_setzero_ps();
+		}
+		int64_t i = 0;
+		for (; i + 16 <= hd; i += 16) {
+			__m256 k0 = load8(wt, p[r] + i * es), k1 = load8(wt, p[r] + (i + 8) * es);
+			for (int j = 0; j < H; j++) {
+				const float *qh = q + (h0 + j) * hd;
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh + i), acc0[j]);
+				acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh + i + 8), acc1[j]);
+			}
+		}
+		if (i < hd) {
+			__m256 k0 = load8(wt, p[r] + i * es);
+			for (int j = 0; j < H; j++) {
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q + (h0 + j) * hd + i), acc0[j]);
+			}
+		}
+		for (int j = 0; j < H; j++) {
+			v[j][r] = _mm256_add_ps(acc0[j], acc1[j]);
+		}
+	}
+	for (int j = 0; j < H; j++) {
+		_mm256_storeu_ps(scores + (h0 + j) * n + r0, _mm256_mul_ps(hsum8_ps(v[j]), _mm256_set1_ps(scale)));
+	}
+}
+
 // tk_scores_avx2 sets scores[h*n + i] = scale · (q_h · K_i) for the heads
-// and rows: each K row is loaded once for all heads, and four heads go at
-// a time, so their eight accumulator chains overlap instead of one head's
-// two waiting on each other. Each head's sum is dot_avx2's, in its order:
-// a head's bits do not depend on the heads beside it.
+// and rows: each K row is loaded once for up to four heads, whose
+// accumulator chains overlap instead of one head's two waiting on each
+// other, and where hd is a multiple of 8 rows go eight at a time
+// (scores8), the rest one at a time. Each head's sum is dot_avx2's, in
+// its order: a score's bits depend neither on the heads beside it nor on
+// the rows.
 AVX2 void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const void *k, int64_t stride, int64_t off,
 	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores) {
 	const int wt = f16 ? TK_F16 : TK_F32;
 	const int64_t es = f16 ? 2 : 4;
-	for (int64_t r = 0; r < n; r++) {
+	int64_t r = 0;
+	if (hd % 8 == 0) {
+		for (; r + 8 <= n; r += 8) {
+			const uint8_t *p[8];
+			for (int j = 0; j < 8; j++) {
+				const int64_t row = r + j < prefix ? r + j : extra[r + j - prefix];
+				p[j] = (const uint8_t *)k + (row * stride + off) * es;
+			}
+			int64_t h = 0;
+			for (; h + 4 <= heads; h += 4) {
+				scores8(4, wt, es, q, h, hd, p, n, r, scale, scores);
+			}
+			if (h + 2 <= heads) { // grouped-query pairs: stories260K, the embedded target
+				scores8(2, wt, es, q, h, hd, p, n, r, scale, scores);
+				h += 2;
+			}
+			for (; h < heads; h++) {
+				scores8(1, wt, es, q, h, hd, p, n, r, scale, scores);
+			}
+		}
+	}
+	for (; r < n; r++) {
 		int64_t row = r < prefix ? r : extra[r - prefix];
 		const uint8_t *p = (const uint8_t *)k + (row * stride + off) * es;
 		int64_t h = 0;

@@ -258,6 +258,57 @@ func TestAttentionSoftmaxIsAccurate(t *testing.T) {
 	}
 }
 
+// Rows with equal keys get equal probabilities, to the bit, whichever way
+// their scores were reduced: the AVX2 kernel sums eight rows' products
+// at a time and the rows past the last eight one at a time, and decode
+// and tree verification put a KV row at different places in those
+// blocks only if the two orders agree. V is zero except a 1 for the
+// first row (in a block) and for the last (alone), so the output reads
+// back those two rows' probabilities.
+func TestAttentionRowBlocksMatchLoneRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, hd := range []int{8, 16, 24, 32, 64, 12} {
+		for _, heads := range []int{1, 2, 5} {
+			for _, n := range []int{9, 15, 17, 30} {
+				stride := hd
+				key := randVec(rng, hd, 1)
+				k := make([]float32, n*stride)
+				for r := range n {
+					copy(k[r*stride:], key)
+				}
+				v := make([]float32, n*stride)
+				v[0], v[(n-1)*stride+1] = 1, 1
+				k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
+				for i := range k {
+					k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+				}
+				q := randVec(rng, heads*hd, 2)
+				// The last three rows as tree ancestors, the rest a prefix.
+				prefix, extra := n-3, []int32{int32(n - 3), int32(n - 2), int32(n - 1)}
+				for _, be := range testBackends() {
+					restore := useBackend(t, be)
+					for _, f16 := range []bool{false, true} {
+						out := make([]float32, heads*hd)
+						if f16 {
+							AttentionF16(out, q, k16, v16, heads, stride, 0, prefix, extra, 0.3, make([]float32, heads*n))
+						} else {
+							Attention(out, q, k, v, heads, stride, 0, prefix, extra, 0.3, make([]float32, heads*n))
+						}
+						for h := range heads {
+							first, last := out[h*hd], out[h*hd+1]
+							if math.Float32bits(first) != math.Float32bits(last) {
+								t.Errorf("%s f16 %v hd %d heads %d rows %d, head %d: first row's probability %v, last row's %v",
+									be, f16, hd, heads, n, h, first, last)
+							}
+						}
+					}
+					restore()
+				}
+			}
+		}
+	}
+}
+
 // Heads that share a KV head, attended together, give each head the bits
 // it gets attended alone (decode and tree verification batch heads
 // differently, and a verified tree promises decode's tokens), on every
