@@ -430,7 +430,7 @@ AVX512 INLINE void gemv_rows(const int bb, float *out, const uint8_t *w, int64_t
 	}
 }
 
-// s16_gemm (two columns or more) repacks a tile of 16 weight
+// s16_gemm (Q4_0, two columns or more) repacks a tile of 16 weight
 // rows, GEMM_KC blocks at a time, into a scratch buffer where each 32-bit
 // lane of a 512-bit register is one row: per block, eight registers of
 // 16 rows × 4 unsigned weights, then the 16 row scales as floats. One
@@ -444,61 +444,47 @@ AVX512 INLINE void gemv_rows(const int bb, float *out, const uint8_t *w, int64_t
 #define GEMM_SG 32
 #define PACK_BLOCK 576 // 8 × 64 weight bytes + 16 float scales
 
-// transpose8x8 transposes, within each 256-bit half, an 8×8 matrix of
-// 32-bit values held one row per register.
-AVX512 INLINE void transpose8x8(__m512i v[8]) {
-	__m512i t[8];
-	for (int i = 0; i < 8; i += 2) {
-		t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-		t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-	}
-	__m512i u[8];
-	for (int i = 0; i < 8; i += 4) {
-		u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-		u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-		u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-		u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-	}
-	// u[i] holds, in each 128-bit lane, column i%4 of rows 4·(i/4)..+3;
-	// lanes 0 and 2 come from the low 128 bits of the row halves.
-	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-	for (int i = 0; i < 4; i++) {
-		v[i] = _mm512_permutex2var_epi64(u[i], lo, u[i + 4]);
-		v[i + 4] = _mm512_permutex2var_epi64(u[i], hi, u[i + 4]);
-	}
+// qs16 loads the 16 weight bytes of a Q4_0 block (18 bytes, at col in
+// row 0) of row r, or zeros past the tile's last row nr-1.
+AVX512 INLINE __m128i qs16(const uint8_t *col, int64_t row_bytes, int r, int nr) {
+	return r < nr ? _mm_loadu_si128((const __m128i *)(col + r * row_bytes + 2)) : _mm_setzero_si128();
 }
 
-// pack16 repacks blocks k0..k0+kc-1 of rows r0..r0+nr-1 (nr <= 16; the
-// missing rows get zero weights and scales).
-AVX512 INLINE void pack16(const int bb, uint8_t *buf, const uint8_t *w, int64_t row_bytes, int64_t r0, int nr,
-	int64_t k0, int64_t kc) {
+// pack16 repacks Q4_0 blocks k0..k0+kc-1 of rows r0..r0+nr-1 (nr <= 16;
+// the missing rows get zero weights and scales). Register t < 4 of a
+// block takes, one row per 32-bit lane, the low nibbles of the row's
+// weight bytes 4t..4t+3 (weights 4t..4t+3) and register t+4 their high
+// nibbles (weights 16+4t..16+4t+3): activation bytes 4t.. for register
+// t, as s16_chunk reads them. The nibbles are split after a 4×4
+// transpose of the rows' 32-bit words, not before: unpacking each row
+// into activation order first took twice the shuffles.
+AVX512 INLINE void pack16(uint8_t *buf, const uint8_t *w, int64_t row_bytes, int64_t r0, int nr, int64_t k0,
+	int64_t kc) {
+	const __m512i low = _mm512_set1_epi8(15);
 	for (int64_t k = 0; k < kc; k++) {
 		uint8_t *dst = buf + k * PACK_BLOCK;
-		float *sc = (float *)(dst + 512);
-		__m512i v[8];
-		// v[i] = [row i | row i+8], each 8 dwords of 4 weights
-		for (int i = 0; i < 8; i++) {
-			__m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-			if (i < nr) {
-				const uint8_t *blk = w + (r0 + i) * row_bytes + (k0 + k) * bb;
-				a = weights32(bb, blk);
-				sc[i] = _cvtsh_ss(tk_le16(blk));
-			} else {
-				sc[i] = 0;
-			}
-			if (i + 8 < nr) {
-				const uint8_t *blk = w + (r0 + i + 8) * row_bytes + (k0 + k) * bb;
-				b = weights32(bb, blk);
-				sc[i + 8] = _cvtsh_ss(tk_le16(blk));
-			} else {
-				sc[i + 8] = 0;
-			}
-			v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+		const uint8_t *col = w + r0 * row_bytes + (k0 + k) * 18;
+		// q[j] holds rows j, j+4, j+8, j+12 in its 128-bit lanes.
+		__m512i q[4];
+		for (int j = 0; j < 4; j++) {
+			__m512i v = _mm512_castsi128_si512(qs16(col, row_bytes, j, nr));
+			v = _mm512_inserti32x4(v, qs16(col, row_bytes, j + 4, nr), 1);
+			v = _mm512_inserti32x4(v, qs16(col, row_bytes, j + 8, nr), 2);
+			q[j] = _mm512_inserti32x4(v, qs16(col, row_bytes, j + 12, nr), 3);
 		}
-		transpose8x8(v);
-		for (int t = 0; t < 8; t++) {
-			_mm512_storeu_si512((void *)(dst + 64 * t), v[t]);
+		// Lane L of q[0..3] is rows 4L..4L+3; after the transpose,
+		// u[t]'s 32-bit lane i is word t of row i.
+		const __m512i a = _mm512_unpacklo_epi32(q[0], q[1]), b = _mm512_unpackhi_epi32(q[0], q[1]);
+		const __m512i c = _mm512_unpacklo_epi32(q[2], q[3]), d = _mm512_unpackhi_epi32(q[2], q[3]);
+		const __m512i u[4] = {_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c), _mm512_unpacklo_epi64(b, d),
+			_mm512_unpackhi_epi64(b, d)};
+		for (int t = 0; t < 4; t++) {
+			_mm512_storeu_si512((void *)(dst + 64 * t), _mm512_and_si512(u[t], low));
+			_mm512_storeu_si512((void *)(dst + 64 * (t + 4)), _mm512_and_si512(_mm512_srli_epi16(u[t], 4), low));
+		}
+		float *sc = (float *)(dst + 512);
+		for (int i = 0; i < 16; i++) {
+			sc[i] = i < nr ? _cvtsh_ss(tk_le16(col + i * row_bytes)) : 0;
 		}
 	}
 }
@@ -535,11 +521,11 @@ AVX512 INLINE void s16_chunk(const int off, const int C, const uint8_t *buf, int
 	}
 }
 
-AVX512 static void s16_gemm(const int bb, float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
+AVX512 static void s16_gemm(float *out, const uint8_t *w, int64_t row_bytes, int64_t lo, int64_t hi,
 	int64_t rows, int64_t nb, const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
 	_Alignas(64) uint8_t buf[GEMM_KC * PACK_BLOCK];
 	__m512 racc[GEMM_SG][16];
-	const int off = bb == 34 ? 128 : 8;
+	const int off = 8; // Q4_0 levels are weight + 8
 	for (int64_t r0 = lo; r0 < hi; r0 += 16) {
 		int nr = hi - r0 < 16 ? (int)(hi - r0) : 16;
 		__mmask16 m = (__mmask16)((1u << nr) - 1);
@@ -547,7 +533,7 @@ AVX512 static void s16_gemm(const int bb, float *out, const uint8_t *w, int64_t 
 			int64_t sn = n - s0 < GEMM_SG ? n - s0 : GEMM_SG;
 			for (int64_t k0 = 0; k0 < nb; k0 += GEMM_KC) {
 				int64_t kc = nb - k0 < GEMM_KC ? nb - k0 : GEMM_KC;
-				pack16(bb, buf, w, row_bytes, r0, nr, k0, kc);
+				pack16(buf, w, row_bytes, r0, nr, k0, kc);
 				int64_t j = 0;
 				for (; j + GEMM_C <= sn; j += GEMM_C) {
 					s16_chunk(off, GEMM_C, buf, kc, k0, nb, xq, xd, xs, s0 + j, racc + j);
@@ -682,7 +668,7 @@ AVX512 void tk_matmul_avx512(int wt, float *out, const uint8_t *w, int64_t row_b
 		return;
 	}
 	if (wt == TK_Q4_0) {
-		s16_gemm(18, out, w, row_bytes, lo, hi, rows, cols / 32, xq, xd, xs, n);
+		s16_gemm(out, w, row_bytes, lo, hi, rows, cols / 32, xq, xd, xs, n);
 		return;
 	}
 	for (; r + 4 <= hi; r += 4) {
