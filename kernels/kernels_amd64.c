@@ -21,6 +21,28 @@ AVX2 INLINE float hsum_ps(__m256 v) {
 	return _mm_cvtss_f32(s);
 }
 
+// hsum8_ps returns the horizontal sums of v[0..7], each added in
+// hsum_ps's order ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)), so a sum has
+// the same bits reduced alone or with seven others.
+AVX2 INLINE __m256 hsum8_ps(const __m256 v[8]) {
+	// t[j]: row 2j's x_i+x_{i+4} in the low 128-bit lane, row 2j+1's in
+	// the high one.
+	__m256 t[4];
+	for (int j = 0; j < 4; j++) {
+		t[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+			_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+	}
+	// u[j]: per lane (p0+p2, p1+p3) of rows 4j and 4j+2 (low lane),
+	// 4j+1 and 4j+3 (high lane).
+	__m256 u[2];
+	for (int j = 0; j < 2; j++) {
+		u[j] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+			_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	}
+	// The even rows' sums land in the low lane, the odd rows' in the high.
+	return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u[0], u[1]), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 AVX2 INLINE int32_t hsum_epi32(__m256i v) {
 	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
 	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -239,6 +261,52 @@ AVX2 INLINE void float_row(int wt, float *out, const uint8_t *row, int64_t cols,
 	}
 }
 
+// dots8 sets v[c][r] to row r's products with vector c, summed into
+// eight lanes, for the eight rows at p[0..7] (len values, a multiple of
+// 8) and the nc vectors at x + c·len: each row is loaded once for all of
+// them, and its two accumulator chains are float_row's and dot_avx2's,
+// so hsum8_ps(v[c]) gives their sums' bits for eight rows at a time.
+// One row at a time, the horizontal sum cost a third of a row's work on
+// rows of 8 to 64 values (stories260K's attention heads and matrices).
+AVX2 INLINE void dots8(int wt, int64_t es, const uint8_t *const p[8], int64_t len, const float *x, const int nc,
+	__m256 v[4][8]) {
+	for (int r = 0; r < 8; r++) {
+		__m256 a0[4], a1[4];
+		for (int c = 0; c < nc; c++) {
+			a0[c] = a1[c] = _mm256_setzero_ps();
+		}
+		int64_t i = 0;
+		for (; i + 16 <= len; i += 16) {
+			__m256 w0 = load8(wt, p[r] + i * es), w1 = load8(wt, p[r] + (i + 8) * es);
+			for (int c = 0; c < nc; c++) {
+				const float *xc = x + c * len + i;
+				a0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xc), a0[c]);
+				a1[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), a1[c]);
+			}
+		}
+		if (i < len) {
+			__m256 w0 = load8(wt, p[r] + i * es);
+			for (int c = 0; c < nc; c++) {
+				a0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * len + i), a0[c]);
+			}
+		}
+		for (int c = 0; c < nc; c++) {
+			v[c][r] = _mm256_add_ps(a0[c], a1[c]);
+		}
+	}
+}
+
+// float_rows8 is float_row for the eight rows at rows8[0..7] (cols a
+// multiple of 8).
+AVX2 INLINE void float_rows8(int wt, float *out, const uint8_t *const rows8[8], int64_t cols, const float *x,
+	int64_t j0, const int nc, int64_t rows) {
+	__m256 v[4][8];
+	dots8(wt, wt == TK_F32 ? 4 : 2, rows8, cols, x + j0 * cols, nc, v);
+	for (int c = 0; c < nc; c++) {
+		_mm256_storeu_ps(out + (j0 + c) * rows, hsum8_ps(v[c]));
+	}
+}
+
 // rows_nc runs one row for nc columns starting at j0; nc is a constant at
 // each call site below so the column loops unroll.
 AVX2 INLINE void row_nc(int wt, float *out, const uint8_t *row, int64_t cols, const float *x,
@@ -264,7 +332,31 @@ AVX2 INLINE void row_nc(int wt, float *out, const uint8_t *row, int64_t cols, co
 AVX2 void tk_matmul_avx2(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n) {
-	for (int64_t r = lo; r < hi; r++) {
+	int64_t r = lo;
+	if ((wt == TK_F32 || wt == TK_F16 || wt == TK_BF16) && cols % 8 == 0) {
+		for (; r + 8 <= hi; r += 8) {
+			const uint8_t *rows8[8];
+			for (int k = 0; k < 8; k++) {
+				rows8[k] = w + (r + k) * row_bytes;
+			}
+			int64_t j = 0;
+			for (; j + 4 <= n; j += 4) {
+				float_rows8(wt, out + r, rows8, cols, x, j, 4, rows);
+			}
+			switch (n - j) {
+			case 3:
+				float_rows8(wt, out + r, rows8, cols, x, j, 3, rows);
+				break;
+			case 2:
+				float_rows8(wt, out + r, rows8, cols, x, j, 2, rows);
+				break;
+			case 1:
+				float_rows8(wt, out + r, rows8, cols, x, j, 1, rows);
+				break;
+			}
+		}
+	}
+	for (; r < hi; r++) {
 		const uint8_t *row = w + r * row_bytes;
 		int64_t j = 0;
 		for (; j + 4 <= n; j += 4) {
@@ -331,62 +423,12 @@ AVX2 INLINE float dot_avx2(int wt, int64_t es, const float *a, const uint8_t *p,
 	return s;
 }
 
-// hsum8_ps returns the horizontal sums of v[0..7], each added in
-// hsum_ps's order ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)), so a row's
-// score has the same bits reduced alone or with seven others.
-AVX2 INLINE __m256 hsum8_ps(const __m256 v[8]) {
-	// t[j]: row 2j's x_i+x_{i+4} in the low 128-bit lane, row 2j+1's in
-	// the high one.
-	__m256 t[4];
-	for (int j = 0; j < 4; j++) {
-		t[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
-			_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
-	}
-	// u[j]: per lane (p0+p2, p1+p3) of rows 4j and 4j+2 (low lane),
-	// 4j+1 and 4j+3 (high lane).
-	__m256 u[2];
-	for (int j = 0; j < 2; j++) {
-		u[j] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-			_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-	}
-	// The even rows' sums land in the low lane, the odd rows' in the high.
-	return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u[0], u[1]), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 // scores8 sets the scores of eight rows (K rows at p[0..7], hd a
-// multiple of 8) for H heads from h0: each row's K values are loaded
-// once for the H heads, each head's two accumulator chains are
-// dot_avx2's, and the eight rows' horizontal sums share their shuffles.
-// One row at a time, the horizontal sums cost more than the products on
-// heads of 8 to 32 values (stories260K, the embedded target).
+// multiple of 8) for H heads from h0 (dots8).
 AVX2 INLINE void scores8(const int H, int wt, int64_t es, const float *q, int64_t h0, int64_t hd,
 	const uint8_t *const p[8], int64_t n, int64_t r0, float scale, float *scores) {
 	__m256 v[4][8];
-	for (int r = 0; r < 8; r++) {
-		__m256 acc0[4], acc1[4];
-		for (int j = 0; j < H; j++) {
-			acc0[j] = _mm256_setzero_ps();
-			acc1[j] = _mm256_setzero_ps();
-		}
-		int64_t i = 0;
-		for (; i + 16 <= hd; i += 16) {
-			__m256 k0 = load8(wt, p[r] + i * es), k1 = load8(wt, p[r] + (i + 8) * es);
-			for (int j = 0; j < H; j++) {
-				const float *qh = q + (h0 + j) * hd;
-				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh + i), acc0[j]);
-				acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh + i + 8), acc1[j]);
-			}
-		}
-		if (i < hd) {
-			__m256 k0 = load8(wt, p[r] + i * es);
-			for (int j = 0; j < H; j++) {
-				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q + (h0 + j) * hd + i), acc0[j]);
-			}
-		}
-		for (int j = 0; j < H; j++) {
-			v[j][r] = _mm256_add_ps(acc0[j], acc1[j]);
-		}
-	}
+	dots8(wt, es, p, hd, q + h0 * hd, H, v);
 	for (int j = 0; j < H; j++) {
 		_mm256_storeu_ps(scores + (h0 + j) * n + r0, _mm256_mul_ps(hsum8_ps(v[j]), _mm256_set1_ps(scale)));
 	}

@@ -397,3 +397,48 @@ func TestMatMulBatchInvariant(t *testing.T) {
 		}
 	}
 }
+
+// Each output row has the same bits whether the kernel took it in a
+// block of rows or alone: the AVX2 kernel sums float rows eight at a
+// time with shared shuffles, and a pool's split or a 1-row call puts a
+// row in or out of such a block, so the two orders must agree.
+func TestMatMulRowBlocksMatchLoneRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(25, 26))
+	pool := NewPool(2)
+	defer pool.Close()
+	for _, wt := range matmulTypes {
+		// 19 rows: two blocks of eight and three alone; 64 and 72
+		// values take the blocks' path (16 and 8 at a time), 20 not.
+		for _, cols := range []int{64, 72, 20, 256} {
+			if cols%wt.BlockSize() != 0 {
+				continue
+			}
+			const rows = 19
+			w, _ := randomMatrix(t, rng, wt, rows, cols)
+			rb, _ := wt.RowBytes(uint64(cols))
+			for _, n := range []int{1, 2, 3, 4, 5, 8} {
+				x := randomVector(rng, n*cols)
+				for _, be := range testBackends() {
+					withBackend(t, be, func() {
+						all := make([]float32, n*rows)
+						if err := pool.MatMul(all, w, wt, rows, cols, x, n); err != nil {
+							t.Fatal(err)
+						}
+						for r := range rows {
+							alone := make([]float32, n)
+							if err := pool.MatMul(alone, w[r*int(rb):(r+1)*int(rb)], wt, 1, cols, x, n); err != nil {
+								t.Fatal(err)
+							}
+							for j := range n {
+								if got := all[j*rows+r]; math.Float32bits(got) != math.Float32bits(alone[j]) {
+									t.Fatalf("%s/%s/cols=%d/n=%d: row %d, vector %d: %g among %d rows, %g alone",
+										be, wt, cols, n, r, j, got, rows, alone[j])
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
