@@ -166,37 +166,48 @@ func TestMatMul(t *testing.T) {
 // TestMatMulThreads: the row split must not change any result bit. A
 // pool times each worker count a few times before it settles on one for
 // a size, so repeated calls run every count.
+// TestMatMulThreads: the thread count changes how rows are split, not an
+// output's bits, for a matrix split evenly and for one large enough that
+// the workers claim chunks (runClaimed).
 func TestMatMulThreads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, wt := range matmulTypes {
-		cols := colsFor(wt)[1]
-		rows, n := 67, 3
-		w, _ := randomMatrix(t, rng, wt, rows, cols)
-		x := randomVector(rng, n*cols)
-		for _, be := range testBackends() {
-			withBackend(t, be, func() {
-				var first []float32
-				for _, threads := range []int{1, 2, 3} {
-					pool := NewPool(threads)
-					for call := range warmTries * len(pool.tune.options) {
-						out := make([]float32, n*rows)
-						if err := pool.MatMul(out, w, wt, rows, cols, x, n); err != nil {
-							t.Fatal(err)
-						}
-						if first == nil {
-							first = out
-							continue
-						}
-						for i := range out {
-							if math.Float32bits(out[i]) != math.Float32bits(first[i]) {
-								t.Fatalf("%s/%s: %d threads, call %d: out[%d] = %g, 1 thread %g", be, wt, threads, call, i, out[i], first[i])
-							}
+		cols := colsFor(wt)
+		big := cols[len(cols)-1]
+		if claimsFor(float64(261*big*32), 3) < 2 {
+			t.Fatalf("%s: 261×%d times 32 vectors is too small for three threads to claim chunks", wt, big)
+		}
+		testMatMulThreads(t, rng, wt, 67, cols[1], 3)
+		testMatMulThreads(t, rng, wt, 261, big, 32)
+	}
+}
+
+func testMatMulThreads(t *testing.T, rng *rand.Rand, wt weights.DType, rows, cols, n int) {
+	w, _ := randomMatrix(t, rng, wt, rows, cols)
+	x := randomVector(rng, n*cols)
+	for _, be := range testBackends() {
+		withBackend(t, be, func() {
+			var first []float32
+			for _, threads := range []int{1, 2, 3} {
+				pool := NewPool(threads)
+				for call := range warmTries * len(pool.tune.options) {
+					out := make([]float32, n*rows)
+					if err := pool.MatMul(out, w, wt, rows, cols, x, n); err != nil {
+						t.Fatal(err)
+					}
+					if first == nil {
+						first = out
+						continue
+					}
+					for i := range out {
+						if math.Float32bits(out[i]) != math.Float32bits(first[i]) {
+							t.Fatalf("%s/%s %dx%d n=%d: %d threads, call %d: out[%d] = %g, 1 thread %g", be, wt, rows, cols, n, threads, call, i, out[i], first[i])
 						}
 					}
-					pool.Close()
 				}
-			})
-		}
+				pool.Close()
+			}
+		})
 	}
 }
 

@@ -35,8 +35,12 @@ type Pool struct {
 	cpus    cpuset.Set // the CPUs its workers are pinned to, or nil
 	workers []*worker
 	once    sync.Once
-	mm      matmulJob  // MatMul's arguments (one caller at a time)
-	tune    splitTuner // how many workers a job of each size gets
+	mm      matmulJob // MatMul's arguments (one caller at a time)
+	// runClaimed's state, one per worker where it has one
+	claim    claimJob
+	shares   []claimShare
+	claimers []claimer
+	tune     splitTuner // how many workers a job of each size gets
 }
 
 // A Job is work a Pool splits over row ranges. A pointer to a Job kept
@@ -127,7 +131,8 @@ func newPool(threads int, cpus cpuset.Set) (*Pool, error) {
 	if threads <= 0 {
 		threads = DefaultThreads()
 	}
-	p := &Pool{threads: threads, cpus: cpus, workers: make([]*worker, threads-1), tune: newSplitTuner(threads)}
+	p := &Pool{threads: threads, cpus: cpus, workers: make([]*worker, threads-1), tune: newSplitTuner(threads),
+		shares: make([]claimShare, threads), claimers: make([]claimer, threads)}
 	started := make(chan error, len(p.workers))
 	for i := range p.workers {
 		w := &worker{pinned: cpus != nil}
@@ -267,9 +272,11 @@ func (p *Pool) RunJob(n, align int, job Job) { p.runJob(n, align, p.threads, job
 // RunJobWork is RunJob for a job of about work multiply-adds in all. It
 // runs a small job on the caller, a large one on every worker, and one in
 // between on the worker count that jobs of its size have been fastest
-// with on this host (splitTuner). The split never changes a result.
+// with on this host (splitTuner). A large job's workers finish each
+// other's shares when one falls behind (runClaimed), so the job's rows
+// must not depend on each other: the split never changes a result.
 func (p *Pool) RunJobWork(n, align int, work float64, job Job) {
-	p.byWork(work, func(workers int) { p.runJob(n, align, workers, job) })
+	p.byWork(work, func(workers int) { p.runClaimed(n, align, workers, claimsFor(work, workers), job) })
 }
 
 // A SizedJob is a Job whose units depend on how many workers run it:
@@ -285,7 +292,9 @@ type SizedJob interface {
 
 // RunSizedWork is RunJobWork for a SizedJob.
 func (p *Pool) RunSizedWork(align int, work float64, job SizedJob) {
-	p.byWork(work, func(workers int) { p.runJob(job.Units(workers), align, workers, job) })
+	p.byWork(work, func(workers int) {
+		p.runClaimed(job.Units(workers), align, workers, claimsFor(work, workers), job)
+	})
 }
 
 // byWork calls run with the worker count for a job of work multiply-adds.
@@ -350,6 +359,106 @@ func (p *Pool) runJob(n, align, threads int, job Job) {
 	}
 }
 
+// claimsPerWorker is how many chunks runClaimed cuts each worker's share
+// of a large job into: enough that a worker set aside by the OS, or given
+// costlier rows (a causal prefill's last tokens attend to the most),
+// leaves part of its share to the others. claimWork keeps chunks to
+// 1<<18 multiply-adds or more (some ten microseconds): each chunk is a
+// kernel call, and cutting stories260K's small matrices in four made its
+// 8-sequence step on two threads a third slower.
+const (
+	claimsPerWorker = 4
+	claimWork       = 1 << 18
+)
+
+// claimsFor is how many chunks each of workers gets of a job of work
+// multiply-adds.
+func claimsFor(work float64, workers int) int {
+	return int(min(claimsPerWorker, max(1, work/float64(workers)/claimWork)))
+}
+
+// claimJob runs a job's rows in shares, one per worker, as a static split
+// would; a worker claims its own share's chunks first and then the
+// chunks left in the others'. While the workers keep pace each computes
+// the rows a static split gives it, so weights that fit in a core's cache
+// stay in the cache of the core that read them last step, and no two
+// workers claim from one counter; when one falls behind, the others
+// finish its share.
+type claimJob struct {
+	job       Job
+	chunkRows int64
+	shares    []claimShare
+}
+
+// claimShare is one worker's rows. Each sits on its own cache lines: a
+// worker claiming from its own share then touches no line another writes.
+type claimShare struct {
+	next atomic.Int64 // the first row not yet claimed
+	end  int64
+	_    [112]byte
+}
+
+// claimer runs a claimJob starting from one share.
+type claimer struct {
+	c     *claimJob
+	share int
+}
+
+func (w *claimer) Run(int, int) {
+	c := w.c
+	for i := range c.shares {
+		sh := &c.shares[(w.share+i)%len(c.shares)]
+		for {
+			hi := sh.next.Add(c.chunkRows)
+			lo := hi - c.chunkRows
+			if lo >= sh.end {
+				break
+			}
+			c.job.Run(int(lo), int(min(hi, sh.end)))
+		}
+	}
+}
+
+// runClaimed runs job over [0,n) on threads workers in runJob's shares,
+// each cut into claims chunks on multiples of align that idle workers may
+// claim: a static split waits for its slowest share, and on a shared host
+// or a phone's mixed cores one is often late. With one claim a share it
+// is runJob.
+func (p *Pool) runClaimed(n, align, threads, claims int, job Job) {
+	units := (n + align - 1) / align
+	workers := min(threads, units)
+	if workers <= 1 || claims <= 1 {
+		p.runJob(n, align, workers, job)
+		return
+	}
+	c := &p.claim
+	c.job = job
+	c.shares = p.shares[:workers]
+	per, extra := units/workers, units%workers
+	c.chunkRows = int64(max(1, (per+claims-1)/claims) * align)
+	lo := 0
+	for w := range workers {
+		u := per
+		if w < extra {
+			u++
+		}
+		hi := min(n, lo+u*align)
+		c.shares[w].next.Store(int64(lo))
+		c.shares[w].end = int64(hi)
+		lo = hi
+	}
+	for w := 0; w < workers-1; w++ {
+		p.claimers[w] = claimer{c: c, share: w}
+		p.workers[w].post(task{job: &p.claimers[w]})
+	}
+	p.claimers[workers-1] = claimer{c: c, share: workers - 1}
+	p.claimers[workers-1].Run(0, 0)
+	for w := 0; w < workers-1; w++ {
+		p.workers[w].wait()
+	}
+	c.job = nil // drop the reference to the caller's job
+}
+
 // PhysicalCores counts physical cores on Linux (SMT siblings share a
 // core_id within a package); elsewhere it is runtime.NumCPU.
 func PhysicalCores() int {
@@ -383,10 +492,12 @@ func physicalCoresAt(dir string, cpus cpuset.Set) int {
 // (NewPool(0); serve's and the mobile engine's default lane): the
 // physical cores, or, on a machine whose cores differ (a phone's big and
 // little ones), those of the fastest clusters that, counted at the
-// slowest of them's speed, compute the most. A kernel's rows are split
-// evenly over its threads, so a step waits for its slowest thread: with 4
-// big cores and 4 little ones at a third of their speed, 4 threads
-// finish a step in two thirds of the time 8 take.
+// slowest of them's speed, compute the most. A small kernel's rows are
+// split evenly over its threads, so it waits for its slowest thread: with
+// 4 big cores and 4 little ones at a third of their speed, 4 threads
+// finish such a step in two thirds of the time 8 take. (Large kernels'
+// idle threads take over the slow ones' chunks, runClaimed, but a decode
+// step is mostly small kernels.)
 func DefaultThreads() int {
 	allowed, err := cpuset.Allowed()
 	if err != nil {

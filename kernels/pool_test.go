@@ -57,33 +57,69 @@ func TestPoolRun(t *testing.T) {
 	}
 }
 
+// claimedChunks is how many chunks runClaimed cuts n rows of a job of
+// work multiply-adds into, on multiples of align, for each worker count
+// the job may run on: each worker's share of a static split, cut into
+// claimsFor chunks.
+func claimedChunks(n, align int, work float64, workers []int) []int {
+	var out []int
+	units := (n + align - 1) / align
+	for _, w := range workers {
+		w = min(w, units)
+		if w <= 1 {
+			out = append(out, 1)
+			continue
+		}
+		per, extra := units/w, units%w
+		claims := claimsFor(work, w)
+		rows := max(1, (per+claims-1)/claims) * align
+		chunks, lo := 0, 0
+		for i := range w {
+			u := per
+			if i < extra {
+				u++
+			}
+			hi := min(n, lo+u*align)
+			chunks += (hi - lo + rows - 1) / rows
+			lo = hi
+		}
+		out = append(out, chunks)
+	}
+	return out
+}
+
 // TestRunJobWorkSizesTheSplit: a job below tuneFloor runs on the caller,
 // one of tuneCeiling or more on every worker its row groups allow, one in
-// between on one of the pool's worker counts; each covers [0,n) exactly
-// once.
+// between on one of the pool's worker counts; the workers claim chunks
+// cut on multiples of the alignment, and each covers [0,n) exactly once.
 func TestRunJobWorkSizesTheSplit(t *testing.T) {
 	pool := NewPool(4)
 	defer pool.Close()
 	for _, tc := range []struct {
-		work   float64
-		n      int
-		chunks []int // the counts allowed
+		work    float64
+		n       int
+		workers []int // the worker counts allowed
 	}{
 		{0, 64, []int{1}}, {tuneFloor - 1, 64, []int{1}},
 		{tuneFloor, 64, []int{1, 2, 4}}, {tuneCeiling - 1, 64, []int{1, 2, 4}},
-		{tuneCeiling, 64, []int{4}}, {1e12, 64, []int{4}}, {1e12, 8, []int{2}}, // 8 rows in groups of 4: two chunks at most
+		{tuneCeiling, 64, []int{4}}, {1e12, 64, []int{4}}, {1e12, 1001, []int{4}},
+		{1e12, 8, []int{2}}, // 8 rows in groups of 4: two workers at most
 	} {
+		chunks := claimedChunks(tc.n, 4, tc.work, tc.workers)
 		for range 3 * warmTries * len(pool.tune.options) { // every option of a tuned size
 			hits := make([]atomic.Int32, tc.n)
 			var calls atomic.Int32
 			pool.RunJobWork(tc.n, 4, tc.work, funcJob(func(lo, hi int) {
 				calls.Add(1)
+				if lo%4 != 0 || lo >= hi {
+					t.Errorf("work %g: chunk [%d,%d) not on a group of 4", tc.work, lo, hi)
+				}
 				for i := lo; i < hi; i++ {
 					hits[i].Add(1)
 				}
 			}))
-			if got := int(calls.Load()); !slices.Contains(tc.chunks, got) {
-				t.Fatalf("work %g over %d rows: %d chunks, want one of %v", tc.work, tc.n, got, tc.chunks)
+			if got := int(calls.Load()); !slices.Contains(chunks, got) {
+				t.Fatalf("work %g over %d rows: %d chunks, want one of %v (for %v workers)", tc.work, tc.n, got, chunks, tc.workers)
 			}
 			for i := range hits {
 				if h := hits[i].Load(); h != 1 {
@@ -118,10 +154,49 @@ func TestRunSizedWorkSizesTheJobForItsWorkers(t *testing.T) {
 		for range warmTries * len(pool.tune.options) {
 			var j unitsJob
 			pool.RunSizedWork(4, work, &j)
-			if len(j.workers) != 1 || int(j.chunks.Load()) != j.workers[0] {
-				t.Fatalf("work %g: Units given %v, %d chunks run; want one count, and that many chunks", work, j.workers, j.chunks.Load())
+			if len(j.workers) != 1 || int(j.chunks.Load()) != claimedChunks(64, 4, work, j.workers)[0] {
+				t.Fatalf("work %g: Units given %v, %d chunks run; want one count, and the chunks it cuts", work, j.workers, j.chunks.Load())
 			}
 		}
+	}
+}
+
+// TestClaimedChunksBalanceASlowWorker: when one worker is held up, the
+// others take what is left of its share. A static split would leave the
+// held worker a quarter of the rows; here it keeps only the chunk it
+// took first.
+func TestClaimedChunksBalanceASlowWorker(t *testing.T) {
+	pool := NewPool(4)
+	defer pool.Close()
+	const n = 256
+	release := make(chan struct{})
+	var held atomic.Bool
+	var heldRows, rows atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pool.RunJobWork(n, 1, 1e12, funcJob(func(lo, hi int) {
+			rows.Add(int32(hi - lo))
+			if held.CompareAndSwap(false, true) {
+				// The first chunk claimed waits until every other row is done.
+				heldRows.Store(int32(hi - lo))
+				<-release
+			}
+		}))
+	}()
+	// A bound on liveness, not a timing: the free workers take the rows
+	// at once, or never.
+	for deadline := time.Now().Add(10 * time.Second); rows.Load() < n; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("%d of %d rows done while one worker was held: no one took its share", rows.Load(), n)
+		}
+	}
+	close(release)
+	<-done
+	want := int32(n / (4 * claimsPerWorker))
+	if heldRows.Load() != want {
+		t.Fatalf("the held chunk had %d rows, want %d: the rest went to the other workers", heldRows.Load(), want)
 	}
 }
 
