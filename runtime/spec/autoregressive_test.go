@@ -45,7 +45,7 @@ func arLoadFile(t testing.TB, f *weights.File, err error) *model.Model {
 	return m
 }
 
-func arNewCache(t *testing.T, m *model.Model, context int) *kv.Cache {
+func arNewCache(t testing.TB, m *model.Model, context int) *kv.Cache {
 	t.Helper()
 	c, err := m.NewCache(context, weights.F32)
 	if err != nil {

@@ -645,3 +645,73 @@ func TestDetachAdopt(t *testing.T) {
 		t.Error("Close of an adopted decoder left its sequences allocated")
 	}
 }
+
+// BenchmarkSpeculateResident times greedy generation on resident pairs,
+// whose targets are small enough that drafting need not pay: the target
+// alone, the tree with CostAware's pause (the default), and the tree
+// drafting every round. Each iteration generates every reference record
+// of stories260K (llama2xs drafting) and the embedded pair's two prompts
+// (up to 400 tokens). The two models share one 2-thread kernel pool, as
+// tandem generate's do.
+// go test -bench SpeculateResident -run '^$' ./runtime/spec
+func BenchmarkSpeculateResident(b *testing.B) {
+	pool := kernels.NewPool(2)
+	defer pool.Close()
+	load := func(f *weights.File, err error) *model.Model {
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := model.Load(f, model.Options{Pool: pool})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			m.Close()
+			f.Close()
+		})
+		return m
+	}
+	open := func(name string) *model.Model { return load(weights.Open(testutil.Model(b, name))) }
+	type pairRun struct {
+		name          string
+		draft, target *model.Model
+		prompts       [][]int32
+		max           int
+	}
+	stories := pairRun{name: "stories260K", draft: open("llama2xs_model.bin"), target: open("stories260K.bin"), max: 200}
+	for _, r := range arRecords(b, "stories260K.greedy.jsonl") {
+		stories.prompts = append(stories.prompts, r.PromptIDs)
+	}
+	embedded := pairRun{name: "embedded", draft: load(defaultmodel.Draft()), target: load(defaultmodel.Target()),
+		prompts: [][]int32{{1, 378, 264, 560, 484, 624, 317, 637}, {1, 378, 264}}, max: 400}
+	for _, p := range []pairRun{stories, embedded} {
+		tcache := arNewCache(b, p.target, 0)
+		dcache := arNewCache(b, p.draft, 0)
+		for _, mode := range []string{"target", "tree", "tree-no-pause"} {
+			b.Run(p.name+"/"+mode, func(b *testing.B) {
+				tokens := 0
+				for b.Loop() {
+					for _, prompt := range p.prompts {
+						opt := GenOptions{MaxTokens: p.max, Stop: arIsBOS}
+						var res Result
+						var err error
+						if mode == "target" {
+							res, err = Generate(context.Background(), p.target, tcache, prompt, opt)
+						} else {
+							d, derr := New(p.draft, p.target, dcache, tcache, nil, Config{Method: Tree, Trigger: &CostAware{NoPause: mode == "tree-no-pause"}})
+							if derr != nil {
+								b.Fatal(derr)
+							}
+							res, err = Speculate(context.Background(), d, prompt, opt)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						tokens += len(res.Ids)
+					}
+				}
+				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}

@@ -28,6 +28,10 @@ type TreeState struct {
 	Draft time.Duration
 }
 
+// roundStart reports whether s is the first question of a round: no
+// draft step has run in it yet.
+func (s TreeState) roundStart() bool { return s.LastStep == 0 && s.LastAdded == 0 && s.Draft == 0 }
+
 // Outcome is what one verification found, for a Trigger to learn from.
 type Outcome struct {
 	Verified int // drafted tokens the target checked
@@ -44,6 +48,9 @@ type Outcome struct {
 	ConfByDepth     []float64     // SumConf split by depth (index d-1 for depth d)
 	Time            time.Duration // the target pass
 	IOWait          time.Duration // of Time, waiting for streamed weights
+	// Draft is the round's draft time outside the pass (TreeState.Draft
+	// when the trigger said verify): 0 for a round that drafted nothing.
+	Draft time.Duration
 }
 
 // Trigger decides when the draft's tree goes to the target. The decoder
@@ -152,7 +159,49 @@ type CostAware struct {
 	// Warmup is the tree size used until a pass has been measured
 	// (default 8).
 	Warmup int
+	// NoPause drafts every round. By default a decoder alone on its
+	// target stops drafting while drafted rounds emit fewer tokens a
+	// second than the target would alone (a small resident target, whose
+	// pass costs about as much per token as decoding), and probes again
+	// after a pause that doubles while drafting keeps not paying.
+	NoPause bool
+	pace    pace
 }
+
+// pace is CostAware's record of whether drafting pays.
+type pace struct {
+	rate   float64 // tokens a second of drafted rounds (EWMA; it survives a pause)
+	rounds int     // drafted rounds in rate since it was last reset
+	// plain is the tokens a second of paused rounds, with the extra time
+	// of the round that then fed the draft their tokens (EWMA over
+	// pauses; 0 before the first). pausedTime and pausedTokens add up the
+	// current pause.
+	plain        float64
+	pausedTime   float64
+	pausedTokens int
+	left         int  // rounds still to run without drafting
+	next         int  // the next pause's length in rounds
+	catchUp      bool // the next drafted round first feeds the draft the pause's tokens
+	grouped      bool // the last pass verified other sequences' trees too
+}
+
+const (
+	// A pause starts at firstPause rounds and doubles, up to maxPause,
+	// each time the probe after it finds drafting still does not pay: a
+	// probe of decideAfter rounds costs a few percent of a long pause.
+	firstPause  = 8
+	maxPause    = 256
+	decideAfter = 3
+	// pauseBelow is how far below the target's own rate drafted rounds
+	// must fall to pause: the rates are measured on a noisy host, and
+	// drafting's cost outside the two models is not in either. Before the
+	// first pause the target's rate is a fit that leaves out what feeding
+	// the draft a pause's tokens costs, so the margin is wider
+	// (pauseBelowFitted): with 0.9 the embedded pair, whose drafted rounds
+	// come within 15% of its target alone, paused to lose 3% on the whole.
+	pauseBelow       = 0.9
+	pauseBelowFitted = 0.75
+)
 
 const stepWindow = 9
 
@@ -189,6 +238,9 @@ func (c *CostAware) perToken() float64 {
 
 func (c *CostAware) Verify(s TreeState) bool {
 	if s.Handover || s.Branches == 0 {
+		return true
+	}
+	if s.roundStart() && c.pause() {
 		return true
 	}
 	if c.seen == 0 {
@@ -280,7 +332,72 @@ func (c *CostAware) verifyCost(n int) float64 {
 // the pass counts as IO-bound: its length is then the IO's.
 const ioBound = 0.05
 
+// pause reports whether the round starting now skips drafting: the
+// target decodes the root alone (with what a kept tree holds), and the
+// draft catches up on the tokens when drafting resumes.
+func (c *CostAware) pause() bool {
+	if c.NoPause || c.pace.grouped || c.pace.left == 0 {
+		return false
+	}
+	c.pace.left--
+	return true
+}
+
+// observePace keeps the rates of drafted and paused rounds and decides,
+// every decideAfter drafted rounds after a pause and after every drafted
+// round otherwise, whether drafting pays. A pause's rate counts what the
+// round that then fed the draft the pause's tokens took beyond a drafted
+// round: pausing saves the draft's steps, not its reading of the text. Before the first pause, the target
+// alone is priced at one pass over the root (verifyCost(0), fitted on
+// the drafted passes). A round with prompt rows in its pass is left out.
+func (c *CostAware) observePace(o Outcome) {
+	p := &c.pace
+	p.grouped = o.Others > 0
+	if c.NoPause || p.grouped || o.Prompt > 0 {
+		return
+	}
+	round := (o.Draft + o.Time).Seconds()
+	if o.Verified == 0 && o.Draft == 0 { // a paused round
+		p.pausedTime += round
+		p.pausedTokens++
+		return
+	}
+	if p.catchUp {
+		// The round costs the pause what it took beyond a drafted
+		// round's time for its tokens.
+		if p.rate > 0 {
+			p.pausedTime += max(0, round-float64(o.Accepted+1)/p.rate)
+		}
+		if p.pausedTime > 0 {
+			p.plain = ewma(p.plain, float64(p.pausedTokens)/p.pausedTime, p.plain == 0)
+		}
+		p.pausedTime, p.pausedTokens, p.catchUp = 0, 0, false
+		return
+	}
+	if round <= 0 {
+		return
+	}
+	p.rate = ewma(p.rate, float64(o.Accepted+1)/round, p.rounds == 0)
+	p.rounds++
+	if p.rounds < decideAfter {
+		return
+	}
+	plain, below := p.plain, pauseBelow
+	if plain == 0 {
+		if t := c.verifyCost(0); t > 0 {
+			plain, below = 1/t, pauseBelowFitted
+		}
+	}
+	if p.rate < below*plain {
+		p.next = min(max(2*p.next, firstPause), maxPause)
+		p.left, p.catchUp, p.rounds = p.next, true, 0
+		return
+	}
+	p.next = 0 // drafting pays: a later pause starts short again
+}
+
 func (c *CostAware) Observe(o Outcome) {
+	defer c.observePace(o)
 	first := c.seen == 0
 	c.seen++
 	if o.SumConf > 0 {

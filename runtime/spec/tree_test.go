@@ -449,3 +449,76 @@ func drawFrom(rng *rand.Rand, p []float64) int32 {
 	}
 	return int32(len(p) - 1)
 }
+
+// TestCostAwarePausesWhileDraftingDoesNotPay: on a compute-bound target
+// whose pass costs 100 µs a row, rounds that emit 2 tokens in 1 ms lose
+// to the target alone (10 000 tokens a second), so drafting pauses for 8
+// rounds; the round that feeds the draft the pause's tokens costs the
+// pause its extra time, and while pausing still wins the next pause is
+// twice as long. Rounds that pay end the pausing, and neither NoPause,
+// a group's shared passes nor a streamed target ever pause.
+func TestCostAwarePausesWhileDraftingDoesNotPay(t *testing.T) {
+	const row = 100 * time.Microsecond
+	start := TreeState{Branches: 1} // a round's first question: no draft step yet
+	drafted := Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 5 * row}
+	paused := Outcome{Time: row}
+	// pauses reports how many round starts in a row c skips drafting at,
+	// observing a paused pass after each.
+	pauses := func(c *CostAware) int {
+		n := 0
+		for c.Verify(start) {
+			c.Observe(paused)
+			if n++; n > 10*maxPause {
+				t.Fatal("drafting never resumed")
+			}
+		}
+		return n
+	}
+	c := &CostAware{}
+	for range decideAfter {
+		if c.Verify(start) {
+			t.Fatal("paused before drafting was measured")
+		}
+		c.Observe(drafted)
+	}
+	if n := pauses(c); n != firstPause {
+		t.Fatalf("2 tokens a ms against the target's 10 a ms: paused %d rounds, want %d", n, firstPause)
+	}
+	// The catch-up round takes 1 ms more than a drafted round: the pause
+	// made 8 tokens in 1.8 ms, still above twice the drafted rate.
+	c.Observe(Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 15 * row})
+	for range decideAfter {
+		c.Observe(drafted)
+	}
+	if n := pauses(c); n != 2*firstPause {
+		t.Fatalf("the pause won again: paused %d rounds, want %d", n, 2*firstPause)
+	}
+	// A catch-up that takes 4.5 ms more than a drafted round, then
+	// rounds that pay: drafting goes on.
+	c.Observe(Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 50 * row})
+	good := Outcome{Verified: 8, Accepted: 8, SumConf: 8, Time: 9 * row, Draft: 4 * row}
+	for range 4 * decideAfter {
+		if c.Verify(start) {
+			t.Fatal("paused although the pause lost to drafting and drafted rounds make 9 tokens in 1.3 ms")
+		}
+		c.Observe(good)
+	}
+	for _, tc := range []struct {
+		name string
+		c    *CostAware
+		o    Outcome
+	}{
+		{"NoPause", &CostAware{NoPause: true}, drafted},
+		{"a group's passes", &CostAware{}, Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 15 * row, Draft: 10 * row, Others: 10}},
+		// Streamed: the pass waits on IO, so the target alone makes a
+		// token a 10 ms pass where drafted rounds make 2 in 11 ms.
+		{"a streamed target", &CostAware{}, Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 100 * row, IOWait: 95 * row, Draft: 10 * row}},
+	} {
+		for range 4 * decideAfter {
+			if tc.c.Verify(start) {
+				t.Fatalf("%s: paused", tc.name)
+			}
+			tc.c.Observe(tc.o)
+		}
+	}
+}

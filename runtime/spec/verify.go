@@ -175,7 +175,7 @@ func (d *Decoder) accept(snap snapshot, logits func(slot int) []float32, others 
 		}
 	}
 	d.cfg.Trigger.Observe(Outcome{Verified: verified, Prompt: len(d.prefix), Others: others, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
-		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO})
+		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO, Draft: d.roundDraft})
 
 	// The target evaluated every slot; keep the prompt's rows and the
 	// path's.

@@ -26,7 +26,7 @@ type specFlags struct {
 	draftBatch, draftLen *int
 	trigger, pacer       *string
 	alpha                *float64
-	noPipeline           *bool
+	noPipeline, noPause  *bool
 	fallback, rollback   *float64
 }
 
@@ -42,6 +42,7 @@ func addSpecFlags(fs *flag.FlagSet) *specFlags {
 		alpha:       fs.Float64("alpha", spec.DefaultAlpha, "tree with --trigger adaptive: the starting confidence threshold"),
 		pacer:       fs.String("pacer", "fair", "tree: which branch grows next: fair (max-min share by confidence), uniform (shortest branch first)"),
 		noPipeline:  fs.Bool("no-pipeline", false, "tree and sd: do not draft while a streamed model waits on IO"),
+		noPause:     fs.Bool("no-pause", false, "tree with --trigger cost: draft every round, even while drafted rounds emit fewer tokens a second than the model alone"),
 		draftLen:    fs.Int("draft-len", spec.DefaultDraftLen, "sd: draft tokens per verification"),
 		fallback:    fs.Float64("fallback", 0.5, "bild: the draft hands over when its top probability falls below this"),
 		rollback:    fs.Float64("rollback", 2, "bild: roll back a draft token whose cross-entropy under the model exceeds this"),
@@ -85,7 +86,7 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 	}
 	switch *sf.trigger {
 	case "cost":
-		cfg.Trigger = &spec.CostAware{}
+		cfg.Trigger = &spec.CostAware{NoPause: *sf.noPause}
 	case "adaptive":
 		if !(*sf.alpha > 0 && *sf.alpha <= 1) {
 			return cfg, fmt.Errorf("%w: --alpha %g: want a confidence in (0, 1]", errUsage, *sf.alpha)
@@ -198,6 +199,7 @@ type specStats struct {
 	Accepted       int     `json:"draft_tokens_accepted"`
 	MeanTree       float64 `json:"mean_tree_size"`
 	MaxTree        int     `json:"max_tree_size"`
+	Undrafted      int     `json:"undrafted_passes"`
 	PipelineSteps  int     `json:"pipeline_draft_steps"`
 	KeptTokens     int     `json:"pipeline_tokens_kept"`
 	Filled         int     `json:"free_row_tokens_verified"`
@@ -210,7 +212,7 @@ type specStats struct {
 func newSpecStats(st spec.Stats, draft string) *specStats {
 	s := &specStats{Mode: st.Method, Draft: draft, TargetPasses: st.TargetPasses, DraftSteps: st.DraftSteps,
 		TokensPerPass: st.TokensPerPass(), AcceptanceRate: st.AcceptanceRate(), DraftTokens: st.Verified, Accepted: st.Accepted,
-		MaxTree: st.MaxTree, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
+		MaxTree: st.MaxTree, Undrafted: st.Undrafted, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
 		Filled: st.Filled, FilledAccepted: st.FilledAccepted,
 		DraftSeconds: st.DraftTime.Seconds(), TargetSeconds: st.TargetTime.Seconds(), IOWaitSeconds: st.IOWait.Seconds()}
 	if st.TargetPasses > 0 {
@@ -228,6 +230,13 @@ func (s *specStats) String() string {
 	}
 	if s.Filled > 0 {
 		fmt.Fprintf(&b, ", %d tokens in free rows (%d accepted)", s.Filled, s.FilledAccepted)
+	}
+	if s.Undrafted > 0 {
+		passes := "passes"
+		if s.Undrafted == 1 {
+			passes = "pass"
+		}
+		fmt.Fprintf(&b, ", %d %s over the root alone (drafting paused while it did not pay; --no-pause drafts always)", s.Undrafted, passes)
 	}
 	fmt.Fprintf(&b, " | time: draft %s, target %s (IO wait %s)", secs(s.DraftSeconds), secs(s.TargetSeconds), secs(s.IOWaitSeconds))
 	return b.String()

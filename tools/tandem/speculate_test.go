@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,6 +27,7 @@ func TestGenerateSpeculative(t *testing.T) {
 				Acceptance    float64 `json:"acceptance_rate"`
 				DraftSeconds  float64 `json:"draft_seconds"`
 				FreeRows      int     `json:"free_row_tokens_verified"`
+				Undrafted     int     `json:"undrafted_passes"`
 			} `json:"speculative"`
 			Stream *struct {
 				Passes int `json:"passes"`
@@ -52,6 +54,7 @@ func TestGenerateSpeculative(t *testing.T) {
 		fills bool // the default trigger fills an IO-bound pass's free rows
 	}{
 		{[]string{"--draft", draft}, false},
+		{[]string{"--draft", draft, "--no-pause"}, false},
 		{[]string{"--draft", draft, "--mode", "sd", "--draft-len", "3"}, false},
 		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"}, false},
 		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"}, false},
@@ -66,6 +69,9 @@ func TestGenerateSpeculative(t *testing.T) {
 		if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
 			t.Errorf("%v: speculative stats %+v", args, sp)
 			continue
+		}
+		if slices.Contains(args, "--no-pause") && sp.Undrafted != 0 {
+			t.Errorf("%v: %d passes over the root alone; --no-pause drafts every round", args, sp.Undrafted)
 		}
 		if tc.fills != (sp.FreeRows > 0) {
 			t.Errorf("%v: %d tokens verified in free rows; want them only from the default trigger on a streamed target", args, sp.FreeRows)
