@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/kernels/cpuset"
+	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -105,6 +106,28 @@ type prefixReuser interface {
 // live sequences' (kept and spare buffers), from any goroutine.
 type kvHolder interface{ KVBytesHeld() int64 }
 
+// speculator is an engine that decodes speculatively (SpecEngine):
+// both methods are safe from any goroutine.
+type speculator interface {
+	Stats() spec.Stats
+	Passes() int64
+}
+
+// SpecLaneStats are a speculative lane's counters, over every sequence
+// it has decoded.
+type SpecLaneStats struct {
+	// Passes are target passes; a step verifies all its members' trees in
+	// one. Rounds are draft-and-verify rounds, one per sequence a pass
+	// verified.
+	Passes int64
+	Rounds int
+	// Drafted tokens the target checked, and how many it accepted.
+	Drafted, Accepted int
+	// Undrafted are rounds whose pass verified the root alone: drafting
+	// paused while it did not pay (spec.CostAware).
+	Undrafted int
+}
+
 // weightStreamer is an engine whose model may stream its weights
 // (ModelEngine, SpecEngine's target): StreamStats is safe from any
 // goroutine, ok false when the weights are resident.
@@ -155,10 +178,13 @@ type LaneStats struct {
 	BatchCap      int           // most members it admits now (batchCap: MaxBatch, or fewer for recent deadlines)
 	StepTime      time.Duration // the cost model's current step time at the current batch
 	TokenTime     time.Duration // η: time per token per member at the current batch
-	Threads       int
-	CPUs          cpuset.Set // the CPUs the lane computes on, when pinned (nil: placed by the OS)
-	Context       int
-	SeqBytes      int64 // KV bytes per sequence
+	// Spec is the lane's speculative decoding, nil where it decodes
+	// with the model alone.
+	Spec     *SpecLaneStats
+	Threads  int
+	CPUs     cpuset.Set // the CPUs the lane computes on, when pinned (nil: placed by the OS)
+	Context  int
+	SeqBytes int64 // KV bytes per sequence
 }
 
 // Stats returns a snapshot.
@@ -205,6 +231,10 @@ func (s *Scheduler) Stats() Stats {
 			if ws, ok := w.StreamStats(); ok {
 				ls.WeightsRead, ls.WeightsPeak = ws.BytesRead, ws.Peak
 			}
+		}
+		if sp, ok := l.eng.(speculator); ok {
+			ss := sp.Stats()
+			ls.Spec = &SpecLaneStats{Passes: sp.Passes(), Rounds: ss.TargetPasses, Drafted: ss.Verified, Accepted: ss.Accepted, Undrafted: ss.Undrafted}
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)

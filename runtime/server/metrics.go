@@ -131,6 +131,28 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 			m.value(g.name, lane(l), g.val(l))
 		}
 	}
+	for _, c := range []struct {
+		name, help string
+		val        func(*sched.SpecLaneStats) float64
+	}{ // counters of the speculative lanes (serve --draft)
+		{"tandem_lane_spec_passes_total", "Target passes of each speculative lane; one verifies every member's tree.", func(s *sched.SpecLaneStats) float64 { return float64(s.Passes) }},
+		{"tandem_lane_spec_rounds_total", "Draft-and-verify rounds of each speculative lane, one per sequence a pass verified.", func(s *sched.SpecLaneStats) float64 { return float64(s.Rounds) }},
+		{"tandem_lane_spec_drafted_tokens_total", "Drafted tokens the target checked.", func(s *sched.SpecLaneStats) float64 { return float64(s.Drafted) }},
+		{"tandem_lane_spec_accepted_tokens_total", "Drafted tokens the target accepted.", func(s *sched.SpecLaneStats) float64 { return float64(s.Accepted) }},
+		{"tandem_lane_spec_undrafted_rounds_total", "Rounds that verified the root alone: drafting paused while it did not pay.", func(s *sched.SpecLaneStats) float64 { return float64(s.Undrafted) }},
+	} {
+		helped := false
+		for _, l := range st.Lanes {
+			if l.Spec == nil {
+				continue
+			}
+			if !helped {
+				m.help(c.name, "counter", c.help)
+				helped = true
+			}
+			m.value(c.name, lane(l), c.val(l.Spec))
+		}
+	}
 }
 
 func lane(l sched.LaneStats) string { return `lane="` + strings.ReplaceAll(l.Name, `"`, `'`) + `"` }

@@ -379,6 +379,22 @@ func TestServeDraft(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			// The lane's speculative counters: a pass verifies at most
+			// one round per sequence here (one lane, requests at once
+			// share passes), the target accepted some drafted tokens and
+			// no more than it checked, and only the tree's cost trigger
+			// can pause drafting.
+			var passes, rounds, drafted, accepted, undrafted float64
+			for _, line := range strings.Split(getMetrics(t, addr), "\n") {
+				fmt.Sscanf(line, `tandem_lane_spec_passes_total{lane="spec0"} %g`, &passes)
+				fmt.Sscanf(line, `tandem_lane_spec_rounds_total{lane="spec0"} %g`, &rounds)
+				fmt.Sscanf(line, `tandem_lane_spec_drafted_tokens_total{lane="spec0"} %g`, &drafted)
+				fmt.Sscanf(line, `tandem_lane_spec_accepted_tokens_total{lane="spec0"} %g`, &accepted)
+				fmt.Sscanf(line, `tandem_lane_spec_undrafted_rounds_total{lane="spec0"} %g`, &undrafted)
+			}
+			if passes <= 0 || rounds < passes || accepted <= 0 || accepted > drafted || undrafted > rounds || (mode == "sd" && undrafted > 0) {
+				t.Errorf("/metrics: %g passes, %g rounds, %g drafted tokens, %g accepted, %g undrafted rounds", passes, rounds, drafted, accepted, undrafted)
+			}
 			stopServe(t, addr, done)
 			// The draft's savings, then the last word.
 			out := after()
