@@ -244,7 +244,7 @@ func (e *Engine) Stats() string {
 		if se := e.spec[l.Name]; se != nil {
 			ss := se.Stats()
 			lj.Spec = &specJSON{Method: ss.Method, Tokens: ss.Emitted, TargetPasses: ss.TargetPasses,
-				TokensPerPass: ss.TokensPerPass(), Acceptance: ss.AcceptanceRate()}
+				TokensPerPass: ss.TokensPerPass(), Acceptance: ss.AcceptanceRate(), Undrafted: ss.Undrafted}
 		}
 		out.Lanes = append(out.Lanes, lj)
 	}
@@ -329,6 +329,9 @@ type specJSON struct {
 	TargetPasses  int     `json:"target_passes"`
 	TokensPerPass float64 `json:"tokens_per_target_pass"`
 	Acceptance    float64 `json:"acceptance_rate"`
+	// Undrafted are target passes over the root alone: drafting paused
+	// while it did not pay.
+	Undrafted int `json:"undrafted_passes"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -179,6 +179,9 @@ func TestGenerateMatchesReference(t *testing.T) {
 						t.Fatalf("lane %s has no speculative stats", l.Name)
 					}
 					passes, tokens = passes+l.Spec.TargetPasses, tokens+l.Spec.Tokens
+					if l.Spec.Undrafted > l.Spec.TargetPasses {
+						t.Errorf("lane %s: %d passes over the root alone of %d", l.Name, l.Spec.Undrafted, l.Spec.TargetPasses)
+					}
 				}
 				// A last pass may emit past max_tokens (the rest is dropped).
 				if tokens < n || passes == 0 || passes >= n {
