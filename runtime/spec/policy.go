@@ -347,9 +347,10 @@ func (c *CostAware) pause() bool {
 // every decideAfter drafted rounds after a pause and after every drafted
 // round otherwise, whether drafting pays. A pause's rate counts what the
 // round that then fed the draft the pause's tokens took beyond a drafted
-// round: pausing saves the draft's steps, not its reading of the text. Before the first pause, the target
-// alone is priced at one pass over the root (verifyCost(0), fitted on
-// the drafted passes). A round with prompt rows in its pass is left out.
+// round: pausing saves the draft's steps, not its reading of the text.
+// Before the first pause, the target alone is priced at one pass over
+// the root (verifyCost(0), fitted on the drafted passes). A round with
+// prompt rows in its pass is left out.
 func (c *CostAware) observePace(o Outcome) {
 	p := &c.pace
 	p.grouped = o.Others > 0
