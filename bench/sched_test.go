@@ -520,7 +520,10 @@ func TestMeasureStepCostsPinned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := CostConfig{Threads: 1, CPUs: cpuset.Set{allowed[len(allowed)-1]}, Batches: []int{1, 2}, Reps: 2, Context: 128}
+	// Batches of 1 and 8: a step of 8 costs several times one of 1, so
+	// a busy host's noise (CI runs packages side by side) cannot hide
+	// the growth, as it once hid the 30 µs between batches of 1 and 2.
+	cfg := CostConfig{Threads: 1, CPUs: cpuset.Set{allowed[len(allowed)-1]}, Batches: []int{1, 8}, Reps: 3, Context: 128}
 	c, err := MeasureStepCosts(f, cfg)
 	if err != nil || c.A+c.B <= 0 {
 		t.Fatalf("pinned: %+v, %v", c, err)
