@@ -336,27 +336,26 @@ func (p *Pool) runJob(n, align, threads int, job Job) {
 		job.Run(0, n)
 		return
 	}
-	per, extra := units/workers, units%workers
-	lo := 0
-	var mine task
-	for w := 0; w < workers; w++ {
-		u := per
-		if w < extra {
-			u++
-		}
-		hi := min(n, lo+u*align)
-		t := task{lo: lo, hi: hi, job: job}
-		if w == workers-1 {
-			mine = t
-		} else {
-			p.workers[w].post(t)
-		}
-		lo = hi
+	for w := 0; w < workers-1; w++ {
+		lo, hi := share(w, n, align, workers)
+		p.workers[w].post(task{lo: lo, hi: hi, job: job})
 	}
-	mine.job.Run(mine.lo, mine.hi)
+	job.Run(share(workers-1, n, align, workers))
 	for w := 0; w < workers-1; w++ {
 		p.workers[w].wait()
 	}
+}
+
+// share is worker w's rows [lo,hi) of n, when their groups of align are
+// split as evenly as they go over workers (the first ones one group more).
+func share(w, n, align, workers int) (lo, hi int) {
+	units := (n + align - 1) / align
+	per, extra := units/workers, units%workers
+	lo = (w*per + min(w, extra)) * align
+	if w < extra {
+		per++
+	}
+	return lo, min(n, lo+per*align)
 }
 
 // claimsPerWorker is how many chunks runClaimed cuts each worker's share
@@ -434,18 +433,12 @@ func (p *Pool) runClaimed(n, align, threads, claims int, job Job) {
 	c := &p.claim
 	c.job = job
 	c.shares = p.shares[:workers]
-	per, extra := units/workers, units%workers
+	per := units / workers
 	c.chunkRows = int64(max(1, (per+claims-1)/claims) * align)
-	lo := 0
 	for w := range workers {
-		u := per
-		if w < extra {
-			u++
-		}
-		hi := min(n, lo+u*align)
+		lo, hi := share(w, n, align, workers)
 		c.shares[w].next.Store(int64(lo))
 		c.shares[w].end = int64(hi)
-		lo = hi
 	}
 	for w := 0; w < workers-1; w++ {
 		p.claimers[w] = claimer{c: c, share: w}
