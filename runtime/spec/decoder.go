@@ -194,9 +194,9 @@ type Stats struct {
 	// flight; KeptNodes the drafted tokens carried into the next round
 	// because they hung under the token the target chose.
 	PipelineSteps, KeptNodes int
-	// Undrafted counts the target passes over the root alone, with no
+	// Undrafted counts the verifications of the root alone, with no
 	// drafted token: the trigger paused drafting (CostAware, while
-	// drafting did not pay).
+	// drafting did not pay), or the context left no room to draft.
 	Undrafted int
 	// AcceptLen[n] counts the verifications that accepted n drafted
 	// tokens: the acceptance-vs-depth curve.
@@ -571,7 +571,6 @@ func (d *Decoder) step(ctx context.Context) ([]int32, error) {
 func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
 	d.handover = false
 	d.roundDraft, d.last = 0, stepInfo{}
-	steps := 0
 	for !d.shouldVerify(d.cfg.MaxTree) {
 		if err := ctx.Err(); err != nil {
 			return snapshot{}, err
@@ -580,10 +579,6 @@ func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
 			return snapshot{}, err
 		}
 		d.roundDraft += d.last.time
-		steps++
-	}
-	if steps == 0 && d.tree.size() == 0 {
-		d.stats.Undrafted++
 	}
 	return d.snapshot(d.fill()), nil
 }

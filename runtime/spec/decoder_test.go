@@ -551,6 +551,23 @@ func TestSpeculateAnyTreeShape(t *testing.T) {
 	}
 }
 
+// TestRootOnlyRounds: a trigger that verifies before any draft step
+// makes every pass one over the root alone, as CostAware's pause does:
+// the target's own tokens, no draft step, and every pass counted as
+// undrafted.
+func TestRootOnlyRounds(t *testing.T) {
+	recs := arRecords(t, "stories260K.greedy.jsonl")[:1]
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	d := p.decoder(t, Config{Method: Tree, Trigger: FixedSize{N: 0}})
+	if got := speculateRecord(t, d, recs[0]); !slices.Equal(got, recs[0].GeneratedIDs) {
+		t.Fatalf("root-only rounds:\n got %v\nwant %v", got, recs[0].GeneratedIDs)
+	}
+	st := d.Stats()
+	if st.DraftSteps != 0 || st.TargetPasses == 0 || st.Undrafted != st.TargetPasses {
+		t.Errorf("%d draft steps, %d target passes, %d undrafted; want none, some, all of them", st.DraftSteps, st.TargetPasses, st.Undrafted)
+	}
+}
+
 // stepTo steps a started decoder until it has emitted at least n tokens.
 func stepTo(t *testing.T, d *Decoder, n int) []int32 {
 	t.Helper()

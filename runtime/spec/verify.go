@@ -155,6 +155,9 @@ func (d *Decoder) accept(snap snapshot, logits func(slot int) []float32, others 
 	d.stats.Verified += verified
 	d.stats.Accepted += accepted
 	d.stats.MaxTree = max(d.stats.MaxTree, verified)
+	if verified == 0 {
+		d.stats.Undrafted++
+	}
 	for len(d.stats.AcceptLen) <= accepted {
 		d.stats.AcceptLen = append(d.stats.AcceptLen, 0)
 	}
