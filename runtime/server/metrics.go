@@ -97,6 +97,8 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	for i, l := range st.Lanes {
 		m.value("tandem_lane_utilization", lane(l), busy[i])
 	}
+	// tandem_lane_spec_* are the speculative lanes' alone (serve --draft).
+	specLanes := slices.DeleteFunc(slices.Clone(st.Lanes), func(l sched.LaneStats) bool { return l.Spec == nil })
 	for _, g := range []struct {
 		name, help string
 		val        func(sched.LaneStats) float64
@@ -121,36 +123,25 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_weights_read_bytes_total", "Weight bytes each lane has read from the model file (0 where the weights are resident; with --budget they stream every pass).", func(l sched.LaneStats) float64 { return float64(l.WeightsRead) }},
 		{"tandem_lane_weights_peak_bytes", "Most weight memory each streamed lane has held (pinned groups and loaded window slots; 0 where the file is mapped whole).", func(l sched.LaneStats) float64 { return float64(l.WeightsPeak) }},
 		{"tandem_lane_scheduler_seconds_total", "Wall time of each lane's scheduler sections (delivering a step and planning the next); tandem_scheduler_seconds_total less their sum is the intake's.", func(l sched.LaneStats) float64 { return l.SchedulerWall.Seconds() }},
+		{"tandem_lane_spec_passes_total", "Target passes of each speculative lane; one verifies every member's tree.", func(l sched.LaneStats) float64 { return float64(l.Spec.Passes) }},
+		{"tandem_lane_spec_rounds_total", "Draft-and-verify rounds of each speculative lane, one per sequence a pass verified.", func(l sched.LaneStats) float64 { return float64(l.Spec.Rounds) }},
+		{"tandem_lane_spec_drafted_tokens_total", "Drafted tokens the target checked.", func(l sched.LaneStats) float64 { return float64(l.Spec.Drafted) }},
+		{"tandem_lane_spec_accepted_tokens_total", "Drafted tokens the target accepted.", func(l sched.LaneStats) float64 { return float64(l.Spec.Accepted) }},
+		{"tandem_lane_spec_undrafted_rounds_total", "Rounds that verified the root alone: drafting paused while it did not pay.", func(l sched.LaneStats) float64 { return float64(l.Spec.Undrafted) }},
 	} {
+		lanes := st.Lanes
+		if strings.HasPrefix(g.name, "tandem_lane_spec_") {
+			if lanes = specLanes; len(lanes) == 0 {
+				continue
+			}
+		}
 		kind := "gauge"
 		if strings.HasSuffix(g.name, "_total") {
 			kind = "counter"
 		}
 		m.help(g.name, kind, g.help)
-		for _, l := range st.Lanes {
+		for _, l := range lanes {
 			m.value(g.name, lane(l), g.val(l))
-		}
-	}
-	for _, c := range []struct {
-		name, help string
-		val        func(*sched.SpecLaneStats) float64
-	}{ // counters of the speculative lanes (serve --draft)
-		{"tandem_lane_spec_passes_total", "Target passes of each speculative lane; one verifies every member's tree.", func(s *sched.SpecLaneStats) float64 { return float64(s.Passes) }},
-		{"tandem_lane_spec_rounds_total", "Draft-and-verify rounds of each speculative lane, one per sequence a pass verified.", func(s *sched.SpecLaneStats) float64 { return float64(s.Rounds) }},
-		{"tandem_lane_spec_drafted_tokens_total", "Drafted tokens the target checked.", func(s *sched.SpecLaneStats) float64 { return float64(s.Drafted) }},
-		{"tandem_lane_spec_accepted_tokens_total", "Drafted tokens the target accepted.", func(s *sched.SpecLaneStats) float64 { return float64(s.Accepted) }},
-		{"tandem_lane_spec_undrafted_rounds_total", "Rounds that verified the root alone: drafting paused while it did not pay.", func(s *sched.SpecLaneStats) float64 { return float64(s.Undrafted) }},
-	} {
-		helped := false
-		for _, l := range st.Lanes {
-			if l.Spec == nil {
-				continue
-			}
-			if !helped {
-				m.help(c.name, "counter", c.help)
-				helped = true
-			}
-			m.value(c.name, lane(l), c.val(l.Spec))
 		}
 	}
 }

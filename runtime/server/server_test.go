@@ -694,6 +694,9 @@ func TestMetricsAndHealth(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	if strings.Contains(text, "tandem_lane_spec_") {
+		t.Error("lanes that decode with the model alone have speculative metrics")
+	}
 	// Every line is a comment or "name{labels} value", and by Prometheus'
 	// conventions a _total is a counter.
 	values := map[string]float64{}
