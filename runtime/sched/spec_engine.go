@@ -633,6 +633,7 @@ func addSpecStats(a, b spec.Stats) spec.Stats {
 	a.FilledAccepted += b.FilledAccepted
 	a.PipelineSteps += b.PipelineSteps
 	a.KeptNodes += b.KeptNodes
+	a.Undrafted += b.Undrafted
 	for len(a.AcceptLen) < len(b.AcceptLen) {
 		a.AcceptLen = append(a.AcceptLen, 0)
 	}

@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -812,4 +813,38 @@ func FuzzSpecEngine(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAddSpecStatsSumsEveryCounter: the lane's counters are the sum of
+// its decoders' (the largest tree the largest), every field of
+// spec.Stats, so a counter added there cannot read zero here.
+func TestAddSpecStatsSumsEveryCounter(t *testing.T) {
+	var a, b spec.Stats
+	va, vb := reflect.ValueOf(&a).Elem(), reflect.ValueOf(&b).Elem()
+	for i := range va.NumField() {
+		switch f := va.Field(i); f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(int64(i + 1))
+			vb.Field(i).SetInt(int64(10 * (i + 1)))
+		case reflect.Slice:
+			a.AcceptLen, b.AcceptLen = []int{1}, []int{2, 3}
+		}
+	}
+	sum := reflect.ValueOf(addSpecStats(a, b))
+	for i := range va.NumField() {
+		name, f := va.Type().Field(i).Name, sum.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			want := int64(11 * (i + 1))
+			if name == "MaxTree" {
+				want = int64(10 * (i + 1))
+			}
+			if f.Int() != want {
+				t.Errorf("%s: %d, want %d", name, f.Int(), want)
+			}
+		}
+	}
+	if got := addSpecStats(a, b).AcceptLen; !slices.Equal(got, []int{3, 3}) {
+		t.Errorf("AcceptLen %v, want [3 3]", got)
+	}
 }
