@@ -634,6 +634,7 @@ func addSpecStats(a, b spec.Stats) spec.Stats {
 	a.PipelineSteps += b.PipelineSteps
 	a.KeptNodes += b.KeptNodes
 	a.Undrafted += b.Undrafted
+	a.Slides += b.Slides
 	for len(a.AcceptLen) < len(b.AcceptLen) {
 		a.AcceptLen = append(a.AcceptLen, 0)
 	}

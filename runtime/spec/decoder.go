@@ -198,6 +198,10 @@ type Stats struct {
 	// drafted token: the trigger paused drafting (CostAware, while
 	// drafting did not pay), or the context left no room to draft.
 	Undrafted int
+	// Slides counts the times the draft's window moved on: a draft
+	// whose context is shorter than the generation reads only the
+	// latest tokens (Decoder.Limit).
+	Slides int
 	// AcceptLen[n] counts the verifications that accepted n drafted
 	// tokens: the acceptance-vs-depth curve.
 	AcceptLen  []int
@@ -238,7 +242,9 @@ type Decoder struct {
 	dseq, tseq     int
 	started        bool
 	adopted        *Held // sequences the next Start continues (Adopt)
-	limit          int   // positions usable in both models and caches
+	limit          int   // positions the target and its cache allow: the generation's context
+	dlimit         int   // positions the draft and its cache allow
+	shift          int   // the target position of the draft's first row: past its context, the draft reads a window (slide)
 	notes          []string
 
 	sampler  *sample.Sampler // the target's: picks and accepts tokens
@@ -301,9 +307,12 @@ func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.S
 	d.proposer = sample.New(opt)
 	tc := min(target.Config().Context, tcache.Config().Context)
 	dc := min(draft.Config().Context, dcache.Config().Context)
-	d.limit = min(tc, dc)
+	if dc < 2 {
+		return nil, fmt.Errorf("spec: the draft's context is %d positions; it needs at least 2", dc)
+	}
+	d.limit, d.dlimit = tc, dc
 	if dc < tc {
-		d.notes = append(d.notes, fmt.Sprintf("the draft's context (%d) is shorter than the target's (%d): generation stops at %d tokens", dc, tc, dc))
+		d.notes = append(d.notes, fmt.Sprintf("the draft's context (%d) is shorter than the target's (%d): past it, the draft reads its last %d tokens", dc, tc, d.window()))
 	}
 	if f, ok := cfg.Trigger.(Filler); ok && cfg.Method == Tree {
 		d.filler = f
@@ -325,7 +334,9 @@ var ErrVocab = errors.New("draft and target vocabularies differ")
 // Notes are things the decoder adjusted and the user should know.
 func (d *Decoder) Notes() []string { return d.notes }
 
-// Limit is the context both models can use.
+// Limit is the context a generation can use: the target's. A draft with
+// a shorter context drafts from a window of the latest tokens once the
+// generation outgrows it (slide); the output is the target's either way.
 func (d *Decoder) Limit() int { return d.limit }
 
 // Stats returns the counters.
@@ -370,7 +381,7 @@ func (d *Decoder) Detach() (h Held, ok bool) {
 	d.dcache.Truncate(d.dseq, dn)
 	d.tcache.Truncate(d.tseq, tn)
 	d.started = false
-	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: dn, TargetLen: tn, Tokens: slices.Clone(d.history)}, true
+	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: d.heldDraftRows(), TargetLen: tn, Tokens: slices.Clone(d.history)}, true
 }
 
 // Rows says what the decoder's sequences hold now, as Detach would hand
@@ -382,7 +393,17 @@ func (d *Decoder) Rows() (h Held, ok bool) {
 	if !d.started {
 		return Held{}, false
 	}
-	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: d.dcache.Len(d.dseq), TargetLen: d.tcache.Len(d.tseq), Tokens: d.history}, true
+	return Held{Draft: d.dseq, Target: d.tseq, DraftLen: d.heldDraftRows(), TargetLen: d.tcache.Len(d.tseq), Tokens: d.history}, true
+}
+
+// heldDraftRows is how many of the draft's committed rows hold the first
+// tokens of the history: none once its window has slid, since its rows
+// then begin past the first token.
+func (d *Decoder) heldDraftRows() int {
+	if d.shift > 0 {
+		return 0
+	}
+	return d.dcache.Len(d.dseq)
 }
 
 // Adopted is the pair the next Start continues (Adopt), if any.
@@ -432,11 +453,20 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 		chunk = DefaultChunkSize
 	}
 	body := prompt[:len(prompt)-1]
+	// A prompt that leaves the draft too little room starts it on a
+	// window of its latest tokens.
+	d.shift = 0
+	if d.draftRoomAt(len(body)) < d.slideRoom() {
+		d.shift = len(body) - min(d.window(), len(body))
+	}
 	dhave, thave := 0, 0 // rows already holding the body's first tokens
 	if h := d.adopted; h != nil {
 		d.adopted = nil
 		d.dseq, d.tseq = h.Draft, h.Target
 		dhave, thave = min(h.DraftLen, len(body)), min(h.TargetLen, len(body))
+		if d.shift > 0 {
+			dhave = 0
+		}
 		if err := errors.Join(d.dcache.Truncate(d.dseq, dhave), d.tcache.Truncate(d.tseq, thave)); err != nil {
 			d.dcache.Free(d.dseq)
 			d.tcache.Free(d.tseq)
@@ -458,8 +488,9 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 		m        *model.Model
 		c        *kv.Cache
 		seq      int
+		toks     []int32 // from the model's first position
 		from, to int
-	}{{d.draft, d.dcache, d.dseq, dhave, len(body)}, {d.target, d.tcache, d.tseq, thave, prefilled}} {
+	}{{d.draft, d.dcache, d.dseq, body[d.shift:], dhave, len(body) - d.shift}, {d.target, d.tcache, d.tseq, body, thave, prefilled}} {
 		for off := mc.from; off < mc.to; off += chunk {
 			if err := ctx.Err(); err != nil {
 				d.Close()
@@ -467,7 +498,7 @@ func (d *Decoder) Start(ctx context.Context, prompt []int32, chunk int) error {
 			}
 			end := min(off+chunk, mc.to)
 			d.db.Reset()
-			d.db.Chain(body[off:end], int32(off), mc.seq, -1, false)
+			d.db.Chain(mc.toks[off:end], int32(off), mc.seq, -1, false)
 			if err := mc.m.Forward(&d.db, mc.c, &d.dout); err != nil {
 				d.Close()
 				return fmt.Errorf("spec: prefill: %w", err)
@@ -498,7 +529,44 @@ func (d *Decoder) Close() {
 func (d *Decoder) rootPos() int { return d.tcache.Len(d.tseq) + len(d.prefix) }
 
 // maxDepth is how far below the root the tree may reach.
-func (d *Decoder) maxDepth() int { return d.limit - 1 - d.rootPos() }
+func (d *Decoder) maxDepth() int { return min(d.limit-1-d.rootPos(), d.draftRoomAt(d.rootPos())) }
+
+// draftRoomAt is how many positions the draft has below a root at
+// (target) position root.
+func (d *Decoder) draftRoomAt(root int) int { return d.dlimit - 1 - (root - d.shift) }
+
+// window is how many of the latest tokens the draft reads after a
+// slide: half its context, so it slides once per half a context.
+func (d *Decoder) window() int { return d.dlimit / 2 }
+
+// slideRoom is the draft's room below the root under which its window
+// slides: the tree is cut short near the end of the context, and a
+// draft that can reach no deeper than this guesses little.
+func (d *Decoder) slideRoom() int { return max(1, min(32, d.dlimit/4)) }
+
+// slide moves the draft's window on when the draft has too little room
+// left below the root: its rows go, and the latest tokens before the root
+// become pending, read by the next draft step at the window's start.
+// Output does not change: the draft only guesses, and the target checks.
+// Called between rounds, with no tree in flight.
+func (d *Decoder) slide() error {
+	root := d.rootPos()
+	if d.draftRoomAt(root) >= d.slideRoom() {
+		return nil
+	}
+	if root >= len(d.history) {
+		return fmt.Errorf("spec: the root is at %d, past the %d tokens of the history", root, len(d.history))
+	}
+	keep := min(d.window(), root)
+	if err := d.dcache.Truncate(d.dseq, 0); err != nil {
+		return fmt.Errorf("spec: draft: %w", err)
+	}
+	d.shift = root - keep
+	d.pending = append(d.pending[:0], d.history[root-keep:root]...)
+	d.tree = newTree(d.history[root])
+	d.stats.Slides++
+	return nil
+}
 
 // maxNodes is how many drafted tokens a tree may hold now: the method's
 // cap, bounded by the rows both caches have left. The target's room is
@@ -532,7 +600,7 @@ func (d *Decoder) canStep() error {
 	if !d.started {
 		return errors.New("spec: step before Start")
 	}
-	if d.maxDepth() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
+	if d.limit-1-d.rootPos() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
 		return fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
 	}
 	return nil
@@ -571,6 +639,9 @@ func (d *Decoder) step(ctx context.Context) ([]int32, error) {
 func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
 	d.handover = false
 	d.roundDraft, d.last = 0, stepInfo{}
+	if err := d.slide(); err != nil {
+		return snapshot{}, err
+	}
 	for !d.shouldVerify(d.cfg.MaxTree) {
 		if err := ctx.Err(); err != nil {
 			return snapshot{}, err

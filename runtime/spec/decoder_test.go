@@ -412,18 +412,19 @@ func TestSpeculateBadPairs(t *testing.T) {
 	if err := CheckVocab(llama, tok512, "tokenizer.bin", "tok512.bin"); !errors.Is(err, ErrVocab) || !strings.Contains(err.Error(), "tokenizer.bin") || !strings.Contains(err.Error(), "tok512.bin") {
 		t.Errorf("different vocabularies: %v, want ErrVocab naming both files", err)
 	}
-	// A draft whose context is shorter caps the generation and says so.
+	// A draft whose context is shorter does not cap the generation (it
+	// slides), and the decoder says so.
 	draft := arLoadModel(t, "llama2xs_model.bin")
 	d, err := New(draft, target, arNewCache(t, draft, 100), arNewCache(t, target, 300), nil, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Limit() != 100 || len(d.Notes()) == 0 || !strings.Contains(d.Notes()[0], "shorter") {
-		t.Errorf("limit %d, notes %q; want 100 and a note about the draft's context", d.Limit(), d.Notes())
+	if d.Limit() != 300 || len(d.Notes()) == 0 || !strings.Contains(d.Notes()[0], "shorter") {
+		t.Errorf("limit %d, notes %q; want 300 and a note about the draft's context", d.Limit(), d.Notes())
 	}
 	res, err := Speculate(context.Background(), d, []int32{1, 403, 407}, GenOptions{})
-	if err != nil || res.Reason != StopContextFull || len(res.Ids) != 98 {
-		t.Errorf("generation to the draft's limit: %d ids, %v, %v; want 98 ids and a full context", len(res.Ids), res.Reason, err)
+	if err != nil || res.Reason != StopContextFull || len(res.Ids) != 298 {
+		t.Errorf("generation to the target's limit: %d ids, %v, %v; want 298 ids and a full context", len(res.Ids), res.Reason, err)
 	}
 	if _, err := New(draft, target, arNewCache(t, draft, 64), arNewCache(t, target, 64), nil, Config{MaxTree: -1}); err == nil {
 		t.Error("a negative tree size was accepted")

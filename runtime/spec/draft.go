@@ -25,7 +25,7 @@ func (d *Decoder) draftStep(cap int) error {
 		// Only the unexpanded root can be open behind pending tokens.
 		picks = picks[:1]
 	}
-	rootPos := int32(d.rootPos())
+	rootPos := int32(d.rootPos() - d.shift) // in the draft's window
 	b := &d.db
 	b.Reset()
 	last := -1 // the slot the root hangs under (the last pending token)
