@@ -34,6 +34,10 @@ type config struct {
 	DraftTokenizer string `json:"draft_tokenizer"`
 	// Mode is how the draft is used: "tree" (default) or "sd".
 	Mode string `json:"mode"`
+	// DraftContext caps the draft's KV positions per sequence (0: its
+	// own context): past them it drafts from the latest tokens, which
+	// saves memory for weaker guesses, the output unchanged.
+	DraftContext int `json:"draft_context"`
 	// Calibration is the uncertainty estimator (empty: MODEL.calib.json
 	// when it exists, else the prompt length; the embedded model's own
 	// for the embedded model).
@@ -172,6 +176,10 @@ func (c *config) check() error {
 		return fmt.Errorf("mode %q needs a draft", c.Mode)
 	case c.DraftTokenizer != "" && c.Draft == "":
 		return errors.New("draft_tokenizer needs a draft")
+	case c.DraftContext != 0 && c.Draft == "":
+		return errors.New("draft_context needs a draft")
+	case c.DraftContext < 0 || c.DraftContext == 1:
+		return fmt.Errorf("draft_context %d: want 0 (the draft's own) or at least 2", c.DraftContext)
 	case c.Context < 0 || c.Context > 0 && c.Context < sched.MinContext:
 		return fmt.Errorf("context %d: want 0 (the model's) or at least %d, for a prompt and its answer", c.Context, sched.MinContext)
 	case c.MaxSeqs < 0 || c.MaxSeqs > 1024:

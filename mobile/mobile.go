@@ -80,6 +80,8 @@ type Engine struct {
 //	             from flash); "default" is the embedded draft
 //	draft_tokenizer  the draft's vocabulary if not in its file
 //	mode         "tree" (default) or "sd", with a draft
+//	draft_context  the draft's KV positions per sequence (0: its own);
+//	             past them it drafts from the latest tokens
 //
 // Loading maps the model file; call it off the UI thread.
 func NewEngine(configJSON string) (*Engine, error) {
@@ -141,7 +143,7 @@ func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Poli
 		if draft, err = openDraft(c, tok, f.Path); err != nil {
 			return nil, err
 		}
-		lopt.Draft, lopt.Spec = draft, specConfig(c.Mode)
+		lopt.Draft, lopt.Spec, lopt.DraftContext = draft, specConfig(c.Mode), c.DraftContext
 	}
 	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {
@@ -244,7 +246,7 @@ func (e *Engine) Stats() string {
 		if se := e.spec[l.Name]; se != nil {
 			ss := se.Stats()
 			lj.Spec = &specJSON{Method: ss.Method, Tokens: ss.Emitted, TargetPasses: ss.TargetPasses,
-				TokensPerPass: ss.TokensPerPass(), Acceptance: ss.AcceptanceRate(), Undrafted: ss.Undrafted}
+				TokensPerPass: ss.TokensPerPass(), Acceptance: ss.AcceptanceRate(), Undrafted: ss.Undrafted, Slides: ss.Slides}
 		}
 		out.Lanes = append(out.Lanes, lj)
 	}
@@ -332,6 +334,9 @@ type specJSON struct {
 	// Undrafted are target passes over the root alone: drafting paused
 	// while it did not pay.
 	Undrafted int `json:"undrafted_passes"`
+	// Slides are the times the draft's window moved on past its
+	// context (draft_context).
+	Slides int `json:"draft_window_slides"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

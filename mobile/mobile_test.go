@@ -107,7 +107,7 @@ func TestGenerateMatchesReference(t *testing.T) {
 		// Speculative lanes: llama2xs drafts for stories260K, whose output
 		// it must not change.
 		{"tree", `{"model": %q, "tokenizer": %q` + draft + `}`, "stories260K.bin", "stories260K.greedy.jsonl", "tok512.bin"},
-		{"sd streamed", `{"model": %q, "tokenizer": %q, "mode": "sd", "lanes": [1, 1], "budget": "min"` + draft + `}`, "stories260K.bin", "stories260K.greedy.jsonl", "tok512.bin"},
+		{"sd streamed", `{"model": %q, "tokenizer": %q, "mode": "sd", "lanes": [1, 1], "budget": "min", "draft_context": 48` + draft + `}`, "stories260K.bin", "stories260K.greedy.jsonl", "tok512.bin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := fmt.Sprintf(tc.cfg, testutil.Model(t, tc.model))
@@ -342,6 +342,8 @@ func TestBadConfig(t *testing.T) {
 		{"mode without draft", `{"mode": "sd"}`, "needs a draft"},
 		{"unknown mode", `{"draft": "default", "mode": "bild"}`, "want tree or sd"},
 		{"draft tokenizer without draft", `{"draft_tokenizer": "tok.bin"}`, "needs a draft"},
+		{"draft context without draft", `{"draft_context": 64}`, "needs a draft"},
+		{"draft context of one", `{"draft": "default", "draft_context": 1}`, "draft_context 1"},
 		{"kv type", `{"kv_type": "q4_0"}`, "kv_type"},
 		{"prefix cache", `{"prefix_cache": "a lot"}`, "prefix_cache"},
 		{"policy", `{"policy": "random"}`, "unknown policy"},

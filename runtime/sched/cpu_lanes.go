@@ -123,6 +123,9 @@ type LaneOptions struct {
 	// weights; without Stream the pipeline is off.
 	Draft *weights.File
 	Spec  spec.Config
+	// DraftContext caps each draft's KV positions per sequence (see
+	// SpecEngineOptions.DraftContext).
+	DraftContext int
 }
 
 // LoadLanes loads one model per lane from f (the mapping is shared),
@@ -199,7 +202,7 @@ func LoadLanes(f *weights.File, opt LaneOptions) ([]Lane, func() error, error) {
 		}
 		// The draft shares the target's pool: closed before the target.
 		models = append([]*model.Model{dm}, models...)
-		e, err := NewSpecEngine(dm, m, scfg, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, KVType: opt.KVType,
+		e, err := NewSpecEngine(dm, m, scfg, SpecEngineOptions{Name: name, MaxSeqs: opt.MaxSeqs, Context: opt.Context, DraftContext: opt.DraftContext, KVType: opt.KVType,
 			NoPrefixReuse: opt.NoPrefixReuse, PrefixCache: opt.PrefixCache})
 		if err != nil {
 			closeAll()

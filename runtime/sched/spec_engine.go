@@ -23,9 +23,14 @@ type SpecEngineOptions struct {
 	// holds a sequence in the draft's KV cache and one in the target's
 	// (default 16).
 	MaxSeqs int
-	// Context is the tokens per sequence (0: the smaller of the two
-	// models' contexts).
+	// Context is the tokens per sequence (0: the target's context).
 	Context int
+	// DraftContext caps the draft's KV positions per sequence (0: the
+	// draft's context, or Context when that is shorter). Past it the
+	// draft reads a window of the latest tokens (spec.Decoder), so a
+	// smaller one bounds the resident draft's KV memory at the cost of
+	// its guesses; the output is the target's either way.
+	DraftContext int
 	// KVType is weights.F32 (default) or weights.F16, for both caches.
 	KVType weights.DType
 	// PrefillBudget is the most prompt tokens one step prefills, all
@@ -144,23 +149,36 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	if opt.Name == "" {
 		opt.Name = "spec"
 	}
+	if opt.DraftContext < 0 || opt.DraftContext == 1 {
+		return nil, fmt.Errorf("sched: engine %s: draft context %d: want 0 (the draft's own) or at least 2", opt.Name, opt.DraftContext)
+	}
 	if cfg.Pipeline && !target.Streamed() {
 		cfg.Pipeline = false // nothing to overlap, and no room for a longer tree
 	}
 	if dv, tv := draft.Config().Vocab, target.Config().Vocab; dv != tv {
 		return nil, fmt.Errorf("sched: engine %s: the draft has %d tokens and the target %d: %w", opt.Name, dv, tv, spec.ErrVocab)
 	}
+	// The lane serves the target's context. A draft with a shorter one
+	// drafts from a window of the latest tokens past it (spec.Decoder),
+	// so its cache needs no more than its own context.
 	ctx := opt.Context
 	dc, tc := draft.Config().Context, target.Config().Context
 	if ctx == 0 {
-		ctx = min(dc, tc)
-	} else if ctx > min(dc, tc) {
+		ctx = tc
+	} else if ctx > tc {
 		// Capping it quietly would turn requests a target-only lane of
 		// the same context takes into errors.
-		return nil, fmt.Errorf("sched: engine %s: context %d is longer than the draft's (%d) or the target's (%d); a speculative lane serves at most %d", opt.Name, ctx, dc, tc, min(dc, tc))
+		return nil, fmt.Errorf("sched: engine %s: context %d is longer than the target's (%d)", opt.Name, ctx, tc)
 	}
 	newCache := func(m *model.Model, which string) (*kv.Cache, error) {
-		c, err := m.NewTreeCache(ctx, cfg.TreeRows(), opt.KVType)
+		mctx := ctx
+		if m == draft {
+			mctx = min(ctx, dc)
+			if opt.DraftContext > 0 {
+				mctx = min(mctx, opt.DraftContext)
+			}
+		}
+		c, err := m.NewTreeCache(mctx, cfg.TreeRows(), opt.KVType)
 		if err != nil {
 			return nil, fmt.Errorf("sched: engine %s: %s cache: %w", opt.Name, which, err)
 		}

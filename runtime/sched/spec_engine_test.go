@@ -302,10 +302,18 @@ func TestSpecEngineErrors(t *testing.T) {
 	if _, err := NewSpecEngine(draft, target, spec.Config{MaxTree: -1}, SpecEngineOptions{}); err == nil {
 		t.Error("negative tree size accepted")
 	}
-	// The draft's context (256) bounds the lane's: a longer one asked for
-	// is an error, not quietly capped.
-	if _, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{Context: 512}); err == nil || !strings.Contains(err.Error(), "at most 256") {
-		t.Errorf("context 512 with a 256-token draft: %v; want an error naming 256", err)
+	// The lane serves the target's context (512), past the draft's 256;
+	// a longer one asked for is an error, not quietly capped.
+	if e, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{}); err != nil || e.Info().Context != 512 {
+		t.Errorf("a 256-token draft with a 512-token target: %v; want a lane of the target's 512", err)
+	}
+	if _, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{Context: 513}); err == nil || !strings.Contains(err.Error(), "(512)") {
+		t.Errorf("context 513 with a 512-token target: %v; want an error naming 512", err)
+	}
+	for _, dc := range []int{-1, 1} {
+		if _, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{DraftContext: dc}); err == nil {
+			t.Errorf("draft context %d accepted", dc)
+		}
 	}
 	e, err := NewSpecEngine(draft, target, spec.Config{Trigger: &spec.CostAware{}}, SpecEngineOptions{MaxSeqs: 1, Context: 16})
 	if err != nil {
@@ -722,7 +730,10 @@ func FuzzSpecEngine(f *testing.F) {
 		const ctxLen, maxSeqs = 96, 3
 		var engines [3]Engine
 		for k := range 2 {
-			e, err := NewSpecEngine(drafts[k], targets[k], cfg, SpecEngineOptions{MaxSeqs: maxSeqs, Context: ctxLen, PrefillChunk: 5, NoPrefixReuse: k == 1})
+			// The engine with prefix reuse gives its draft a window of
+			// 32 positions, which slides (spec.Decoder) past them.
+			e, err := NewSpecEngine(drafts[k], targets[k], cfg, SpecEngineOptions{MaxSeqs: maxSeqs, Context: ctxLen, DraftContext: 32 * (1 - k),
+				PrefillChunk: 5, NoPrefixReuse: k == 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -813,6 +824,60 @@ func FuzzSpecEngine(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSpecEngineServesTheTargetsContext: a speculative lane serves the
+// target's whole context (stories260K's 512), past the draft's 256: a
+// prompt the draft cannot hold, and an answer that outgrows it, come out
+// as the target alone writes them.
+func TestSpecEngineServesTheTargetsContext(t *testing.T) {
+	draft, target := loadShared(t, "llama2xs_model.bin"), loadShared(t, "stories260K.bin")
+	e, err := NewSpecEngine(draft, target, spec.Config{}, SpecEngineOptions{MaxSeqs: 2, PrefillBudget: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Info().Context != 512 {
+		t.Fatalf("lane context %d, want the target's 512", e.Info().Context)
+	}
+	cache, err := target.NewCache(512, weights.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := greedyRecords(t, 1)[0].PromptIDs
+	whole, err := spec.Generate(context.Background(), target, cache, short, spec.GenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	history := slices.Concat(short, whole.Ids)
+	n := 100
+	if raceEnabled || testing.Short() {
+		n = 24
+	}
+	reqs := []struct{ prompt, want []int32 }{
+		{history[:300], history[300 : 300+n]},
+		{short, whole.Ids[:250+n]},
+	}
+	s, err := New(Config{MaxBatch: 2}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	streams := make([]*Stream, len(reqs))
+	for i, r := range reqs {
+		if streams[i], err = s.Submit(context.Background(), Request{Prompt: r.prompt, MaxTokens: len(r.want)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range reqs {
+		got, res, err := recvAll(streams[i])
+		if err != nil || res.Reason != ReasonLength || !slices.Equal(got, r.want) {
+			t.Errorf("request %d (%d-token prompt): %v, %v\n got %v\nwant %v", i, len(r.prompt), err, res, got, r.want)
+		}
+	}
+	waitFor(t, func() bool { return e.Live() == 0 })
+	if st := e.Stats(); st.Slides == 0 || st.Accepted == 0 {
+		t.Errorf("%d slides, %d accepted: want the draft's window to slide and the draft to help", st.Slides, st.Accepted)
+	}
 }
 
 // TestAddSpecStatsSumsEveryCounter: the lane's counters are the sum of

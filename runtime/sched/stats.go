@@ -126,6 +126,9 @@ type SpecLaneStats struct {
 	// Undrafted are rounds whose pass verified the root alone: drafting
 	// paused while it did not pay (spec.CostAware).
 	Undrafted int
+	// Slides are the times a draft's window moved on past its context
+	// (spec.Stats.Slides).
+	Slides int
 }
 
 // weightStreamer is an engine whose model may stream its weights
@@ -234,7 +237,7 @@ func (s *Scheduler) Stats() Stats {
 		}
 		if sp, ok := l.eng.(speculator); ok {
 			ss := sp.Stats()
-			ls.Spec = &SpecLaneStats{Passes: sp.Passes(), Rounds: ss.TargetPasses, Drafted: ss.Verified, Accepted: ss.Accepted, Undrafted: ss.Undrafted}
+			ls.Spec = &SpecLaneStats{Passes: sp.Passes(), Rounds: ss.TargetPasses, Drafted: ss.Verified, Accepted: ss.Accepted, Undrafted: ss.Undrafted, Slides: ss.Slides}
 		}
 		_, ls.MuchSlower = s.muchSlower(l)
 		st.Lanes = append(st.Lanes, ls)

@@ -128,6 +128,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		{"tandem_lane_spec_drafted_tokens_total", "Drafted tokens the target checked.", func(l sched.LaneStats) float64 { return float64(l.Spec.Drafted) }},
 		{"tandem_lane_spec_accepted_tokens_total", "Drafted tokens the target accepted.", func(l sched.LaneStats) float64 { return float64(l.Spec.Accepted) }},
 		{"tandem_lane_spec_undrafted_rounds_total", "Rounds that verified the root alone: drafting paused while it did not pay.", func(l sched.LaneStats) float64 { return float64(l.Spec.Undrafted) }},
+		{"tandem_lane_spec_draft_window_slides_total", "Times a draft's window moved on past its context (--draft-ctx, or a draft with a shorter context than the model's).", func(l sched.LaneStats) float64 { return float64(l.Spec.Slides) }},
 	} {
 		lanes := st.Lanes
 		if strings.HasPrefix(g.name, "tandem_lane_spec_") {

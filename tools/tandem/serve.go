@@ -60,7 +60,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		"tandem serve --addr 127.0.0.1:8080 --model stories260K.gguf --lanes 3,1",
 		"tandem serve --model model.gguf --lanes cuda,4   # GPU primary lane, 4-thread CPU lane for long requests",
 		"tandem serve --model model.gguf --lanes big,2@little   # on a phone: a lane on the big cores, one on two little cores",
-		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin --ctx 256",
+		"tandem serve --model stories260K.bin --tokenizer tok512.bin --draft llama2xs_model.bin",
 		"tandem serve --model big.gguf --draft small.gguf --budget 1GiB   # stream the model, draft during its IO",
 		`curl -s localhost:8080/v1/completions -d '{"prompt":"Once upon a time","max_tokens":32,"deadline_ms":2000}'`)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
@@ -203,7 +203,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer df.Close()
-		lopt.Draft, lopt.Spec = df, specCfg
+		lopt.Draft, lopt.Spec, lopt.DraftContext = df, specCfg, *sf.draftCtx
 	}
 	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {

@@ -365,8 +365,13 @@ func TestServeDraft(t *testing.T) {
 	prompts, want := greedyAnswers(t, 3, n)
 	for _, mode := range []string{"tree", "sd"} {
 		t.Run(mode, func(t *testing.T) {
-			addr, log, done, after := startServe(t, "--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
-				"--draft", testutil.Model(t, "llama2xs_model.bin"), "--mode", mode, "--lanes", "1", "--ctx", "256")
+			args := []string{"--model", testutil.Model(t, "stories260K.bin"), "--tokenizer", testutil.Model(t, "tok512.bin"),
+				"--draft", testutil.Model(t, "llama2xs_model.bin"), "--mode", mode, "--lanes", "1"}
+			if mode == "sd" {
+				// A draft window shorter than the answers: it slides.
+				args = append(args, "--draft-ctx", "24")
+			}
+			addr, log, done, after := startServe(t, args...)
 			if ready := log[len(log)-1]; !strings.Contains(ready, "speculative ("+mode) {
 				t.Errorf("ready line %q does not say it speculates", ready)
 			}
@@ -384,13 +389,17 @@ func TestServeDraft(t *testing.T) {
 			// share passes), the target accepted some drafted tokens and
 			// no more than it checked, and only the tree's cost trigger
 			// can pause drafting.
-			var passes, rounds, drafted, accepted, undrafted float64
+			var passes, rounds, drafted, accepted, undrafted, slides float64
 			for _, line := range strings.Split(getMetrics(t, addr), "\n") {
 				fmt.Sscanf(line, `tandem_lane_spec_passes_total{lane="spec0"} %g`, &passes)
 				fmt.Sscanf(line, `tandem_lane_spec_rounds_total{lane="spec0"} %g`, &rounds)
 				fmt.Sscanf(line, `tandem_lane_spec_drafted_tokens_total{lane="spec0"} %g`, &drafted)
 				fmt.Sscanf(line, `tandem_lane_spec_accepted_tokens_total{lane="spec0"} %g`, &accepted)
 				fmt.Sscanf(line, `tandem_lane_spec_undrafted_rounds_total{lane="spec0"} %g`, &undrafted)
+				fmt.Sscanf(line, `tandem_lane_spec_draft_window_slides_total{lane="spec0"} %g`, &slides)
+			}
+			if (mode == "sd") != (slides > 0) {
+				t.Errorf("/metrics: the draft's window slid %g times; want it to slide only under --draft-ctx", slides)
 			}
 			if passes <= 0 || rounds < passes || accepted <= 0 || accepted > drafted || undrafted > rounds || (mode == "sd" && undrafted > 0) {
 				t.Errorf("/metrics: %g passes, %g rounds, %g drafted tokens, %g accepted, %g undrafted rounds", passes, rounds, drafted, accepted, undrafted)

@@ -28,6 +28,7 @@ type specFlags struct {
 	alpha                *float64
 	noPipeline, noPause  *bool
 	fallback, rollback   *float64
+	draftCtx             *int
 }
 
 func addSpecFlags(fs *flag.FlagSet) *specFlags {
@@ -44,6 +45,7 @@ func addSpecFlags(fs *flag.FlagSet) *specFlags {
 		noPipeline:  fs.Bool("no-pipeline", false, "tree and sd: do not draft while a streamed model waits on IO"),
 		noPause:     fs.Bool("no-pause", false, "tree with --trigger cost: draft every round, even while drafted rounds emit fewer tokens a second than the model alone"),
 		draftLen:    fs.Int("draft-len", spec.DefaultDraftLen, "sd: draft tokens per verification"),
+		draftCtx:    fs.Int("draft-ctx", 0, "the draft's KV positions per sequence (0: its own context, at most --ctx); past them it drafts from its latest tokens, so a smaller one saves memory for weaker guesses; the output is the model's either way"),
 		fallback:    fs.Float64("fallback", 0.5, "bild: the draft hands over when its top probability falls below this"),
 		rollback:    fs.Float64("rollback", 2, "bild: roll back a draft token whose cross-entropy under the model exceeds this"),
 	}
@@ -145,6 +147,12 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		return fail(err)
 	}
 	ctx := min(targetCache.Config().Context, p.model.Config().Context)
+	switch n := *sf.draftCtx; {
+	case n < 0 || n == 1:
+		return fail(fmt.Errorf("%w: --draft-ctx %d: want 0 (the draft's own context) or at least 2", errUsage, n))
+	case n > 0:
+		ctx = min(ctx, n)
+	}
 	dcache, err := p.model.NewTreeCache(ctx, cfg.TreeRows(), kvt)
 	if err != nil {
 		return fail(err)
@@ -200,6 +208,7 @@ type specStats struct {
 	MeanTree       float64 `json:"mean_tree_size"`
 	MaxTree        int     `json:"max_tree_size"`
 	Undrafted      int     `json:"undrafted_passes"`
+	Slides         int     `json:"draft_window_slides"`
 	PipelineSteps  int     `json:"pipeline_draft_steps"`
 	KeptTokens     int     `json:"pipeline_tokens_kept"`
 	Filled         int     `json:"free_row_tokens_verified"`
@@ -212,7 +221,7 @@ type specStats struct {
 func newSpecStats(st spec.Stats, draft string) *specStats {
 	s := &specStats{Mode: st.Method, Draft: draft, TargetPasses: st.TargetPasses, DraftSteps: st.DraftSteps,
 		TokensPerPass: st.TokensPerPass(), AcceptanceRate: st.AcceptanceRate(), DraftTokens: st.Verified, Accepted: st.Accepted,
-		MaxTree: st.MaxTree, Undrafted: st.Undrafted, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
+		MaxTree: st.MaxTree, Undrafted: st.Undrafted, Slides: st.Slides, PipelineSteps: st.PipelineSteps, KeptTokens: st.KeptNodes,
 		Filled: st.Filled, FilledAccepted: st.FilledAccepted,
 		DraftSeconds: st.DraftTime.Seconds(), TargetSeconds: st.TargetTime.Seconds(), IOWaitSeconds: st.IOWait.Seconds()}
 	if st.TargetPasses > 0 {
@@ -237,6 +246,9 @@ func (s *specStats) String() string {
 			passes = "pass"
 		}
 		fmt.Fprintf(&b, ", %d %s over the root alone (drafting paused while it did not pay; --no-pause drafts always)", s.Undrafted, passes)
+	}
+	if s.Slides > 0 {
+		fmt.Fprintf(&b, ", the draft's window slid %d× (its context is shorter than the target's)", s.Slides)
 	}
 	fmt.Fprintf(&b, " | time: draft %s, target %s (IO wait %s)", secs(s.DraftSeconds), secs(s.TargetSeconds), secs(s.IOWaitSeconds))
 	return b.String()

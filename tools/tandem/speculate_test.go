@@ -28,6 +28,7 @@ func TestGenerateSpeculative(t *testing.T) {
 				DraftSeconds  float64 `json:"draft_seconds"`
 				FreeRows      int     `json:"free_row_tokens_verified"`
 				Undrafted     int     `json:"undrafted_passes"`
+				Slides        int     `json:"draft_window_slides"`
 			} `json:"speculative"`
 			Stream *struct {
 				Passes int `json:"passes"`
@@ -59,6 +60,8 @@ func TestGenerateSpeculative(t *testing.T) {
 		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"}, false},
 		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"}, false},
 		{[]string{"--draft", draft, "--mode", "bild"}, false},
+		// A draft window of 16 positions slides every few rounds.
+		{[]string{"--draft", draft, "--draft-ctx", "16", "--no-pause"}, false},
 		// Storage slow enough that every pass waits on IO whatever the
 		// kernels and the machine's load: a pass reads about 1 MB.
 		{[]string{"--draft", draft, "--budget", "min", "--io-bandwidth", "4MB/s"}, true},
@@ -69,6 +72,9 @@ func TestGenerateSpeculative(t *testing.T) {
 		if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
 			t.Errorf("%v: speculative stats %+v", args, sp)
 			continue
+		}
+		if slides := slices.Contains(args, "--draft-ctx"); slides != (sp.Slides > 0) {
+			t.Errorf("%v: the draft's window slid %d times; want it to slide only with --draft-ctx", args, sp.Slides)
 		}
 		if slices.Contains(args, "--no-pause") && sp.Undrafted != 0 {
 			t.Errorf("%v: %d passes over the root alone; --no-pause drafts every round", args, sp.Undrafted)
@@ -95,6 +101,7 @@ func TestGenerateSpeculative(t *testing.T) {
 		{[]string{"--draft", draft, "--mode", "std"}, "--draft needs --mode tree, sd or bild"},
 		{[]string{"--draft", draft, "--trigger", "sometimes"}, "--trigger"},
 		{[]string{"--draft", draft, "--branch-threshold", "0"}, "--branch-threshold"},
+		{[]string{"--draft", draft, "--draft-ctx", "1"}, "--draft-ctx"},
 		{[]string{"--draft", testutil.Model(t, "llama-2-tiny-random.gguf")}, "tokenizer"},
 	} {
 		code, _, errOut := tandem(t, append(append([]string(nil), base...), tc.args...)...)
