@@ -265,8 +265,9 @@ type Decoder struct {
 	probs      []float32 // scratch distribution
 	stats      Stats
 	ioBase     time.Duration
-	pass       time.Duration // the last target pass, and its IO wait
+	pass       time.Duration // the last target pass, its IO wait, and its reads' time
 	passIO     time.Duration
+	passRead   time.Duration
 }
 
 // TreeRows is how many rows past their context the caches should have

@@ -99,7 +99,7 @@ func (g *Group) verify(ctx context.Context, decs []*Decoder, errs []error) {
 	}
 	first := decs[g.live[0]]
 	g.passes++
-	io0 := first.ioWait()
+	io0, read0 := first.ioWait(), first.ioRead()
 	start := time.Now()
 	var err error
 	if first.cfg.Pipeline {
@@ -109,7 +109,7 @@ func (g *Group) verify(ctx context.Context, decs []*Decoder, errs []error) {
 	} else {
 		err = first.target.Forward(b, first.tcache, &g.logits)
 	}
-	pass, passIO := time.Since(start), first.ioWait()-io0
+	pass, passIO, passRead := time.Since(start), first.ioWait()-io0, first.ioRead()-read0
 	for _, i := range g.live {
 		d := decs[i]
 		if err != nil {
@@ -118,7 +118,7 @@ func (g *Group) verify(ctx context.Context, decs []*Decoder, errs []error) {
 			}
 			continue
 		}
-		d.pass, d.passIO = pass, passIO
+		d.pass, d.passIO, d.passRead = pass, passIO, passRead
 		// Each tree's share of the pass, so the decoders' times add up
 		// to the target's.
 		d.stats.TargetTime += pass * time.Duration(len(d.tb.Tokens)) / time.Duration(b.Len())

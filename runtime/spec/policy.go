@@ -48,6 +48,9 @@ type Outcome struct {
 	ConfByDepth     []float64     // SumConf split by depth (index d-1 for depth d)
 	Time            time.Duration // the target pass
 	IOWait          time.Duration // of Time, waiting for streamed weights
+	// IORead is the time the target's weights took to read during the
+	// pass (0: not known): the IO a pass cannot be shorter than.
+	IORead time.Duration
 	// Draft is the round's draft time outside the pass (TreeState.Draft
 	// when the trigger said verify): 0 for a round that drafted nothing.
 	Draft time.Duration
@@ -420,7 +423,17 @@ func (c *CostAware) Observe(o Outcome) {
 		c.passes[i] = decay*c.passes[i] + 1
 	}
 	if o.Time > 0 && o.IOWait.Seconds() > ioBound*o.Time.Seconds() {
-		c.io = ewma(c.io, o.Time.Seconds(), c.io == 0)
+		// A pass that waited on IO lasts at least its reads. It may last
+		// longer in compute: with 128-token trees over 500 tokens of
+		// context, a 48 MB target read in 32 ms took 335 ms a pass and
+		// still waited 81 ms, and taking the whole pass for its IO let
+		// trees grow as if the compute were free (README, "When to
+		// verify").
+		io := o.Time
+		if o.IORead > 0 {
+			io = min(io, o.IORead)
+		}
+		c.io = ewma(c.io, io.Seconds(), c.io == 0)
 	}
 	n := float64(o.Prompt + o.Verified + 1 + o.Others) // the pass's rows
 	t := math.Max(0, (o.Time - o.IOWait).Seconds())

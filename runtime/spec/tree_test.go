@@ -251,6 +251,23 @@ func TestCostAwareDraftsFreelyWhileIOBound(t *testing.T) {
 	if !resident.Verify(early) {
 		t.Error("resident target (no IO): drafted a step adding nothing")
 	}
+	// A pass that waited on IO but spent most of its time computing
+	// (700 ms over 61 rows): its reads took 100 ms of its 1 s, so it is
+	// compute-bound, and a step adding nothing is not free. Without the
+	// reads' time the whole pass counts as its IO, as before.
+	computeBound := func(read time.Duration) *CostAware {
+		c := &CostAware{}
+		for range 5 {
+			c.Observe(Outcome{Verified: 60, Accepted: 3, SumConf: 3, Time: time.Second, IOWait: 300 * time.Millisecond, IORead: read})
+		}
+		return c
+	}
+	if c := computeBound(100 * time.Millisecond); !c.Verify(early) {
+		t.Error("a compute-bound pass whose reads took 100 ms: drafted on as if free")
+	}
+	if c := computeBound(0); c.Verify(early) {
+		t.Error("reads' time unknown: the pass no longer counted as IO-bound")
+	}
 }
 
 // TestCostAwareFreeRows: a streamed target offers the rows whose fitted

@@ -55,11 +55,11 @@ func (d *Decoder) snapshot(fill []bool) snapshot {
 // verify runs the target over the snapshot's batch: one pass for the
 // whole tree.
 func (d *Decoder) verify() error {
-	io0 := d.ioWait()
+	io0, read0 := d.ioWait(), d.ioRead()
 	start := time.Now()
 	err := d.target.Forward(&d.tb, d.tcache, &d.tout)
 	d.pass = time.Since(start)
-	d.passIO = d.ioWait() - io0
+	d.passIO, d.passRead = d.ioWait()-io0, d.ioRead()-read0
 	d.stats.TargetTime += d.pass
 	if err != nil {
 		return fmt.Errorf("spec: verify: %w", err)
@@ -72,6 +72,14 @@ func (d *Decoder) verify() error {
 func (d *Decoder) ioWait() time.Duration {
 	if ss, ok := d.target.StreamStats(); ok {
 		return ss.Stall
+	}
+	return 0
+}
+
+// ioRead is the time the target's streamer has spent reading so far.
+func (d *Decoder) ioRead() time.Duration {
+	if ss, ok := d.target.StreamStats(); ok {
+		return ss.ReadTime
 	}
 	return 0
 }
@@ -178,7 +186,7 @@ func (d *Decoder) accept(snap snapshot, logits func(slot int) []float32, others 
 		}
 	}
 	d.cfg.Trigger.Observe(Outcome{Verified: verified, Prompt: len(d.prefix), Others: others, Accepted: accepted, Branch: d.bestBranch(x, snap), Correct: accepted,
-		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO, Draft: d.roundDraft})
+		SumConf: sum(byDepth), ConfByDepth: byDepth, Time: d.pass, IOWait: d.passIO, IORead: d.passRead, Draft: d.roundDraft})
 
 	// The target evaluated every slot; keep the prompt's rows and the
 	// path's.
