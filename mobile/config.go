@@ -178,8 +178,6 @@ func (c *config) check() error {
 		return errors.New("draft_tokenizer needs a draft")
 	case c.DraftContext != 0 && c.Draft == "":
 		return errors.New("draft_context needs a draft")
-	case c.DraftContext < 0 || c.DraftContext == 1:
-		return fmt.Errorf("draft_context %d: want 0 (the draft's own) or at least 2", c.DraftContext)
 	case c.Context < 0 || c.Context > 0 && c.Context < sched.MinContext:
 		return fmt.Errorf("context %d: want 0 (the model's) or at least %d, for a prompt and its answer", c.Context, sched.MinContext)
 	case c.MaxSeqs < 0 || c.MaxSeqs > 1024:
@@ -188,6 +186,9 @@ func (c *config) check() error {
 		return fmt.Errorf("max_batch %d: want 1..256 (0: %d)", c.MaxBatch, defaultMaxBatch)
 	case c.MaxTokens < 0:
 		return fmt.Errorf("max_tokens %d is negative (0: %d)", c.MaxTokens, defaultMaxTokens)
+	}
+	if err := spec.CheckDraftContext(c.DraftContext); err != nil {
+		return fmt.Errorf("draft_context %w", err)
 	}
 	if c.MaxSeqs == 0 {
 		c.MaxSeqs = defaultMaxSeqs

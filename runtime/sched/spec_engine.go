@@ -149,8 +149,8 @@ func NewSpecEngine(draft, target *model.Model, cfg spec.Config, opt SpecEngineOp
 	if opt.Name == "" {
 		opt.Name = "spec"
 	}
-	if opt.DraftContext < 0 || opt.DraftContext == 1 {
-		return nil, fmt.Errorf("sched: engine %s: draft context %d: want 0 (the draft's own) or at least 2", opt.Name, opt.DraftContext)
+	if err := spec.CheckDraftContext(opt.DraftContext); err != nil {
+		return nil, fmt.Errorf("sched: engine %s: draft context %w", opt.Name, err)
 	}
 	if cfg.Pipeline && !target.Streamed() {
 		cfg.Pipeline = false // nothing to overlap, and no room for a longer tree

@@ -308,8 +308,8 @@ func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.S
 	d.proposer = sample.New(opt)
 	tc := min(target.Config().Context, tcache.Config().Context)
 	dc := min(draft.Config().Context, dcache.Config().Context)
-	if dc < 2 {
-		return nil, fmt.Errorf("spec: the draft's context is %d positions; it needs at least 2", dc)
+	if dc < MinDraftContext {
+		return nil, fmt.Errorf("spec: the draft's context is %d positions; it needs at least %d", dc, MinDraftContext)
 	}
 	d.limit, d.dlimit = tc, dc
 	if dc < tc {
@@ -334,6 +334,21 @@ var ErrVocab = errors.New("draft and target vocabularies differ")
 
 // Notes are things the decoder adjusted and the user should know.
 func (d *Decoder) Notes() []string { return d.notes }
+
+// MinDraftContext is the fewest positions a draft's cache may have: a
+// window of one token and the root.
+const MinDraftContext = 2
+
+// CheckDraftContext checks a cap on the draft's positions as the
+// settings that take one (--draft-ctx, SpecEngineOptions.DraftContext)
+// read it: 0 for the draft's own context, else at least MinDraftContext.
+// The error names the value; the caller names the setting before it.
+func CheckDraftContext(n int) error {
+	if n < 0 || n > 0 && n < MinDraftContext {
+		return fmt.Errorf("%d: want 0 (the draft's own context) or at least %d", n, MinDraftContext)
+	}
+	return nil
+}
 
 // Limit is the context a generation can use: the target's. A draft with
 // a shorter context drafts from a window of the latest tokens once the
@@ -530,7 +545,10 @@ func (d *Decoder) Close() {
 func (d *Decoder) rootPos() int { return d.tcache.Len(d.tseq) + len(d.prefix) }
 
 // maxDepth is how far below the root the tree may reach.
-func (d *Decoder) maxDepth() int { return min(d.limit-1-d.rootPos(), d.draftRoomAt(d.rootPos())) }
+func (d *Decoder) maxDepth() int { return min(d.targetRoom(), d.draftRoomAt(d.rootPos())) }
+
+// targetRoom is how many positions the target has below the root.
+func (d *Decoder) targetRoom() int { return d.limit - 1 - d.rootPos() }
 
 // draftRoomAt is how many positions the draft has below a root at
 // (target) position root.
@@ -601,7 +619,7 @@ func (d *Decoder) canStep() error {
 	if !d.started {
 		return errors.New("spec: step before Start")
 	}
-	if d.limit-1-d.rootPos() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
+	if d.targetRoom() < 0 || d.tcache.Room(d.tseq) < 1+len(d.prefix) {
 		return fmt.Errorf("spec: position %d: %w", d.rootPos(), kv.ErrContextFull)
 	}
 	return nil

@@ -99,7 +99,7 @@ func (g *Group) verify(ctx context.Context, decs []*Decoder, errs []error) {
 	}
 	first := decs[g.live[0]]
 	g.passes++
-	io0, read0 := first.ioWait(), first.ioRead()
+	wait0, read0 := first.ioTimes()
 	start := time.Now()
 	var err error
 	if first.cfg.Pipeline {
@@ -109,7 +109,9 @@ func (g *Group) verify(ctx context.Context, decs []*Decoder, errs []error) {
 	} else {
 		err = first.target.Forward(b, first.tcache, &g.logits)
 	}
-	pass, passIO, passRead := time.Since(start), first.ioWait()-io0, first.ioRead()-read0
+	pass := time.Since(start)
+	wait, read := first.ioTimes()
+	passIO, passRead := wait-wait0, read-read0
 	for _, i := range g.live {
 		d := decs[i]
 		if err != nil {

@@ -55,11 +55,12 @@ func (d *Decoder) snapshot(fill []bool) snapshot {
 // verify runs the target over the snapshot's batch: one pass for the
 // whole tree.
 func (d *Decoder) verify() error {
-	io0, read0 := d.ioWait(), d.ioRead()
+	wait0, read0 := d.ioTimes()
 	start := time.Now()
 	err := d.target.Forward(&d.tb, d.tcache, &d.tout)
 	d.pass = time.Since(start)
-	d.passIO, d.passRead = d.ioWait()-io0, d.ioRead()-read0
+	wait, read := d.ioTimes()
+	d.passIO, d.passRead = wait-wait0, read-read0
 	d.stats.TargetTime += d.pass
 	if err != nil {
 		return fmt.Errorf("spec: verify: %w", err)
@@ -68,20 +69,13 @@ func (d *Decoder) verify() error {
 	return nil
 }
 
-// ioWait is the target's total wait for streamed weights so far.
-func (d *Decoder) ioWait() time.Duration {
+// ioTimes are the target's total wait for streamed weights so far, and
+// the time its streamer has spent reading them (zero when resident).
+func (d *Decoder) ioTimes() (wait, read time.Duration) {
 	if ss, ok := d.target.StreamStats(); ok {
-		return ss.Stall
+		return ss.Stall, ss.ReadTime
 	}
-	return 0
-}
-
-// ioRead is the time the target's streamer has spent reading so far.
-func (d *Decoder) ioRead() time.Duration {
-	if ss, ok := d.target.StreamStats(); ok {
-		return ss.ReadTime
-	}
-	return 0
+	return 0, 0
 }
 
 // verifyPipelined runs the verification in the background and keeps the

@@ -427,6 +427,7 @@ func TestServeDraftRefused(t *testing.T) {
 		{"mode without draft", []string{"--mode", "sd"}, 2, "needs a draft model"},
 		{"unknown mode", []string{"--draft", "x.bin", "--mode", "std"}, 2, "want tree, sd or bild"},
 		{"bad tuning", []string{"--draft", "x.bin", "--max-tree", "0"}, 2, "--max-tree"},
+		{"draft window of one", []string{"--draft", "x.bin", "--draft-ctx", "1"}, 2, "--draft-ctx 1"},
 		{"missing draft", []string{"--model", testutil.Model(t, "stories260K.gguf"), "--draft", "/nonexistent/draft.bin"}, 1, "--draft"},
 		{"other vocabulary", []string{"--model", testutil.Model(t, "stories260K.gguf"), "--draft", testutil.Model(t, "llama-2-tiny-random.gguf")}, 1, "tokenizer"},
 	} {

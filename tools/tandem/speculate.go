@@ -86,6 +86,9 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 			return cfg, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name, v, maxTreeSize)
 		}
 	}
+	if err := spec.CheckDraftContext(*sf.draftCtx); err != nil {
+		return cfg, fmt.Errorf("%w: --draft-ctx %w", errUsage, err)
+	}
 	switch *sf.trigger {
 	case "cost":
 		cfg.Trigger = &spec.CostAware{NoPause: *sf.noPause}
@@ -147,10 +150,7 @@ func (sf *specFlags) openDraft(target *model.Model, targetTok *tokenizer.Tokeniz
 		return fail(err)
 	}
 	ctx := min(targetCache.Config().Context, p.model.Config().Context)
-	switch n := *sf.draftCtx; {
-	case n < 0 || n == 1:
-		return fail(fmt.Errorf("%w: --draft-ctx %d: want 0 (the draft's own context) or at least 2", errUsage, n))
-	case n > 0:
+	if n := *sf.draftCtx; n > 0 { // checked by config
 		ctx = min(ctx, n)
 	}
 	dcache, err := p.model.NewTreeCache(ctx, cfg.TreeRows(), kvt)
