@@ -764,6 +764,38 @@ func (e sleepEngine) Step(ctx context.Context, members []sched.Member, out []sch
 	return err
 }
 
+// pacedEngine is a sleepEngine that keeps its lane's pace on a busy
+// machine: a step that starts late, because the last sleep overshot or
+// the goroutine waited for a CPU, sleeps that much less, so the lane
+// decodes at its nominal capacity over a run and tests can compare a
+// live rate with that. At most two steps of lateness are made up, so a
+// lane idle between bursts gains no more than two free steps.
+type pacedEngine struct {
+	sleepEngine
+	due *time.Time // when the lane's last step should have ended
+}
+
+func newPacedEngine(cost StepCosts, natural map[string]int) pacedEngine {
+	return pacedEngine{sleepEngine{newSimEngine(cost, natural)}, new(time.Time)}
+}
+
+func (e pacedEngine) Step(ctx context.Context, members []sched.Member, out []sched.StepOut) error {
+	err := e.simEngine.Step(ctx, members, out)
+	e.pace(e.last)
+	return err
+}
+
+// pace sleeps until d after the last step's due end, or after now less
+// two steps when the lane has fallen further behind.
+func (e pacedEngine) pace(d time.Duration) {
+	now := time.Now()
+	if floor := now.Add(-2 * d); e.due.Before(floor) {
+		*e.due = floor
+	}
+	*e.due = e.due.Add(d)
+	time.Sleep(time.Until(*e.due))
+}
+
 // burstWithTail is 32 requests of 40 tokens and, last in, one of tail
 // tokens, on two lanes of 2 ms + 0.25 ms per member: 8 members decode
 // 2000 tokens/s per lane, one alone 444.
@@ -781,7 +813,7 @@ func burstWithTail(t *testing.T, tail int) (*sched.Scheduler, []sched.Request, S
 		natural[id] = n
 		burst = append(burst, sched.Request{ID: id, Prompt: []int32{1}, MaxTokens: n})
 	}
-	lanes := []sched.Lane{{Engine: sleepEngine{newSimEngine(cost, natural)}}, {Engine: sleepEngine{newSimEngine(cost, natural)}}}
+	lanes := []sched.Lane{{Engine: newPacedEngine(cost, natural)}, {Engine: newPacedEngine(cost, natural)}}
 	s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: 8}, nil, lanes...)
 	if err != nil {
 		t.Fatal(err)
@@ -838,10 +870,10 @@ func TestLiveThroughputCancelsTheTail(t *testing.T) {
 	}
 }
 
-// slowStartEngine is a sleepEngine whose first slow steps take four
+// slowStartEngine is a pacedEngine whose first slow steps take four
 // times their cost: a shared machine's slow spell.
 type slowStartEngine struct {
-	sleepEngine
+	pacedEngine
 	slow *atomic.Int32
 }
 
@@ -851,7 +883,7 @@ func (e slowStartEngine) Step(ctx context.Context, members []sched.Member, out [
 	if e.slow.Add(-1) >= 0 {
 		d *= 4
 	}
-	time.Sleep(d)
+	e.pace(d)
 	return err
 }
 
@@ -869,7 +901,7 @@ func TestLiveCapacityTakesTheFastestBurst(t *testing.T) {
 	var lanes []sched.Lane
 	for i := range slow {
 		slow[i].Store(60)
-		lanes = append(lanes, sched.Lane{Engine: slowStartEngine{sleepEngine{newSimEngine(cost, nil)}, &slow[i]}})
+		lanes = append(lanes, sched.Lane{Engine: slowStartEngine{newPacedEngine(cost, nil), &slow[i]}})
 	}
 	s, err := sched.New(sched.Config{Policy: sched.FIFO, MaxBatch: 8}, nil, lanes...)
 	if err != nil {
