@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,7 +24,7 @@ import (
 	"github.com/tandem-llm/tandem/weights"
 )
 
-func runBenchSched(args []string, stdout, stderr io.Writer) error {
+func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	fs := newFlags("bench sched", "[--model FILE] [--sim-shape NAME] [flags]",
 		"Benchmarks the request scheduler: Poisson arrivals stepping from light load\n"+
 			"to overload, a mix of planners (short, tight deadlines), chats, background\n"+
@@ -76,6 +77,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	ablate := fs.Bool("ablate", true, "add simulator rows for tandem without shedding, admission control and routing")
 	prefixReuse := fs.Bool("prefix-reuse", true, "the real engine's lanes start a request from a finished one's KV cache where their prompts share a prefix, as tandem serve does (every policy alike; the step costs are measured without it)")
 	outDir := fs.String("out", "", "directory for sched.md, sched.json and sched.svg")
+	outcomes := fs.String("outcomes", "", "write every run's requests to FILE, one JSON line each (policy, setting, class, arrival, first token, response, tokens, shed, lane, score, deadline), to see who set a row's tail")
 	seed := fs.Uint64("seed", 1, "workload seed")
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
@@ -124,6 +126,25 @@ func runBenchSched(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
 		repeat: *repeat, seed: *seed, noPrefixReuse: !*prefixReuse, stderr: stderr}
+	if *outcomes != "" {
+		// Created before the runs, so a path that cannot be written fails
+		// at once rather than after them.
+		f, err := os.Create(*outcomes)
+		if err != nil {
+			return fmt.Errorf("--outcomes: %w", err)
+		}
+		w := bufio.NewWriter(f)
+		cfg.outcomes = w
+		defer func() {
+			err := w.Flush()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil && retErr == nil {
+				retErr = fmt.Errorf("--outcomes: %w", err)
+			}
+		}()
+	}
 
 	var rows []bench.SchedRow
 	var notes []string
@@ -183,6 +204,18 @@ type schedBench struct {
 	// noPrefixReuse turns off the real engine's prefix reuse.
 	noPrefixReuse bool
 	stderr        io.Writer
+	outcomes      io.Writer // --outcomes: every run's requests, or nil
+}
+
+// writeOutcomes writes run's requests to --outcomes, if set.
+func (b schedBench) writeOutcomes(row bench.SchedRow, index int, run bench.Run) error {
+	if b.outcomes == nil {
+		return nil
+	}
+	if err := bench.WriteRecords(b.outcomes, bench.Records(row, index, run)); err != nil {
+		return fmt.Errorf("--outcomes: %w", err)
+	}
+	return nil
 }
 
 // policyVariant is a policy, possibly with parts of tandem switched off.
@@ -395,9 +428,11 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		var shareRows []bench.SchedRow
 		// Each load's workload and runs, kept for its floors.
 		type loadRuns struct {
-			reqs []bench.WorkRequest
-			rows []int // its rows in shareRows
-			runs []bench.Run
+			reqs   []bench.WorkRequest
+			rows   []int // its rows in shareRows
+			runs   []bench.Run
+			labels []bench.SchedRow // each run's own row, for --outcomes
+			index  []int            // each run's index among its policy's
 		}
 		var byLoad []loadRuns
 		runShare := func(capacity float64) error {
@@ -410,7 +445,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				// falls on all of them rather than on one policy's runs.
 				runs := make([][]bench.SchedRow, len(b.policies))
 				lr := loadRuns{reqs: reqs}
-				for range b.repeat {
+				for rep := range b.repeat {
 					for i, p := range b.policies {
 						run, err := runPolicy(p, reqs)
 						if err != nil {
@@ -420,6 +455,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 						row := bench.Summarize(run)
 						row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
 						runs[i] = append(runs[i], row)
+						lr.labels, lr.index = append(lr.labels, row), append(lr.index, rep)
 						done++
 						bar.Set(done)
 					}
@@ -498,6 +534,15 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 			}
 		}
 		rows = append(rows, shareRows...)
+		// The runs the rows came from: a share whose runs were redone
+		// from a higher capacity writes only the second round's.
+		for _, lr := range byLoad {
+			for i, run := range lr.runs {
+				if err := b.writeOutcomes(lr.labels[i], lr.index[i], run); err != nil {
+					return nil, "", err
+				}
+			}
+		}
 		capNote := fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (%.0f after its runs", c.Used.Rate, 100*adv, c.After.Rate)
 		if c.Rerun {
 			capNote = fmt.Sprintf("%.0f tok/s at %.0f%% adversarial (runs redone: the first probe read %.0f; %.0f after them",
@@ -710,6 +755,9 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 					row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = cost.Name, p.name, load, rate, adv, v.String()
 					row.P99Floor, row.MaxFloor = floor, maxFloor
 					rows = append(rows, row)
+					if err := b.writeOutcomes(row, 0, run); err != nil {
+						return nil, err
+					}
 					done++
 					bar.Set(done)
 				}

@@ -169,7 +169,7 @@ func TestBenchSchedSmall(t *testing.T) {
 	out := t.TempDir()
 	code, stdout, stderr := tandem(t, "bench", "sched", "--model", testutil.Model(t, "stories260K.gguf"), "--calibration", calib,
 		"--requests", "20", "--repeat", "2", "--loads", "1", "--adversarial", "0.2", "--policies", "tandem,fifo,tandem-route",
-		"--sim-costs", "50,10,1", "--sim-requests", "40", "--out", out)
+		"--sim-costs", "50,10,1", "--sim-requests", "40", "--out", out, "--outcomes", filepath.Join(out, "outcomes.jsonl"))
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -222,6 +222,7 @@ func TestBenchSchedSmall(t *testing.T) {
 			t.Errorf("row %v %v: slowest response %v below the p99 %v", r["Engine"], r["Policy"], r["Max"], r["P99"])
 		}
 	}
+	checkOutcomes(t, filepath.Join(out, "outcomes.jsonl"), rows)
 	for _, f := range []string{"sched.md", "sched.svg"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v", f, err)
@@ -244,6 +245,87 @@ func TestBenchSchedSmall(t *testing.T) {
 	}
 	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
 		t.Errorf("--repeat 0: exit %d", code)
+	}
+	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1", "--outcomes", filepath.Join(out, "no", "such", "dir")); code != 1 || !strings.Contains(stderr, "--outcomes") {
+		t.Errorf("--outcomes in a missing directory: exit %d, %q", code, stderr)
+	}
+}
+
+// checkOutcomes reads what TestBenchSchedSmall's --outcomes wrote: the
+// real engine's 20 requests for each of its 2 runs of 3 policies, and
+// the simulator's 40 for each of its 5, each request once per run, with
+// times and tokens that agree; the simulator's rows (one run each) have
+// the deadline attainment their requests give.
+func checkOutcomes(t *testing.T, path string, rows []map[string]any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		engine, policy string
+		run            int
+	}
+	ids := map[key]map[string]bool{}
+	met, deadlines := map[key]int{}, map[key]int{}
+	for i, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		var r bench.OutcomeRecord
+		dec := json.NewDecoder(strings.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("line %d: %v: %s", i+1, err, line)
+		}
+		k := key{r.Engine, r.Policy, r.Run}
+		if ids[k] == nil {
+			ids[k] = map[string]bool{}
+		}
+		if ids[k][r.ID] {
+			t.Errorf("%v: request %s twice", k, r.ID)
+		}
+		ids[k][r.ID] = true
+		if r.Load != 1 || r.Adversarial != 0.2 || r.Class == "" || r.Reason == "" || r.Lane < 0 || r.Lane > 1 || r.Score <= 0 {
+			t.Errorf("line %d: %+v", i+1, r)
+		}
+		// A request shed whole before its first token has none.
+		noToken := r.Generated == 0 && r.Shed == r.MaxTokens && r.FirstTokenS == nil
+		if !noToken && (r.FirstTokenS == nil || *r.FirstTokenS < 0 || *r.FirstTokenS > r.ResponseS || r.Generated < 1) || r.Generated+r.Shed > r.MaxTokens || r.PromptTokens < 1 {
+			t.Errorf("line %d: first token %v, response %v, %d generated + %d shed of %d, %d prompt tokens", i+1, r.FirstTokenS, r.ResponseS, r.Generated, r.Shed, r.MaxTokens, r.PromptTokens)
+		}
+		if (r.DeadlineMS > 0) != (r.DeadlineMet != nil) {
+			t.Errorf("line %d: deadline %v ms, met %v", i+1, r.DeadlineMS, r.DeadlineMet)
+		}
+		if r.DeadlineMet != nil {
+			deadlines[k]++
+			if *r.DeadlineMet {
+				met[k]++
+			}
+		}
+	}
+	want := map[key]int{}
+	for _, p := range []string{"tandem", "fifo", "tandem -route"} {
+		for run := range 2 {
+			want[key{"real stories260K", p, run}] = 20
+		}
+	}
+	for _, p := range []string{"tandem", "fifo", "tandem -route", "tandem -shed", "tandem -admit"} {
+		want[key{"sim", p, 0}] = 40
+	}
+	for k, n := range want {
+		if len(ids[k]) != n {
+			t.Errorf("%v: %d requests, want %d", k, len(ids[k]), n)
+		}
+	}
+	if len(ids) != len(want) {
+		t.Errorf("%d runs written, want %d", len(ids), len(want))
+	}
+	for _, r := range rows {
+		k := key{r["Engine"].(string), r["Policy"].(string), 0}
+		if k.engine != "sim" {
+			continue
+		}
+		if deadlines[k] != int(r["Deadlines"].(float64)) || deadlines[k] == 0 || math.Abs(100*float64(met[k])/float64(deadlines[k])-r["Attainment"].(float64)) > 1e-9 {
+			t.Errorf("%v: %d of %d deadlines met in its requests; its row: %v of %v", k, met[k], deadlines[k], r["Attainment"], r["Deadlines"])
+		}
 	}
 }
 
