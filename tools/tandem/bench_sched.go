@@ -428,11 +428,9 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		var shareRows []bench.SchedRow
 		// Each load's workload and runs, kept for its floors.
 		type loadRuns struct {
-			reqs   []bench.WorkRequest
-			rows   []int // its rows in shareRows
-			runs   []bench.Run
-			labels []bench.SchedRow // each run's own row, for --outcomes
-			index  []int            // each run's index among its policy's
+			reqs []bench.WorkRequest
+			rows []int       // its rows in shareRows, one per policy
+			runs []bench.Run // by repeat, then policy, as they ran
 		}
 		var byLoad []loadRuns
 		runShare := func(capacity float64) error {
@@ -445,7 +443,7 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 				// falls on all of them rather than on one policy's runs.
 				runs := make([][]bench.SchedRow, len(b.policies))
 				lr := loadRuns{reqs: reqs}
-				for rep := range b.repeat {
+				for range b.repeat {
 					for i, p := range b.policies {
 						run, err := runPolicy(p, reqs)
 						if err != nil {
@@ -455,7 +453,6 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 						row := bench.Summarize(run)
 						row.Engine, row.Policy, row.Load, row.Rate, row.Adversarial, row.Variance = name, p.name, load, rate, adv, v.String()
 						runs[i] = append(runs[i], row)
-						lr.labels, lr.index = append(lr.labels, row), append(lr.index, rep)
 						done++
 						bar.Set(done)
 					}
@@ -538,7 +535,10 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		// from a higher capacity writes only the second round's.
 		for _, lr := range byLoad {
 			for i, run := range lr.runs {
-				if err := b.writeOutcomes(lr.labels[i], lr.index[i], run); err != nil {
+				// Policies take turns within each repeat: the policy's
+				// row names the setting, i over the policies is the repeat.
+				np := len(b.policies)
+				if err := b.writeOutcomes(shareRows[lr.rows[i%np]], i/np, run); err != nil {
 					return nil, "", err
 				}
 			}
