@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -54,5 +55,15 @@ func TestFindTargetsListsTheModulesFuzzers(t *testing.T) {
 	}
 	if len(ts) < 19 {
 		t.Errorf("%d targets, want at least the 19 the module has", len(ts))
+	}
+}
+
+// TestFuzzArgsBoundMinimizing checks the flags each target runs with: its
+// own name anchored, the time, and the bound on minimizing.
+func TestFuzzArgsBoundMinimizing(t *testing.T) {
+	got := strings.Join(fuzzArgs(target{"./weights", "FuzzParseGGUF"}, "20s", "5s"), " ")
+	want := "test -run ^$ -fuzz ^FuzzParseGGUF$ -fuzztime 20s -fuzzminimizetime 5s ./weights"
+	if got != want {
+		t.Errorf("args %q, want %q", got, want)
 	}
 }
