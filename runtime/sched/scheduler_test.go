@@ -1573,9 +1573,11 @@ func TestLateDeadlineGoesFirstWhileItsUtilityLasts(t *testing.T) {
 type reusingEngine struct {
 	*fakeEngine
 	reusable int
+	asked    int // Reusable calls
 }
 
 func (e *reusingEngine) Reusable(prompt, generated []int32) int {
+	e.asked++
 	return min(e.reusable, len(prompt)+len(generated)-1)
 }
 
@@ -1672,10 +1674,16 @@ func TestRouteFollowsKeptContext(t *testing.T) {
 		{"short, lane 1 keeps it", 60, [2]int{0, 59}, 0, 1, true},
 	} {
 		engines[0].reusable, engines[1].reusable = c.kept[0], c.kept[1]
+		asked := engines[0].asked
 		submit(t, s, Request{ID: c.id, Prompt: prompt(c.n), MaxTokens: 300, Deadline: c.deadline})
 		lane, affine := affinityOf(s, c.id)
 		if lane != c.lane || affine != c.affine {
 			t.Errorf("%s: lane %d (affine %v), want %d (%v)", c.id, lane, affine, c.lane, c.affine)
+		}
+		// A context shorter than affinityMin cannot follow kept rows:
+		// routing does not ask the engines.
+		if short := c.n < affinityMin; (engines[0].asked == asked) != short {
+			t.Errorf("%s: %d context tokens, engines asked %d times, want asked only from %d tokens", c.id, c.n, engines[0].asked-asked, affinityMin)
 		}
 	}
 	if got := s.Stats().Affine; got != 2 {
