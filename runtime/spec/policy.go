@@ -166,7 +166,8 @@ type CostAware struct {
 	// target stops drafting while drafted rounds emit fewer tokens a
 	// second than the target would alone (a small resident target, whose
 	// pass costs about as much per token as decoding), and probes again
-	// after a pause that doubles while drafting keeps not paying.
+	// after a pause that doubles while drafting keeps not paying and
+	// lasts long enough for the probe to cost a tenth of it.
 	NoPause bool
 	pace    pace
 }
@@ -186,15 +187,27 @@ type pace struct {
 	next         int  // the next pause's length in rounds
 	catchUp      bool // the next drafted round first feeds the draft the pause's tokens
 	grouped      bool // the last pass verified other sequences' trees too
+	// probeTime and probeTokens add up the drafted rounds since the last
+	// decision: what the probe cost beyond the target alone sizes the
+	// pause that follows it.
+	probeTime   float64
+	probeTokens int
 }
 
 const (
 	// A pause starts at firstPause rounds and doubles, up to maxPause,
-	// each time the probe after it finds drafting still does not pay: a
-	// probe of decideAfter rounds costs a few percent of a long pause.
+	// each time the probe after it finds drafting still does not pay.
+	// It is also long enough that the probe before it, decideAfter
+	// drafted rounds, cost at most probeShare of the pause's time beyond
+	// what the target alone would have taken for the probe's tokens. A
+	// draft that loses by far (llama2xs before stories260K, larger than
+	// its target) then pauses at once for long: over 480 tokens it took
+	// 16-76 draft steps instead of 56-195, and decoded 1.44 times as
+	// fast (README, "Speculative decoding").
 	firstPause  = 8
 	maxPause    = 256
 	decideAfter = 3
+	probeShare  = 0.1
 	// pauseBelow is how far below the target's own rate drafted rounds
 	// must fall to pause: the rates are measured on a noisy host, and
 	// drafting's cost outside the two models is not in either. Before the
@@ -383,6 +396,8 @@ func (c *CostAware) observePace(o Outcome) {
 	}
 	p.rate = ewma(p.rate, float64(o.Accepted+1)/round, p.rounds == 0)
 	p.rounds++
+	p.probeTime += round
+	p.probeTokens += o.Accepted + 1
 	if p.rounds < decideAfter {
 		return
 	}
@@ -392,8 +407,12 @@ func (c *CostAware) observePace(o Outcome) {
 			plain, below = 1/t, pauseBelowFitted
 		}
 	}
+	// The probe's cost beyond the target alone, in paused rounds (a
+	// paused round makes one token at the plain rate).
+	lost := p.probeTime*plain - float64(p.probeTokens)
+	p.probeTime, p.probeTokens = 0, 0
 	if p.rate < below*plain {
-		p.next = min(max(2*p.next, firstPause), maxPause)
+		p.next = min(max(2*p.next, firstPause, int(math.Ceil(lost/probeShare))), maxPause)
 		p.left, p.catchUp, p.rounds = p.next, true, 0
 		return
 	}

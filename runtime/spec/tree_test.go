@@ -468,12 +468,16 @@ func drawFrom(rng *rand.Rand, p []float64) int32 {
 }
 
 // TestCostAwarePausesWhileDraftingDoesNotPay: on a compute-bound target
-// whose pass costs 100 µs a row, rounds that emit 2 tokens in 1 ms lose
-// to the target alone (10 000 tokens a second), so drafting pauses for 8
-// rounds; the round that feeds the draft the pause's tokens costs the
+// whose pass costs 100 µs a row (10 000 tokens a second alone), rounds
+// that emit 2 tokens in 1 ms lose by far, so drafting pauses at once for
+// as many rounds as make the probe's loss a tenth of the pause: the three
+// rounds took 3 ms for 6 tokens the target makes in 0.6 ms, 24 rounds
+// lost, so 240. Rounds that lose a little (4 tokens in 0.6 ms) pause for
+// less (60). The round that feeds the draft the pause's tokens costs the
 // pause its extra time, and while pausing still wins the next pause is
-// twice as long. Rounds that pay end the pausing, and neither NoPause,
-// a group's shared passes nor a streamed target ever pause.
+// twice as long, up to maxPause. Rounds that pay end the pausing, and
+// neither NoPause, a group's shared passes nor a streamed target ever
+// pause.
 func TestCostAwarePausesWhileDraftingDoesNotPay(t *testing.T) {
 	const row = 100 * time.Microsecond
 	start := TreeState{Branches: 1} // a round's first question: no draft step yet
@@ -491,28 +495,39 @@ func TestCostAwarePausesWhileDraftingDoesNotPay(t *testing.T) {
 		}
 		return n
 	}
-	c := &CostAware{}
-	for range decideAfter {
-		if c.Verify(start) {
-			t.Fatal("paused before drafting was measured")
+	// near: the pause's length up to a round of float rounding in the fit.
+	near := func(n, want int) bool { return n >= want-1 && n <= want+1 }
+	probe := func(c *CostAware, o Outcome) {
+		for range decideAfter {
+			if c.Verify(start) {
+				t.Fatal("paused before drafting was measured")
+			}
+			c.Observe(o)
 		}
-		c.Observe(drafted)
 	}
-	if n := pauses(c); n != firstPause {
-		t.Fatalf("2 tokens a ms against the target's 10 a ms: paused %d rounds, want %d", n, firstPause)
+	slight := &CostAware{}
+	probe(slight, Outcome{Verified: 4, Accepted: 3, SumConf: 3, Time: 5 * row, Draft: row})
+	if n := pauses(slight); !near(n, 60) {
+		t.Fatalf("4 tokens in 0.6 ms against the target's 10 a ms: paused %d rounds, want 60", n)
+	}
+	c := &CostAware{}
+	probe(c, drafted)
+	if n := pauses(c); !near(n, 240) {
+		t.Fatalf("2 tokens a ms against the target's 10 a ms: paused %d rounds, want 240", n)
 	}
 	// The catch-up round takes 1 ms more than a drafted round: the pause
-	// made 8 tokens in 1.8 ms, still above twice the drafted rate.
+	// made 240 tokens in 25 ms, still far above the drafted rate.
 	c.Observe(Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 15 * row})
 	for range decideAfter {
 		c.Observe(drafted)
 	}
-	if n := pauses(c); n != 2*firstPause {
-		t.Fatalf("the pause won again: paused %d rounds, want %d", n, 2*firstPause)
+	if n := pauses(c); n != maxPause {
+		t.Fatalf("the pause won again: paused %d rounds, want %d", n, maxPause)
 	}
-	// A catch-up that takes 4.5 ms more than a drafted round, then
-	// rounds that pay: drafting goes on.
-	c.Observe(Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 50 * row})
+	// A catch-up that takes 100 ms more than a drafted round (the pause
+	// now makes 256 tokens in 125.6 ms), then rounds that pay: drafting
+	// goes on.
+	c.Observe(Outcome{Verified: 4, Accepted: 1, SumConf: 1, Time: 5 * row, Draft: 1005 * row})
 	good := Outcome{Verified: 8, Accepted: 8, SumConf: 8, Time: 9 * row, Draft: 4 * row}
 	for range 4 * decideAfter {
 		if c.Verify(start) {
