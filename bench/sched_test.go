@@ -765,11 +765,12 @@ func (e sleepEngine) Step(ctx context.Context, members []sched.Member, out []sch
 }
 
 // pacedEngine is the simulator's engine in real time, like sleepEngine,
-// but keeping its lane's pace on a busy machine: a step that starts late, because the last sleep overshot or
-// the goroutine waited for a CPU, sleeps that much less, so the lane
-// decodes at its nominal capacity over a run and tests can compare a
-// live rate with that. At most two steps of lateness are made up, so a
-// lane idle between bursts gains no more than two free steps.
+// but keeping its lane's pace on a busy machine: a step that starts late,
+// because the last sleep overshot or the goroutine waited for a CPU,
+// sleeps that much less, so the lane decodes at its nominal capacity over
+// a run and tests can compare a live rate with that. At most two steps of
+// lateness are made up, so a lane idle between bursts gains no more than
+// two free steps.
 type pacedEngine struct {
 	*simEngine
 	due *time.Time // when the lane's last step should have ended

@@ -412,7 +412,7 @@ func (c *CostAware) observePace(o Outcome) {
 	lost := p.probeTime*plain - float64(p.probeTokens)
 	p.probeTime, p.probeTokens = 0, 0
 	if p.rate < below*plain {
-		p.next = min(max(2*p.next, firstPause, int(math.Ceil(lost/probeShare))), maxPause)
+		p.next = min(max(2*p.next, firstPause, int(math.Ceil(lost/probeShare-1e-6))), maxPause) // 1e-6: the fit's rounding
 		p.left, p.catchUp, p.rounds = p.next, true, 0
 		return
 	}

@@ -495,8 +495,6 @@ func TestCostAwarePausesWhileDraftingDoesNotPay(t *testing.T) {
 		}
 		return n
 	}
-	// near: the pause's length up to a round of float rounding in the fit.
-	near := func(n, want int) bool { return n >= want-1 && n <= want+1 }
 	probe := func(c *CostAware, o Outcome) {
 		for range decideAfter {
 			if c.Verify(start) {
@@ -507,12 +505,12 @@ func TestCostAwarePausesWhileDraftingDoesNotPay(t *testing.T) {
 	}
 	slight := &CostAware{}
 	probe(slight, Outcome{Verified: 4, Accepted: 3, SumConf: 3, Time: 5 * row, Draft: row})
-	if n := pauses(slight); !near(n, 60) {
+	if n := pauses(slight); n != 60 {
 		t.Fatalf("4 tokens in 0.6 ms against the target's 10 a ms: paused %d rounds, want 60", n)
 	}
 	c := &CostAware{}
 	probe(c, drafted)
-	if n := pauses(c); !near(n, 240) {
+	if n := pauses(c); n != 240 {
 		t.Fatalf("2 tokens a ms against the target's 10 a ms: paused %d rounds, want 240", n)
 	}
 	// The catch-up round takes 1 ms more than a drafted round: the pause

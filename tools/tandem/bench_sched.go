@@ -533,11 +533,11 @@ func (b schedBench) real(ctx context.Context, modelPath, tokPath, calib string, 
 		rows = append(rows, shareRows...)
 		// The runs the rows came from: a share whose runs were redone
 		// from a higher capacity writes only the second round's.
+		// Policies take turns within each repeat: the policy's row names
+		// the setting, a run's index over the policies is its repeat.
+		np := len(b.policies)
 		for _, lr := range byLoad {
 			for i, run := range lr.runs {
-				// Policies take turns within each repeat: the policy's
-				// row names the setting, i over the policies is the repeat.
-				np := len(b.policies)
 				if err := b.writeOutcomes(shareRows[lr.rows[i%np]], i/np, run); err != nil {
 					return nil, "", err
 				}
