@@ -1,7 +1,9 @@
 package sample
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -220,6 +222,50 @@ func TestDraw(t *testing.T) {
 	for range 100 {
 		if u := s.Uniform(); u < 0 || u >= 1 {
 			t.Fatalf("Uniform = %v", u)
+		}
+	}
+}
+
+// lmLogits is a vocabulary's logits shaped like a language model's: most
+// tokens near zero, a few far above them, so top-p keeps tens of tokens.
+func lmLogits(n int, seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(r.NormFloat64() * 2)
+	}
+	for range 20 {
+		logits[r.IntN(n)] += 8 + float32(r.Float64()*6)
+	}
+	return logits
+}
+
+// BenchmarkSample draws one token from a 512-token (tok512) and a
+// 32000-token (Llama) vocabulary with the options generate and serve
+// pass most often.
+func BenchmarkSample(b *testing.B) {
+	for _, n := range []int{512, 32000} {
+		logits := lmLogits(n, 7)
+		for _, tc := range []struct {
+			name string
+			opt  Options
+		}{
+			{"greedy", Options{}},
+			{"temp", Options{Temperature: 0.8}},
+			{"top-p", Options{Temperature: 0.8, TopP: 0.95}},
+			{"top-k-p", Options{Temperature: 0.8, TopK: 40, TopP: 0.95}},
+			{"penalty", Options{Temperature: 0.8, TopP: 0.95, RepeatPenalty: 1.1, RepeatLastN: 64}},
+		} {
+			b.Run(fmt.Sprintf("vocab=%d/%s", n, tc.name), func(b *testing.B) {
+				s := New(tc.opt)
+				history := make([]int32, 256)
+				for i := range history {
+					history[i] = int32(i * 7 % n)
+				}
+				for b.Loop() {
+					s.Sample(logits, history)
+				}
+			})
 		}
 	}
 }
