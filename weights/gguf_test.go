@@ -361,3 +361,31 @@ func TestRealFileRewriteIsIdentical(t *testing.T) {
 		t.Errorf("rewriting stories260K.gguf changed it (%d bytes vs %d)", len(out), len(orig))
 	}
 }
+
+// TestWriteGGUFRefusesWhatCannotFit: a file larger than the disk's free
+// space fails before any data is written (an inflated shape once filled
+// a disk for an hour), and a directory at the path is named as such;
+// neither leaves anything behind.
+func TestWriteGGUFRefusesWhatCannotFit(t *testing.T) {
+	dir := t.TempDir()
+	if free, ok := diskFree(dir); ok { // on unix, TestDiskFreeReads
+		called := false
+		huge := []TensorInfo{{Name: "x", Type: F32, Shape: []uint64{free/4 + 1<<20}}}
+		err := WriteGGUF(filepath.Join(dir, "m.gguf"), nil, huge, func(int, io.Writer) error { called = true; return nil })
+		if err == nil || !strings.Contains(err.Error(), "free") || called {
+			t.Errorf("a %d-byte file on a disk with %d free: %v (data written: %v); want a refusal up front", free+4<<20, free, err, called)
+		}
+	}
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	one := []TensorInfo{{Name: "x", Type: F32, Shape: []uint64{4}}}
+	err := WriteGGUF(sub, nil, one, func(_ int, w io.Writer) error { _, err := w.Write(make([]byte, 16)); return err })
+	if err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("writing over a directory: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("left behind: %v", ents)
+	}
+}

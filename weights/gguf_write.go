@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/internal/interrupt"
+	"github.com/tandem-llm/tandem/internal/progress"
 )
 
 // Keys and tensor names tandem writes and reads for llama-architecture
@@ -79,6 +80,7 @@ type GGUFWriter struct {
 	align   uint64
 	cur     int    // tensor being written
 	done    uint64 // bytes of tensors[cur] written
+	size    uint64 // the whole file's
 	err     error
 }
 
@@ -139,6 +141,7 @@ func NewGGUFWriter(w io.Writer, md *Metadata, tensors []TensorInfo) (*GGUFWriter
 		off = alignUp(off+g.sizes[i], g.align)
 	}
 	e.pad(g.align)
+	g.size = uint64(len(e.b)) + off // at most an alignment's padding over
 	if _, err := g.bw.Write(e.b); err != nil {
 		return nil, fmt.Errorf("write gguf: header: %w", err)
 	}
@@ -180,6 +183,10 @@ func (g *GGUFWriter) Write(p []byte) (int, error) {
 // (len(tensors) when all are complete).
 func (g *GGUFWriter) Next() int { return g.cur }
 
+// Size is about how many bytes the whole file takes (to within the
+// alignment), known once the header is written.
+func (g *GGUFWriter) Size() uint64 { return g.size }
+
 // Close flushes and checks that every declared tensor was written in full.
 // It does not close the underlying writer.
 func (g *GGUFWriter) Close() error {
@@ -200,6 +207,9 @@ func (g *GGUFWriter) Close() error {
 // tensor i's bytes. The file appears under path only when complete
 // (it is written beside it and renamed), so a failure loses nothing.
 func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int, w io.Writer) error) (err error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("write gguf: %s is a directory; give a file name", path)
+	}
 	tmp, untrack, err := interrupt.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*") // a Ctrl-C leaves no half file
 	if err != nil {
 		return fmt.Errorf("write gguf: %w", err)
@@ -214,6 +224,11 @@ func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int,
 	g, err := NewGGUFWriter(tmp, md, tensors)
 	if err != nil {
 		return err
+	}
+	// A model larger than the disk filled it for hours before failing.
+	if free, ok := diskFree(filepath.Dir(path)); ok && g.Size() > free {
+		return fmt.Errorf("write gguf %s: the file takes %s and its file system has %s free; free some space or write it elsewhere",
+			path, progress.Bytes(g.Size()), progress.Bytes(free))
 	}
 	for i := range tensors {
 		if err := data(i, g); err != nil {
