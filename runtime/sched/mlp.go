@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -125,6 +126,12 @@ type TrainOptions struct {
 // TrainMLP fits an MLP to inputs xs and output lengths ys (tokens) by
 // full-batch Adam on the squared error of standardized log1p(ys).
 func TrainMLP(xs [][]float64, ys []float64, opt TrainOptions) (*MLP, error) {
+	return TrainMLPContext(context.Background(), xs, ys, opt)
+}
+
+// TrainMLPContext is TrainMLP that stops with ctx's error once ctx is
+// done: many samples or epochs train for minutes.
+func TrainMLPContext(ctx context.Context, xs [][]float64, ys []float64, opt TrainOptions) (*MLP, error) {
 	if len(xs) == 0 || len(xs) != len(ys) {
 		return nil, fmt.Errorf("mlp: train: %d inputs and %d targets; want the same positive number", len(xs), len(ys))
 	}
@@ -196,7 +203,9 @@ func TrainMLP(xs [][]float64, ys []float64, opt TrainOptions) (*MLP, error) {
 		}
 		m.Layers = append(m.Layers, d)
 	}
-	adamFit(m, nx, ty, opt)
+	if err := adamFit(ctx, m, nx, ty, opt); err != nil {
+		return nil, err
+	}
 	return m, m.Validate()
 }
 
@@ -216,8 +225,8 @@ func meanStd(v []float64) (mean, std float64) {
 }
 
 // adamFit runs full-batch Adam with backpropagation through the tanh
-// layers on standardized inputs nx and targets ty.
-func adamFit(m *MLP, nx [][]float64, ty []float64, opt TrainOptions) {
+// layers on standardized inputs nx and targets ty, until ctx is done.
+func adamFit(ctx context.Context, m *MLP, nx [][]float64, ty []float64, opt TrainOptions) error {
 	L := len(m.Layers)
 	type moments struct {
 		mw, vw [][]float64
@@ -240,6 +249,9 @@ func adamFit(m *MLP, nx [][]float64, ty []float64, opt TrainOptions) {
 	const b1, b2, eps = 0.9, 0.999, 1e-8
 	n := float64(len(nx))
 	for step := 1; step <= opt.Epochs; step++ {
+		if step%16 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		for li := range grads {
 			clearDense(grads[li])
 		}
@@ -298,6 +310,7 @@ func adamFit(m *MLP, nx [][]float64, ty []float64, opt TrainOptions) {
 			}
 		}
 	}
+	return nil
 }
 
 func zeroLike(l Dense) Dense {
