@@ -8,7 +8,6 @@ package budget
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/tandem-llm/tandem/internal/progress"
@@ -79,8 +78,8 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 			return Plan{Note: note + "; the whole model fits, resident"}, nil
 		}
 	case strings.HasSuffix(b, "%"):
-		v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(b, "%")), 64)
-		if err != nil || !(v > 0 && v <= 100) {
+		v, err := units.ParsePercent(b)
+		if err != nil {
 			return Plan{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
 		}
 		total = uint64(float64(probe.Total) * v / 100 * float64(lanes))

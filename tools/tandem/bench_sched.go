@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/bench"
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/sched"
@@ -121,6 +122,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		if err := os.MkdirAll(*outDir, 0o755); err != nil {
 			return err
 		}
+		if err := checkWritable("--out", *outDir); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -164,7 +168,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		if len(costs) == 1 {
 			costs = slices.Repeat(costs, len(specs))
 		}
-		r, err := cfg.sim(costs, *simRequests, *ablate)
+		r, err := cfg.sim(ctx, costs, *simRequests, *ablate)
 		if err != nil {
 			return err
 		}
@@ -678,10 +682,13 @@ func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) ([]be
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: --sim-type: %v", errUsage, err)
 	}
-	dir, err := os.MkdirTemp("", "tandem-bench-sched-")
+	// Ctrl-C while the model is written or measured removes it and exits.
+	defer interrupt.Handle(stderr)()
+	dir, untrack, err := interrupt.Create(func() (string, error) { return os.MkdirTemp("", "tandem-bench-sched-") })
 	if err != nil {
 		return nil, "", err
 	}
+	defer untrack()
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, fmt.Sprintf("%s-%s.gguf", sh.Name, strings.ToLower(dt.String())))
 	bar := progress.New(stderr, "synth "+filepath.Base(path), 0)
@@ -710,7 +717,7 @@ func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) ([]be
 // sim runs the policies in the simulator on lanes of these step costs;
 // the first lane's sets the workload's deadlines (its time per token
 // alone) and context.
-func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.SchedRow, error) {
+func (b schedBench) sim(ctx context.Context, costs []bench.StepCosts, n int, ablate bool) ([]bench.SchedRow, error) {
 	cost := costs[0]
 	if cost.Name == "" {
 		cost.Name = "sim"
@@ -746,6 +753,9 @@ func (b schedBench) sim(costs []bench.StepCosts, n int, ablate bool) ([]bench.Sc
 				floor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 0.99, nil)
 				maxFloor := bench.ResponseFloor(reqs, lanes, b.maxBatch, 1, nil)
 				for _, p := range pols {
+					if err := ctx.Err(); err != nil {
+						return nil, err // Ctrl-C: a run takes seconds at most
+					}
 					run, err := bench.Simulate(reqs, bench.SimConfig{Sched: sched.Config{Policy: p.policy, Ablate: p.ablate,
 						MaxBatch: b.maxBatch, MaxQueue: n + 1}, Estimator: est, Lanes: lanes})
 					if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
@@ -45,7 +47,7 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	types := fs.String("types", "q4_0,f16", "weight types of the target")
 	budgets := fs.String("budgets", "25,50", "target budgets in percent of its weights")
 	storage := fs.String("storage", "400MB/s,1.5GB/s,disk", "storage the target streams from: disk or an emulated bandwidth")
-	modes := fs.String("modes", "", "modes to measure (default: all: std,stdpl,sd,bild,tree,tree-uniform,tree-fixed,tree-adaptive,tree-nopipe)")
+	modes := fs.String("modes", "", "modes to measure (default: all: "+strings.Join(specModes, ",")+")")
 	sdLens := fs.String("sd-lens", "2,3,4,6,8", "sd draft lengths tried on the first configuration; the fastest is used throughout")
 	maxTree := fs.Int("max-tree", spec.DefaultMaxTree, "tree modes: most drafted tokens per verification")
 	maxBranches := fs.Int("max-branches", spec.DefaultMaxBranches, "tree modes: most branches open at once")
@@ -61,6 +63,19 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	}
 	if *from == "" || *draftPath == "" || *promptsPath == "" {
 		return fmt.Errorf("%w: --from, --draft and --prompts are required", errUsage)
+	}
+	if *runs < 1 || *tokens < 1 || *stdTokens < 1 {
+		return fmt.Errorf("%w: --runs %d, --tokens %d, --std-tokens %d: want at least 1 each", errUsage, *runs, *tokens, *stdTokens)
+	}
+	want := map[string]bool{}
+	if *modes != "" {
+		for _, m := range strings.Split(*modes, ",") {
+			m = strings.TrimSpace(m)
+			if !slices.Contains(specModes, m) {
+				return fmt.Errorf("%w: --modes: %q is not one of %s", errUsage, m, strings.Join(specModes, ", "))
+			}
+			want[m] = true
+		}
 	}
 	if *maxTree < 1 || *maxBranches < 1 || *maxTree > maxTreeSize || *maxBranches > maxTreeSize || !(*threshold > 0 && *threshold < 1) {
 		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want sizes from 1 to %d and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold, maxTreeSize)
@@ -89,12 +104,6 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
-	want := map[string]bool{}
-	if *modes != "" {
-		for _, m := range strings.Split(*modes, ",") {
-			want[strings.TrimSpace(m)] = true
-		}
-	}
 	targets, cleanup, err := benchTargets("", *from, *shape, *types, *dir, stdout, stderr)
 	if err != nil {
 		return err
@@ -369,8 +378,8 @@ func readPromptIDs(path string) ([][]int32, error) {
 func parsePercents(s string) ([]float64, error) {
 	var out []float64
 	for _, p := range strings.Split(s, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(p), "%"), 64)
-		if err != nil || !(v > 0 && v <= 100) { // NaN fails too
+		v, err := units.ParsePercent(p)
+		if err != nil {
 			return nil, fmt.Errorf("%w: budgets %q: want percentages in (0, 100] separated by commas", errUsage, s)
 		}
 		out = append(out, v)
@@ -395,3 +404,12 @@ func parseStorage(s string) ([]float64, error) {
 	}
 	return out, nil
 }
+
+// specModes are the names --modes accepts, in bench.SpecModes' order.
+var specModes = func() []string {
+	var names []string
+	for _, m := range bench.SpecModes(1, spec.Config{}) {
+		names = append(names, strings.SplitN(m.Name, "(", 2)[0])
+	}
+	return names
+}()

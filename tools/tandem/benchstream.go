@@ -5,13 +5,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tandem-llm/tandem/bench"
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
+	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
@@ -58,8 +58,8 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 	}
 	var pcts []float64
 	for _, s := range strings.Split(*budgets, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
-		if err != nil || v <= 0 || v > 100 {
+		v, err := units.ParsePercent(s)
+		if err != nil {
 			return fmt.Errorf("%w: --budgets %q: want percentages in (0, 100] separated by commas", errUsage, *budgets)
 		}
 		pcts = append(pcts, v)
@@ -76,6 +76,9 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%w: --storage %q: want disk or bandwidths like 400MB/s", errUsage, s)
 		}
 		bws = append(bws, bw)
+	}
+	if *runs < 1 || *tokens < 1 {
+		return fmt.Errorf("%w: --runs %d, --tokens %d: want at least 1 each", errUsage, *runs, *tokens)
 	}
 	var modeList []string
 	for _, m := range strings.Split(*modes, ",") {

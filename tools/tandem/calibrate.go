@@ -91,13 +91,16 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 		if path, err = calibrationPath(*modelPath); err != nil {
 			return err
 		}
+		if *modelPath == "" {
+			// The user config directory is ours to make: a new user has none.
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+		}
 	}
 	// Refuse an output it cannot write now, not after the generations.
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return fmt.Errorf("%w: --out %s is a directory; give a file name, like %s", errUsage, path, filepath.Join(path, "model.calib.json"))
-	}
-	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
-		return fmt.Errorf("%w: --out %s: its directory %s does not exist", errUsage, path, filepath.Dir(path))
+	if err := checkOutput("--out", path); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -106,11 +109,6 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 		maxTokens: *maxTokens, modelPath: *modelPath}, stderr)
 	if err != nil {
 		return err
-	}
-	if dir := filepath.Dir(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
 	}
 	if err := cal.Save(path); err != nil {
 		return err
@@ -299,7 +297,9 @@ func calibrate(ctx context.Context, f *weights.File, tok *tokenizer.Tokenizer, p
 	if len(trX) < 8 {
 		return nil, errors.New("too few prompts to train on; give at least 10")
 	}
-	mlp, err := sched.TrainMLP(trX, trY, sched.TrainOptions{Epochs: opt.epochs, Seed: opt.seed})
+	// Many generations or epochs train for minutes: say what runs now.
+	fmt.Fprintf(stderr, "training the estimator on %d generations, %d epochs\n", len(trX), opt.epochs)
+	mlp, err := sched.TrainMLPContext(ctx, trX, trY, sched.TrainOptions{Epochs: opt.epochs, Seed: opt.seed})
 	if err != nil {
 		return nil, err
 	}

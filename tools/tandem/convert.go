@@ -28,6 +28,9 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkOutput("output", pos[1]); err != nil {
+		return err
+	}
 	dt, err := weights.ParseWriteType(*typ)
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)

@@ -43,6 +43,14 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 	if (*from == "") != (len(pos) == 1) {
 		return fmt.Errorf("%w: give the output file OUT.txt, or --from TEXT without one (see tandem corpus --help)", errUsage)
 	}
+	if *vocab < 0 {
+		return fmt.Errorf("%w: --vocab %d: want a vocabulary size, or 0 for none", errUsage, *vocab)
+	}
+	if len(pos) == 1 {
+		if err := checkOutput("output", pos[0]); err != nil {
+			return err
+		}
+	}
 	var docs []string
 	textPath := *from
 	if *from == "" {

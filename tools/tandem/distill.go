@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -47,6 +48,16 @@ func runDistill(args []string, stdout, stderr io.Writer) error {
 	}
 	if *targetPath == "" || *out == "" {
 		return fmt.Errorf("%w: --target and --out are required", errUsage)
+	}
+	// The output's folder is made if need be (checkpoints go beside it).
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	if err := checkOutput("--out", *out); err != nil {
+		return err
+	}
+	if *gen < 0 {
+		return fmt.Errorf("%w: --gen %d: want the tokens to generate per held-out prompt, 0 or more", errUsage, *gen)
 	}
 	if !(*temp >= 0 && *temp <= 2) {
 		return fmt.Errorf("%w: --temperature %v: want 0 (greedy) to 2: the target's sampling of the training text", errUsage, *temp)

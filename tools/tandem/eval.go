@@ -42,6 +42,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
+	if *gen < 0 {
+		return fmt.Errorf("%w: --gen %d: want the tokens to generate per prompt, 0 or more", errUsage, *gen)
+	}
 	if *data == "" && *prompts == "" {
 		return fmt.Errorf("%w: give --data, --prompts or both", errUsage)
 	}

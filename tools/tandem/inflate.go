@@ -54,6 +54,9 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
+	if err := checkOutput("output", pos[0]); err != nil {
+		return err
+	}
 	src, err := weights.Open(*from)
 	if err != nil {
 		return err

@@ -45,9 +45,9 @@ func (l *lockedBuilder) String() string {
 }
 
 // interruptCLI runs the CLI with args in a child process, sends SIGINT
-// once ready reports true (polled every millisecond, for 30 s at most),
-// and returns the exit code and output.
-func interruptCLI(t *testing.T, args []string, ready func(stdout string) bool) (int, string, string) {
+// once ready reports true of its output so far (polled every
+// millisecond, for 30 s at most), and returns the exit code and output.
+func interruptCLI(t *testing.T, args []string, ready func(stdout, stderr string) bool) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), cliChildEnv+"="+strings.Join(args, "\n"))
@@ -56,7 +56,7 @@ func interruptCLI(t *testing.T, args []string, ready func(stdout string) bool) (
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); !ready(stdout.String()); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !ready(stdout.String(), stderr.String()); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			cmd.Wait()
@@ -64,7 +64,13 @@ func interruptCLI(t *testing.T, args []string, ready func(stdout string) bool) (
 		}
 	}
 	cmd.Process.Signal(syscall.SIGINT)
+	// A command that ignores the signal is killed after 30 s: the test
+	// fails rather than hangs.
+	ignored := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
 	err := cmd.Wait()
+	if !ignored.Stop() {
+		t.Errorf("%v did not stop within 30 s of SIGINT", args)
+	}
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatal(err)
@@ -81,7 +87,7 @@ func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
 	// About 1.5 GiB of F32 weights: seconds to write, so the interrupt
 	// lands mid-way, once the temporary file exists.
 	args := []string{"inflate", "--from", testutil.Model(t, "stories260K.gguf"), "--dims", "2048,8192,22,32,4,512", "--type", "f32", out}
-	code, _, stderr := interruptCLI(t, args, func(string) bool {
+	code, _, stderr := interruptCLI(t, args, func(string, string) bool {
 		tmps, _ := filepath.Glob(out + ".tmp*")
 		return len(tmps) > 0
 	})
@@ -99,8 +105,39 @@ func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
 func TestCtrlCEndsGenerateCleanly(t *testing.T) {
 	args := []string{"generate", "--model", testutil.Model(t, "stories260K.gguf"), "--max-tokens", "0",
 		"--budget", "min", "--io-bandwidth", "1MB/s", "--prompt", "Once upon a time"}
-	code, stdout, stderr := interruptCLI(t, args, func(out string) bool { return len(out) > len("Once upon a time") })
+	code, stdout, stderr := interruptCLI(t, args, func(out, _ string) bool { return len(out) > len("Once upon a time") })
 	if code != 130 || !strings.HasSuffix(stderr, "tandem generate: interrupted\n") || !strings.HasSuffix(stdout, "\n") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want 130, the text's line ended and a note", code, stdout, stderr)
+	}
+}
+
+// TestCtrlCStopsSimulatedBenchSched interrupts bench sched's simulator
+// runs, which read no context of their own: the command must stop at the
+// next run with 130 and write no report.
+func TestCtrlCStopsSimulatedBenchSched(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "report")
+	args := []string{"bench", "sched", "--real=false", "--sim-costs", "300,30,5", "--sim-requests", "2000", "--out", out}
+	start := time.Now()
+	code, _, stderr := interruptCLI(t, args, func(string, string) bool { return time.Since(start) > 500*time.Millisecond })
+	if code != 130 || !strings.HasSuffix(stderr, "tandem bench: interrupted\n") {
+		t.Errorf("exit %d, stderr %q; want 130 and a note", code, stderr)
+	}
+	if left, _ := filepath.Glob(filepath.Join(out, "*")); len(left) != 0 {
+		t.Errorf("an interrupted run wrote %v", left)
+	}
+}
+
+// TestCtrlCStopsCalibrationTraining interrupts calibrate while it trains
+// its regressor (after the generations): 130, and no calibration file.
+func TestCtrlCStopsCalibrationTraining(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "x.calib.json")
+	args := []string{"calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--n", "20", "--max-tokens", "8",
+		"--epochs", "100000000", "--lanes", "1", "--out", out}
+	code, _, stderr := interruptCLI(t, args, func(_, stderr string) bool { return strings.Contains(stderr, "training the estimator") })
+	if code != 130 || !strings.HasSuffix(stderr, "tandem calibrate: interrupted\n") {
+		t.Errorf("exit %d, stderr %q; want 130 and a note", code, stderr)
+	}
+	if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an interrupted calibration left %s (%v)", out, err)
 	}
 }

@@ -54,6 +54,13 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // errUsage marks errors caused by how the command was called (exit 2).
 var errUsage = errors.New("usage")
 
+// interruptedError is a Ctrl-C that leaves something to say, such as what
+// was saved: the command exits 130 with this message.
+type interruptedError string
+
+func (e interruptedError) Error() string { return string(e) }
+func (e interruptedError) Unwrap() error { return context.Canceled }
+
 // run executes one command line and returns the exit code: 0 success,
 // 1 failure, 2 bad usage, 130 interrupted.
 func run(args []string, stdout, stderr io.Writer) int {
@@ -90,7 +97,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	case errors.Is(err, context.Canceled):
 		// Verbs cancel their context on Ctrl-C (signal.NotifyContext).
-		fmt.Fprintf(stderr, "tandem %s: interrupted\n", args[0])
+		msg := "interrupted"
+		var saved interruptedError
+		if errors.As(err, &saved) {
+			msg = string(saved)
+		}
+		fmt.Fprintf(stderr, "tandem %s: %s\n", args[0], msg)
 		return 130
 	default:
 		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)

@@ -180,6 +180,13 @@ func TestInterruptedIs130(t *testing.T) {
 	if code, _, errOut := tandem(t, "test-interrupted"); code != 130 || errOut != "tandem test-interrupted: interrupted\n" {
 		t.Errorf("exit %d, stderr %q; want 130 and one line", code, errOut)
 	}
+	// One that saved something says what (train's checkpoint).
+	verbs["test-interrupted"] = verb{"", func(_ []string, _, _ io.Writer) error {
+		return fmt.Errorf("train: %w", interruptedError("interrupted at step 7; checkpoint c.gguf written"))
+	}}
+	if code, _, errOut := tandem(t, "test-interrupted"); code != 130 || errOut != "tandem test-interrupted: interrupted at step 7; checkpoint c.gguf written\n" {
+		t.Errorf("exit %d, stderr %q; want 130 and what was saved", code, errOut)
+	}
 }
 
 func TestCPUProfile(t *testing.T) {
@@ -243,7 +250,7 @@ func TestConvertThenInspectAndGenerate(t *testing.T) {
 	}
 	// An output it cannot write is named, not its temporary file.
 	missing := filepath.Join(dir, "missing", "s.gguf")
-	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, missing); code != 1 || !strings.Contains(errOut, "cannot write "+missing+":") || strings.Contains(errOut, ".tmp") {
+	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, missing); code != 2 || !strings.Contains(errOut, missing+": its directory") || strings.Contains(errOut, ".tmp") {
 		t.Errorf("convert into a missing directory: exit %d, %q", code, errOut)
 	}
 	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, out); code != 0 {

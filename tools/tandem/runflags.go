@@ -167,8 +167,8 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 		fmt.Fprintf(stderr, "budget auto: %s (%.0f%% of %s available)\n", progress.Bytes(opt.Budget), 100*autoBudgetShare, progress.Bytes(avail))
 	default:
 		if pct, ok := strings.CutSuffix(b, "%"); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(pct), 64)
-			if err != nil || v <= 0 || v > 100 {
+			v, err := units.ParsePercent(pct)
+			if err != nil {
 				return rc, fmt.Errorf("%w: --budget %s: want a share of the weights between 0%% and 100%%, like 25%%", errUsage, *r.budget)
 			}
 			opt.Budget = uint64(float64(probe.Total) * v / 100)

@@ -400,3 +400,19 @@ func TestLoadEstimator(t *testing.T) {
 		t.Errorf("a damaged user calibration: %v, want an error naming %s", err, own)
 	}
 }
+
+// TestCalibrateEmbeddedForANewUser: the embedded model's calibration goes
+// to the user config directory, which a new user does not have yet.
+func TestCalibrateEmbeddedForANewUser(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
+	code, stdout, stderr := tandem(t, "calibrate", "--n", "12", "--max-tokens", "8", "--epochs", "10", "--lanes", "1")
+	want := filepath.Join(home, ".config", "tandem", "default.calib.json")
+	if code != 0 || !strings.Contains(stdout, "wrote "+want) {
+		t.Fatalf("calibrate: exit %d, stdout %q, stderr %q; want %s written", code, stdout, stderr, want)
+	}
+	if _, err := sched.LoadCalibration(want); err != nil {
+		t.Error(err)
+	}
+}

@@ -48,6 +48,9 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
+	if err := checkOutput("output", pos[0]); err != nil {
+		return err
+	}
 	opt := weights.SynthOptions{Shape: sh, Type: dt, Seed: *seed}
 	if *vocabPath != "" {
 		if opt.Vocab, err = vocabMetadata(*vocabPath); err != nil {

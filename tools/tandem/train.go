@@ -135,6 +135,13 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if *data == "" || *out == "" {
 		return fmt.Errorf("%w: --data and --out are required", errUsage)
 	}
+	// The output's folder is made if need be (checkpoints go beside it).
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	if err := checkOutput("--out", *out); err != nil {
+		return err
+	}
 	if *vocabPath == "" && *tf.init == "" {
 		return fmt.Errorf("%w: --vocab is required (or --init, whose vocabulary is used)", errUsage)
 	}
@@ -287,7 +294,7 @@ func finishTraining(tr *train.Trainer, tf trainFlags, o train.Options, vmd *weig
 	startTokens := tr.State.Tokens
 	if err := tr.Run(ctx); err != nil {
 		if errors.Is(err, context.Canceled) {
-			return fmt.Errorf("interrupted at step %d; checkpoint %s written: run the same command with --resume to continue", tr.State.Step, o.Checkpoint)
+			return interruptedError(fmt.Sprintf("interrupted at step %d; checkpoint %s written: run the same command with --resume to continue", tr.State.Step, o.Checkpoint))
 		}
 		return err
 	}

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// checkOutput refuses, before any work, an output file the command could
+// not write at its end: a directory, a file in a missing directory, or
+// one in a directory the user may not write in. name says where the path
+// came from ("--out", "output").
+func checkOutput(name, path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%w: %s %s is a directory; give a file name", errUsage, name, path)
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%w: %s %s: its directory %s does not exist", errUsage, name, path, dir)
+	}
+	return checkWritable(name, dir)
+}
+
+// checkWritable creates and removes a file in dir, the one test of
+// whether the user may write there that permissions, read-only mounts
+// and quotas all answer.
+func checkWritable(name, dir string) error {
+	f, err := os.CreateTemp(dir, ".tandem-check-*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the probe's name means nothing to the user
+		}
+		return fmt.Errorf("%w: %s: cannot write in %s: %v", errUsage, name, dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/internal/testutil"
+)
+
+// TestOutputCheckedBeforeWork gives each command that writes a file an
+// output it cannot write: a directory, or a file in a missing directory.
+// Each must refuse at once (exit 2, naming the path), not after its work,
+// and leave nothing behind.
+func TestOutputCheckedBeforeWork(t *testing.T) {
+	gguf := testutil.Model(t, "stories260K.gguf")
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing", "out.gguf")
+	text := filepath.Join(dir, "c.txt")
+	if err := os.WriteFile(text, []byte("Once upon a time there was a cat.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{dir, missing} {
+		cmds := [][]string{
+			{"convert", gguf, out},
+			{"inflate", "--from", gguf, "--dims", "128,384,6,8,4,512", out},
+			{"synth", "--shape", "tinyllama-1.1b", out},
+			{"calibrate", "--model", gguf, "--out", out},
+			{"corpus", "--stories", "3", out},
+		}
+		if out == dir { // train and distill make a missing folder
+			cmds = append(cmds, []string{"train", "--data", text, "--vocab", gguf, "--out", out},
+				[]string{"distill", "--target", gguf, "--out", out})
+		}
+		for _, args := range cmds {
+			code, _, errOut := tandem(t, args...)
+			if code != 2 || !strings.Contains(errOut, out) {
+				t.Errorf("%v: exit %d, %q; want 2 and the path named", args, code, errOut)
+			}
+		}
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 1 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestCorpusRefusesANegativeVocabularyFirst: the text is not written when
+// the vocabulary asked for cannot be made.
+func TestCorpusRefusesANegativeVocabularyFirst(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "c.txt")
+	if code, _, errOut := tandem(t, "corpus", "--stories", "3", "--vocab", "-1", out); code != 2 || !strings.Contains(errOut, "--vocab") {
+		t.Errorf("exit %d, %q; want 2 and --vocab named", code, errOut)
+	}
+	if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s written (%v)", out, err)
+	}
+}
+
+// TestBenchOutputDirectoryWritable: bench sched's --out must be a
+// directory it can write in, checked before the runs.
+func TestBenchOutputDirectoryWritable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "300,30,5", "--out", file)
+	if code == 0 || out != "" {
+		t.Errorf("--out naming a file: exit %d, stdout %q, stderr %q; want a failure before the runs", code, out, errOut)
+	}
+}
+
+// TestPercentFlagsRefuseNaN: every flag that takes a share of the
+// weights refuses NaN% (it read as a budget of 8 EiB).
+func TestPercentFlagsRefuseNaN(t *testing.T) {
+	bin := testutil.Model(t, "stories260K.bin")
+	tok := testutil.Model(t, "tok512.bin")
+	for _, args := range [][]string{
+		{"generate", "--model", bin, "--tokenizer", tok, "--budget", "NaN%", "--max-tokens", "1"},
+		{"bench", "stream", "--from", bin, "--budgets", "NaN"},
+		{"bench", "spec", "--from", bin, "--draft", bin, "--prompts", tok, "--budgets", "nan%"},
+	} {
+		if code, _, errOut := tandem(t, args...); code != 2 || !strings.Contains(strings.ToLower(errOut), "nan") {
+			t.Errorf("%v: exit %d, %q; want 2 and the value named", args, code, errOut)
+		}
+	}
+}
+
+// TestBenchCountsAndModesChecked: run counts below 1 and unknown modes
+// are usage errors, not an empty report.
+func TestBenchCountsAndModesChecked(t *testing.T) {
+	bin := testutil.Model(t, "stories260K.bin")
+	prompts := filepath.Join(t.TempDir(), "p.txt")
+	if err := os.WriteFile(prompts, []byte("Once upon a time\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"bench", "spec", "--from", bin, "--draft", bin, "--prompts", prompts, "--modes", "bogus"},
+		{"bench", "spec", "--from", bin, "--draft", bin, "--prompts", prompts, "--runs", "0"},
+		{"bench", "spec", "--from", bin, "--draft", bin, "--prompts", prompts, "--tokens", "-1"},
+		{"bench", "stream", "--from", bin, "--runs", "-2"},
+		{"bench", "stream", "--from", bin, "--tokens", "-3"},
+		{"eval", "--model", bin, "--prompts", prompts, "--gen", "-1"},
+	} {
+		if code, _, errOut := tandem(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, %q; want 2", args, code, errOut)
+		}
+	}
+}
