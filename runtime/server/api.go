@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/internal/jsonerr"
 	"github.com/tandem-llm/tandem/runtime/sched"
@@ -177,6 +178,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty boo
 		}
 		return badRequest("", "empty request body; send a JSON object")
 	}
+	if i := invalidUTF8(data); i >= 0 {
+		// encoding/json would turn the bytes into U+FFFD and the model
+		// would answer a prompt the client never sent.
+		return badRequest("", "the request body is not UTF-8 (a bad byte at offset %d); JSON must be sent as UTF-8", i)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -263,14 +269,10 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 		return nil, nil
 	}
 	var one string
-	if err := json.Unmarshal(raw, &one); err == nil {
-		if one == "" {
-			return nil, badRequest("stop", "stop is an empty string")
-		}
-		return []string{one}, nil
-	}
 	var many []string
-	if err := json.Unmarshal(raw, &many); err != nil {
+	if err := json.Unmarshal(raw, &one); err == nil {
+		many = []string{one} // checked as the array's are
+	} else if err := json.Unmarshal(raw, &many); err != nil {
 		return nil, badRequest("stop", "stop must be a string or an array of strings")
 	}
 	if len(many) > maxStops {
@@ -344,4 +346,20 @@ func messageText(i int, raw json.RawMessage) (string, *apiError) {
 		b.WriteString(p.Text)
 	}
 	return b.String(), nil
+}
+
+// invalidUTF8 is the offset of the first byte of data that is not UTF-8,
+// or -1.
+func invalidUTF8(data []byte) int {
+	if utf8.Valid(data) {
+		return -1
+	}
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
 }

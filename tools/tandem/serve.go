@@ -208,10 +208,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {
 		hs.Close()
-		if *sf.draft != "" {
-			return fmt.Errorf("--draft: %w", err)
-		}
-		return err
+		return err // a draft's own failure says "draft:" after its lane
 	}
 	defer closeLanes()
 	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: *maxBatch, MaxQueue: *maxQueue, ParkTTL: *parkTTL,
@@ -283,7 +280,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	// shows the drain, new work gets 503. Then the server stops and waits
 	// for the handlers, which end with their requests.
 	if err := srv.Shutdown(ctx); err != nil {
-		fmt.Fprintf(stderr, "tandem serve: drain timed out; the remaining requests were cancelled\n")
+		why := "drain timed out"
+		if errors.Is(err, context.Canceled) {
+			why = "stopped before the drain ended"
+		}
+		fmt.Fprintf(stderr, "tandem serve: %s; the remaining requests were cancelled\n", why)
 	}
 	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer hcancel()
