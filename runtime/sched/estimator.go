@@ -104,6 +104,14 @@ func ParseCalibration(data []byte, name string) (*Calibration, error) {
 	if c.MLP.Inputs() != NumFeatures {
 		return nil, fmt.Errorf("%s: the mlp takes %d inputs, this tandem computes %d features; rerun tandem calibrate", name, c.MLP.Inputs(), NumFeatures)
 	}
+	// The inputs are read by position: a file that names other features,
+	// or these in another order, would feed the mlp the wrong ones.
+	if !slices.Equal(c.Features, FeatureNames[:]) {
+		return nil, fmt.Errorf("%s: features %q, this tandem computes %q; rerun tandem calibrate", name, c.Features, FeatureNames)
+	}
+	if len(c.Scores) != 21 {
+		return nil, fmt.Errorf("%s: %d scores, want the 21 percentiles 0, 5, ..., 100 (Percentiles); rerun tandem calibrate", name, len(c.Scores))
+	}
 	for i, s := range c.Scores {
 		if !finite(s) || s < 0 || (i > 0 && s < c.Scores[i-1]) {
 			return nil, fmt.Errorf("%s: scores must be finite, >= 0 and ascending (entry %d is %v)", name, i, s)

@@ -196,11 +196,16 @@ func TestCalibrationRoundTrip(t *testing.T) {
 func TestLoadCalibrationRejectsDamage(t *testing.T) {
 	xs, ys := syntheticSamples(50, 4)
 	m, _ := TrainMLP(xs, ys, TrainOptions{Seed: 1, Epochs: 10})
-	good := Calibration{Format: CalibrationFormat, MLP: m, Scores: []float64{1, 2, 3}}
+	good := Calibration{Format: CalibrationFormat, MLP: m, Scores: Percentiles(ys), Features: FeatureNames[:]}
 	for name, mutate := range map[string]func(c *Calibration){
+		"nothing":    func(c *Calibration) {},
 		"format":     func(c *Calibration) { c.Format = "other/1" },
 		"no mlp":     func(c *Calibration) { c.MLP = nil },
-		"scores":     func(c *Calibration) { c.Scores = []float64{3, 1} },
+		"scores":     func(c *Calibration) { c.Scores[3], c.Scores[4] = c.Scores[4]+1, c.Scores[3] },
+		"no scores":  func(c *Calibration) { c.Scores = nil },
+		"few scores": func(c *Calibration) { c.Scores = c.Scores[:3] },
+		"features":   func(c *Calibration) { c.Features = c.Features[:3] },
+		"order":      func(c *Calibration) { c.Features[0], c.Features[1] = c.Features[1], c.Features[0] },
 		"row width":  func(c *Calibration) { c.MLP.Layers[0].W[0] = c.MLP.Layers[0].W[0][:2] },
 		"inputs":     func(c *Calibration) { c.MLP.InMean = c.MLP.InMean[:1] },
 		"zero std":   func(c *Calibration) { c.MLP.InStd[0] = 0 },
@@ -215,7 +220,11 @@ func TestLoadCalibrationRejectsDamage(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "c.json")
 			data, _ = json.Marshal(c)
 			os.WriteFile(path, data, 0o644)
-			if _, err := LoadCalibration(path); err == nil {
+			_, err := LoadCalibration(path)
+			if name == "nothing" && err != nil {
+				t.Errorf("the undamaged file: %v", err)
+			}
+			if name != "nothing" && err == nil {
 				t.Error("accepted")
 			}
 		})
