@@ -41,6 +41,9 @@ func LookupShape(name string) (Shape, error) {
 	return s, nil
 }
 
+// dimNames name ParseDims' fields in order.
+var dimNames = [...]string{"dim", "hidden", "layers", "heads", "kvheads", "vocab", "context"}
+
 // ParseDims reads "dim,hidden,layers,heads,kvheads,vocab[,context]".
 func ParseDims(s string) (Shape, error) {
 	parts := strings.Split(s, ",")
@@ -52,7 +55,7 @@ func ParseDims(s string) (Shape, error) {
 	for i, p := range parts {
 		n, err := strconv.Atoi(strings.TrimSpace(p))
 		if err != nil || n <= 0 || n > 1<<24 {
-			return Shape{}, fmt.Errorf("dims %q: field %d (%q) must be a positive integer", s, i+1, p)
+			return Shape{}, fmt.Errorf("dims %q: %s %q must be a whole number from 1 to %d", s, dimNames[i], strings.TrimSpace(p), 1<<24)
 		}
 		v[i] = n
 	}

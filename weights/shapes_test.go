@@ -15,8 +15,8 @@ func TestParseDims(t *testing.T) {
 		{in: " 288, 768,6,6,6,32000,256", want: Shape{Name: "custom", Dim: 288, Hidden: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, Context: 256}},
 		{in: "64,172,4,8", wantErr: "want dim,hidden"},
 		{in: "64,172,4,8,4,512,256,1", wantErr: "want dim,hidden"},
-		{in: "64,x,4,8,4,512", wantErr: "field 2"},
-		{in: "64,172,0,8,4,512", wantErr: "field 3"},
+		{in: "64,x,4,8,4,512", wantErr: `hidden "x"`},
+		{in: "64,172,0,8,4,512", wantErr: `layers "0"`},
 		{in: "64,172,4,8,3,512", wantErr: "kv heads 3"},
 		{in: "60,172,4,8,4,512", wantErr: "even head size"},
 		{in: "", wantErr: "want dim,hidden"},
@@ -96,4 +96,11 @@ func FuzzParseDims(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseDimsNamesTheContext(t *testing.T) {
+	// The seventh field is the context; a value past the bound says so.
+	if _, err := ParseDims("128,384,6,8,4,512,1000000000"); err == nil || !strings.Contains(err.Error(), `context "1000000000"`) {
+		t.Errorf("err %v, want the context named", err)
+	}
 }

@@ -39,8 +39,12 @@ func Synth(path string, opt SynthOptions) error {
 	if vocab == nil {
 		vocab = ByteVocab(s.Vocab)
 	}
-	if toks, err := vocab.Strings("tokenizer.ggml.tokens"); err != nil || len(toks) != s.Vocab {
-		return fmt.Errorf("synth: the vocabulary has %d tokens (%v) but shape %s needs %d; pick a matching --vocab or --dims", len(toks), err, s.Name, s.Vocab)
+	toks, err := vocab.Strings("tokenizer.ggml.tokens")
+	if err != nil {
+		return fmt.Errorf("synth: the vocabulary has no token list: %w", err)
+	}
+	if len(toks) != s.Vocab {
+		return fmt.Errorf("synth: the vocabulary has %d tokens but shape %s needs %d; pick a matching --vocab or --dims", len(toks), s.Name, s.Vocab)
 	}
 	md := s.Metadata("synthetic "+s.Name, opt.Type)
 	for _, kv := range vocab.All() {
