@@ -90,7 +90,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		f.Close()
 	} else {
 		var err error
-		if sh, err = shapeOrDims(*shape); err != nil {
+		if sh, err = shapeOrDims("--shape", *shape); err != nil {
 			return err
 		}
 		if dts, err = writeTypes(*types); err != nil {
@@ -169,19 +169,20 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// shapeOrDims resolves a benchmark's --shape: a known name, or dims
-// D,H,L,HEADS,KV,VOCAB[,CTX] as inflate's --dims takes them.
-func shapeOrDims(s string) (weights.Shape, error) {
+// shapeOrDims resolves a benchmark's shape flag (named flag in errors):
+// a known name, or dims D,H,L,HEADS,KV,VOCAB[,CTX] as inflate's --dims
+// takes them.
+func shapeOrDims(flag, s string) (weights.Shape, error) {
 	if strings.Contains(s, ",") {
 		sh, err := weights.ParseDims(s)
 		if err != nil {
-			return sh, fmt.Errorf("%w: --shape: %v", errUsage, err)
+			return sh, fmt.Errorf("%w: %s: %v", errUsage, flag, err)
 		}
 		return sh, nil
 	}
 	sh, err := weights.LookupShape(s)
 	if err != nil {
-		return sh, fmt.Errorf("%w: --shape %q: want one of %s, or dims D,H,L,HEADS,KV,VOCAB[,CTX]", errUsage, s, strings.Join(weights.ShapeNames(), ", "))
+		return sh, fmt.Errorf("%w: %s %q: want one of %s, or dims D,H,L,HEADS,KV,VOCAB[,CTX]", errUsage, flag, s, strings.Join(weights.ShapeNames(), ", "))
 	}
 	return sh, nil
 }

@@ -104,14 +104,14 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
-	targets, cleanup, err := benchTargets("", *from, *shape, *types, *dir, stdout, stderr)
+	targets, cleanup, err := benchTargets("", *from, "--shape", *shape, *types, *dir, stdout, stderr)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	draft := *draftPath
 	if *draftShape != "" {
-		ds, cleanDraft, err := benchTargets("", *draftPath, *draftShape, "q8_0", filepath.Dir(targets[0]), stdout, stderr)
+		ds, cleanDraft, err := benchTargets("", *draftPath, "--draft-shape", *draftShape, "q8_0", filepath.Dir(targets[0]), stdout, stderr)
 		if err != nil {
 			return err
 		}

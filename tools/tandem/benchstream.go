@@ -97,7 +97,7 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --io %q: want pread or mmap", errUsage, *ioMethod)
 	}
 
-	models, cleanup, err := benchTargets(*modelPath, *from, *shape, *types, *dir, stdout, stderr)
+	models, cleanup, err := benchTargets(*modelPath, *from, "--shape", *shape, *types, *dir, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,8 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 
 // benchTargets returns the models to benchmark: --model, or --from
 // inflated to shape in each type (and a cleanup for the temporary ones).
-func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.Writer) ([]string, func(), error) {
+// shapeFlag names the shape's flag in errors.
+func benchTargets(modelPath, from, shapeFlag, shape, types, dir string, stdout, stderr io.Writer) ([]string, func(), error) {
 	none := func() {}
 	switch {
 	case modelPath != "" && from != "":
@@ -137,7 +138,7 @@ func benchTargets(modelPath, from, shape, types, dir string, stdout, stderr io.W
 	case from == "":
 		return nil, none, fmt.Errorf("%w: --from SMALL (a real small model, e.g. ../shared/models/stories260K.bin) or --model FILE is required", errUsage)
 	}
-	sh, err := shapeOrDims(shape)
+	sh, err := shapeOrDims(shapeFlag, shape)
 	if err != nil {
 		return nil, none, err
 	}

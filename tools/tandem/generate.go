@@ -128,6 +128,14 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("prompt: %w", err)
 	}
+	// Said before the prompt is echoed, with what to change.
+	if limit := min(m.Config().Context, cache.Config().Context); len(ids) > limit {
+		hint := "shorten the prompt"
+		if limit < m.Config().Context {
+			hint += fmt.Sprintf(" or raise --ctx (the model takes up to %d)", m.Config().Context)
+		}
+		return fmt.Errorf("%w: the prompt has %d tokens and the context holds %d: %s", errUsage, len(ids), limit, hint)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

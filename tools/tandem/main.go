@@ -54,6 +54,20 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // errUsage marks errors caused by how the command was called (exit 2).
 var errUsage = errors.New("usage")
 
+// errWriter keeps the first error writing to w.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
 // interruptedError is a Ctrl-C that leaves something to say, such as what
 // was saved: the command exits 130 with this message.
 type interruptedError string
@@ -85,9 +99,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tandem %s: %v\n", args[0], err)
 		return 1
 	}
-	err = v.run(args[1:], stdout, stderr)
+	out := &errWriter{w: stdout}
+	err = v.run(args[1:], out, stderr)
 	stop()
 	switch {
+	case err == nil && out.err != nil:
+		// Commands print with fmt.Fprint and do not check each write: a
+		// report lost to a full disk must not exit 0.
+		fmt.Fprintf(stderr, "tandem %s: writing the output: %v\n", args[0], out.err)
+		return 1
 	case err == nil:
 		return 0
 	case errors.Is(err, flag.ErrHelp):

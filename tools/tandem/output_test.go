@@ -108,3 +108,31 @@ func TestBenchCountsAndModesChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestGeneratePromptOverTheContext: a prompt the context cannot hold is a
+// usage error that says what to change, before the prompt is echoed.
+func TestGeneratePromptOverTheContext(t *testing.T) {
+	bin, tok := testutil.Model(t, "stories260K.bin"), testutil.Model(t, "tok512.bin")
+	long := strings.Repeat("once upon a time ", 200)
+	code, out, errOut := tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", long, "--ctx", "256")
+	if code != 2 || out != "" || !strings.Contains(errOut, "raise --ctx (the model takes up to 512)") {
+		t.Errorf("exit %d, stdout %d bytes, stderr %q; want 2, nothing echoed and --ctx suggested", code, len(out), errOut)
+	}
+}
+
+// failingWriter is a full disk.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// TestLostOutputFails: a command whose report cannot be written exits 1
+// and says so, though it printed without checking each write.
+func TestLostOutputFails(t *testing.T) {
+	gguf := testutil.Model(t, "stories260K.gguf")
+	for _, args := range [][]string{{"version"}, {"inspect", gguf}, {"tokenize", "--model", gguf, "Once upon a time"}} {
+		var errb strings.Builder
+		if code := run(args, failingWriter{}, &errb); code != 1 || !strings.Contains(errb.String(), "writing the output: no space left") {
+			t.Errorf("%v to a full disk: exit %d, %q; want 1 and the write error", args, code, errb.String())
+		}
+	}
+}
