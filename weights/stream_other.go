@@ -15,6 +15,8 @@ func freeAnon([]byte)                  {}
 func dropCache(*os.File, int64, int64) {}
 func noReadahead(*os.File)             {}
 func adviseWillNeed([]byte)            {}
+func adviseRandom([]byte)              {} // readahead stays the OS's own
+func adviseNormal([]byte)              {}
 func releaseMapped(*os.File, *Tensor)  {}
 func unmapPages([]byte)                {}
 
