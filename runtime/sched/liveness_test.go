@@ -210,3 +210,59 @@ func TestLaneYieldsBetweenSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestStallWatchdogWakesTheLanes makes a lost wakeup by hand on a live
+// lane: request b waits while the lane steps a, is made one no lane may
+// take (as in TestStatsReportAStall) so the lane goes idle past it, and
+// is then made servable again without waking anyone. The watchdog must
+// wake the lane within a few seconds, count it, and b must run.
+func TestStallWatchdogWakesTheLanes(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.lengths["a"], e.lengths["b"] = 3, 3
+	e.hold, e.gate = "a", make(chan struct{})
+	s, err := New(Config{}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		// A stalled b would hold a draining shutdown for good.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	}()
+	locked := func(f func() bool) bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return f()
+	}
+	waitFor := func(what string, f func() bool) {
+		t.Helper()
+		for start := time.Now(); !locked(f); time.Sleep(time.Millisecond) {
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("%s never happened", what)
+			}
+		}
+	}
+	stA := submit(t, s, Request{ID: "a", Prompt: prompt(4), MaxTokens: 3})
+	l := s.lanes[0]
+	waitFor("the lane stepping a", func() bool { return l.busy && len(l.running) == 1 })
+	stB := submit(t, s, Request{ID: "b", Prompt: prompt(4), MaxTokens: 3})
+	locked(func() bool { s.tasks["b"].hasSeq, s.tasks["b"].lane = true, 7; return true })
+	close(e.gate)
+	if _, _, r := collect(t, stA); r.TotalGenerated != 3 {
+		t.Fatalf("a generated %d, want 3", r.TotalGenerated)
+	}
+	waitFor("the lane idle past b", func() bool { return !l.busy && len(l.running) == 0 && !s.stallSince.IsZero() })
+	locked(func() bool { s.tasks["b"].hasSeq, s.tasks["b"].lane = false, 0; return true }) // nobody is woken
+	select {
+	case <-stB.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("b still waits with the lane idle (stalled %v)", s.Stats().Stalled)
+	}
+	if _, _, r := collect(t, stB); r.TotalGenerated != 3 {
+		t.Errorf("b generated %d, want 3", r.TotalGenerated)
+	}
+	if n := s.Stats().StallWakes; n == 0 {
+		t.Error("the watchdog's wakes were not counted")
+	}
+}

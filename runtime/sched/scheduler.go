@@ -63,6 +63,8 @@ type Scheduler struct {
 	// idle (zero: not now). Planning never leaves them so; if it does, a
 	// request waits for good, and Stats.Stalled says how long.
 	stallSince time.Time
+	// stallArmed: a watchStall check is pending.
+	stallArmed bool
 	// wallClock: cfg.Now is time.Now, so one reading serves as both the
 	// scheduler's clock and the start of its overhead accounting.
 	wallClock bool
@@ -534,6 +536,41 @@ func (s *Scheduler) enqueue(t *task, now time.Time, dl time.Duration) {
 		s.withOptional = append(s.withOptional, t)
 	}
 	s.wake(t)
+	if s.allIdle() {
+		s.watchStall(stallCheck)
+	}
+}
+
+// stallCheck is how long requests may wait with every lane idle before
+// watchStall wakes the lanes again; a lane woken for them takes them in
+// microseconds, and one the OS keeps from running for a second is rare.
+const stallCheck = time.Second
+
+// watchStall wakes every lane after d should requests still wait then
+// with every lane idle, and again (after twice as long, up to a minute)
+// while they do. Planning never leaves requests so: each such wake is a
+// bug (a lost wakeup, a request no lane will take), counted in
+// Stats.StallWakes, and the request it rescues waits a second or so
+// instead of for good. Armed when a request arrives at idle lanes and
+// when the lanes find nothing they can take; s.mu is held.
+func (s *Scheduler) watchStall(d time.Duration) {
+	if s.cfg.Manual || s.stallArmed {
+		return
+	}
+	s.stallArmed = true
+	time.AfterFunc(d, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.stallArmed = false
+		if s.stopped || s.waitingCount() == 0 || !s.allIdle() {
+			return
+		}
+		s.stats.stallWakes++
+		for _, l := range s.lanes {
+			l.cond.Signal()
+		}
+		s.watchStall(min(2*d, time.Minute))
+	})
 }
 
 // watch cancels t when ctx ends (until the segment ends).

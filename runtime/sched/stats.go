@@ -18,6 +18,7 @@ type counters struct {
 	preempted                             uint64
 	affine                                uint64
 	freeErrors                            uint64
+	stallWakes                            uint64
 	utility                               float64
 	schedWall                             time.Duration // outside the lanes (Submit, Resume, ...); lanes count their own
 }
@@ -55,6 +56,10 @@ type Stats struct {
 	// (0: not now). Planning should never leave them so; a stall that
 	// lasts is a scheduler bug, and tandem serve's /healthz reports it.
 	Stalled time.Duration
+	// StallWakes counts the times requests waited a second or more with
+	// every lane idle and the lanes were woken for them (watchStall).
+	// Each is a scheduler bug worth reporting; the request then ran.
+	StallWakes uint64
 
 	Admitted, Rejected                    uint64 // Submit/Resume accepted, refused with ErrQueueFull
 	Completed, Cancelled, Failed, Segment uint64 // streams ended by reason group
@@ -202,7 +207,7 @@ func (s *Scheduler) Stats() Stats {
 		Completed: c.completed, Cancelled: c.cancelled, Failed: c.failed, Segment: c.segment,
 		DeadlineHits: c.deadlineHits, DeadlineMisses: c.deadlineMisses,
 		ShedRequests: c.shedRequests, ShedTokens: c.shedTokens, Deferred: c.deferred, Preempted: c.preempted,
-		Evicted: c.evicted, Expired: c.expired, Utility: c.utility, Affine: c.affine,
+		Evicted: c.evicted, Expired: c.expired, Utility: c.utility, Affine: c.affine, StallWakes: c.stallWakes,
 		SchedulerWall: c.schedWall, IntakeWall: c.schedWall,
 		OfferedLoad: s.offeredRatio(s.cfg.Now()),
 	}

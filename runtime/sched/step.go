@@ -125,6 +125,7 @@ func (s *Scheduler) noteIdle(now time.Time) {
 	}
 	if s.stallSince.IsZero() {
 		s.stallSince = now
+		s.watchStall(stallCheck)
 	}
 }
 

@@ -62,6 +62,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	m.gauge("tandem_queue_depth", "Requests waiting for a lane.", float64(st.Waiting))
 	m.gauge("tandem_parked_requests", "Segmented requests parked until resumed.", float64(st.Parked))
 	m.gauge("tandem_scheduler_stalled_seconds", "How long requests have waited with every lane idle (0: not now; above a few seconds, a scheduler bug).", st.Stalled.Seconds())
+	m.counter("tandem_scheduler_stall_wakes_total", "Times requests waited a second with every lane idle and the lanes were woken for them (each a scheduler bug: please report it).", float64(st.StallWakes))
 	m.gauge("tandem_offered_load", "Recent arrival rate of predicted tokens over the lanes' full-batch capacity (above 1: overload, optional tokens are shed).", st.OfferedLoad)
 	m.counter("tandem_requests_admitted_total", "Requests and resumes accepted into the queue.", float64(st.Admitted))
 	m.counter("tandem_requests_rejected_total", "Requests refused with 429 because the queue was full.", float64(st.Rejected))
