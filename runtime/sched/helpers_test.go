@@ -379,3 +379,12 @@ func (f *fuzzScript) finished(ctx, answer []int32) {
 		f.pool = f.pool[1:]
 	}
 }
+
+// shutdownWithin shuts a live scheduler down, cancelling what has not
+// drained within d: a stalled request would hold a draining shutdown,
+// and the test, for good.
+func shutdownWithin(s *Scheduler, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	s.Shutdown(ctx)
+}

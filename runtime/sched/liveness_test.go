@@ -224,12 +224,7 @@ func TestStallWatchdogWakesTheLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		// A stalled b would hold a draining shutdown for good.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	}()
+	defer shutdownWithin(s, time.Second)
 	locked := func(f func() bool) bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -684,12 +684,7 @@ func TestSlowLaneWakesTheLaneItLeavesARequestTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		// A stalled request would hold a draining shutdown for good.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	}()
+	defer shutdownWithin(s, time.Second)
 	slow, fast := 10*time.Millisecond, time.Millisecond
 	s.SeedCost(0, slow, slow, time.Microsecond)
 	s.SeedCost(1, fast, fast, time.Microsecond)
