@@ -741,7 +741,7 @@ func (b schedBench) sim(ctx context.Context, costs []bench.StepCosts, n int, abl
 	var rows []bench.SchedRow
 	done := uint64(0)
 	for _, v := range b.variances {
-		est, err := simEstimator(v, b.seed)
+		est, err := simEstimator(ctx, v, b.seed)
 		if err != nil {
 			return nil, err
 		}
@@ -784,7 +784,7 @@ func simTokenTime(c bench.StepCosts) time.Duration { return c.AtContext(39).Toke
 
 // simEstimator trains the estimator on simulated generations: a held-out
 // workload (another seed) with the lengths the simulator will produce.
-func simEstimator(v bench.Variance, seed uint64) (*sched.Estimator, error) {
+func simEstimator(ctx context.Context, v bench.Variance, seed uint64) (*sched.Estimator, error) {
 	reqs := bench.CalibrationPrompts(1000, v, 1<<20, seed+500)
 	var xs [][]float64
 	var ys []float64
@@ -794,7 +794,7 @@ func simEstimator(v bench.Variance, seed uint64) (*sched.Estimator, error) {
 		xs = append(xs, f[:])
 		ys = append(ys, float64(min(r.Natural, r.MaxTokens)))
 	}
-	m, err := sched.TrainMLP(xs, ys, sched.TrainOptions{Seed: seed, Epochs: 600})
+	m, err := sched.TrainMLPContext(ctx, xs, ys, sched.TrainOptions{Seed: seed, Epochs: 600})
 	if err != nil {
 		return nil, err
 	}

@@ -116,7 +116,7 @@ func TestCtrlCEndsGenerateCleanly(t *testing.T) {
 // next run with 130 and write no report.
 func TestCtrlCStopsSimulatedBenchSched(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report")
-	args := []string{"bench", "sched", "--real=false", "--sim-costs", "300,30,5", "--sim-requests", "2000", "--out", out}
+	args := []string{"bench", "sched", "--real=false", "--sim-costs", "300,30,5", "--sim-requests", "300", "--out", out}
 	start := time.Now()
 	code, _, stderr := interruptCLI(t, args, func(string, string) bool { return time.Since(start) > 500*time.Millisecond })
 	if code != 130 || !strings.HasSuffix(stderr, "tandem bench: interrupted\n") {
