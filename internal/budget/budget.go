@@ -40,6 +40,51 @@ type Plan struct {
 	Note string
 }
 
+// Check reports a budget that no model file can take: one that does not
+// parse, or any but "" and "auto" for the embedded model. It reads no
+// file, so a command checks its flags before it loads anything (tandem
+// serve, before it listens); ForLanes says the rest.
+func Check(budget string, embedded bool) error {
+	b := strings.ToLower(strings.TrimSpace(budget))
+	if b == "" {
+		return nil
+	}
+	if embedded && b != "auto" {
+		return errEmbedded(budget)
+	}
+	switch {
+	case b == "min" || b == "auto":
+		return nil
+	case strings.HasSuffix(b, "%"):
+		_, err := parsePercent(budget, b)
+		return err
+	}
+	_, err := parseSize(b)
+	return err
+}
+
+func errEmbedded(budget string) error {
+	return fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+}
+
+// parsePercent reads b, budget lowered, as a share of the weights.
+func parsePercent(budget, b string) (float64, error) {
+	v, err := units.ParsePercent(b)
+	if err != nil {
+		return 0, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+	}
+	return v, nil
+}
+
+// parseSize reads b as the bytes all lanes hold together.
+func parseSize(b string) (uint64, error) {
+	n, err := units.ParseSize(b)
+	if err != nil {
+		return 0, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
+	}
+	return n, nil
+}
+
 // ForLanes resolves budget for lanes lanes over f. Each lane streams its
 // own copy of the weights through its share of the budget.
 func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, error) {
@@ -54,7 +99,7 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 		if b == "auto" {
 			return Plan{Note: "resident (the embedded model is small and has no file to stream from)"}, nil
 		}
-		return Plan{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+		return Plan{}, errEmbedded(budget)
 	}
 	so := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
 	// The plan at budget 0 fails but reports the total and the minimum.
@@ -78,14 +123,14 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 			return Plan{Note: note + "; the whole model fits, resident"}, nil
 		}
 	case strings.HasSuffix(b, "%"):
-		v, err := units.ParsePercent(b)
+		v, err := parsePercent(budget, b)
 		if err != nil {
-			return Plan{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+			return Plan{}, err
 		}
 		total = uint64(float64(probe.Total) * v / 100 * float64(lanes))
 	default:
-		if total, err = units.ParseSize(b); err != nil {
-			return Plan{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
+		if total, err = parseSize(b); err != nil {
+			return Plan{}, err
 		}
 	}
 	so.Budget = total / uint64(lanes)

@@ -68,6 +68,56 @@ func TestForLanes(t *testing.T) {
 	}
 }
 
+// TestCheck: the budgets Check refuses without a model are the ones
+// ForLanes refuses for their form, with the same words, and it passes
+// every form ForLanes may accept.
+func TestCheck(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	opt := Options{AutoShare: 0.5, Available: func() (uint64, error) { return 8 << 30, nil }}
+	for _, tc := range []struct {
+		budget   string
+		embedded bool
+		err      string // "" passes
+	}{
+		{"", false, ""},
+		{"", true, ""},
+		{"auto", true, ""},
+		{" Auto ", false, ""},
+		{"min", false, ""},
+		{"25%", false, ""},
+		{"512MiB", false, ""},
+		{"1KiB", false, ""}, // too small for this model: ForLanes says so
+		{"min", true, "embedded default model"},
+		{"5%", true, "embedded default model"},
+		{"bogus", true, "embedded default model"},
+		{"0%", false, "above 0%"},
+		{"NaN%", false, "like 25%"},
+		{"lots", false, "or N% of the weights"},
+		{"-1", false, "or N% of the weights"},
+	} {
+		err := Check(tc.budget, tc.embedded)
+		if tc.err == "" {
+			if err != nil {
+				t.Errorf("Check(%q, %v) = %v, want nil", tc.budget, tc.embedded, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("Check(%q, %v) = %v, want an error saying %q", tc.budget, tc.embedded, err, tc.err)
+			continue
+		}
+		o := opt
+		o.Embedded = tc.embedded
+		if _, ferr := ForLanes(f, tc.budget, 1, o); ferr == nil || ferr.Error() != err.Error() {
+			t.Errorf("%q: Check says %v, ForLanes %v", tc.budget, err, ferr)
+		}
+	}
+}
+
 // FuzzForLanes: any budget string resolves or fails with an error, and a
 // plan that streams gives each lane at least the model's minimum.
 func FuzzForLanes(f *testing.F) {
@@ -84,6 +134,10 @@ func FuzzForLanes(f *testing.F) {
 		p, err := ForLanes(file, budget, int(lanes%5), Options{AutoShare: 0.6, Available: func() (uint64, error) { return 1 << 30, nil }})
 		if err == nil && p.Stream != nil && p.Stream.Budget < probe.Min {
 			t.Fatalf("%q over %d lanes: %d bytes a lane, below the minimum %d", budget, lanes%5, p.Stream.Budget, probe.Min)
+		}
+		// Check refuses only what ForLanes refuses too, in its words.
+		if cerr := Check(budget, false); cerr != nil && (err == nil || err.Error() != cerr.Error()) && lanes%5 != 0 {
+			t.Fatalf("%q: Check says %v, ForLanes %v", budget, cerr, err)
 		}
 	})
 }

@@ -95,6 +95,11 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"serve", "--park-ttl", "0s"},
 		{"serve", "--prefix-cache", "-5MiB"},
 		{"serve", "--prefix-cache", "lots"},
+		// A budget's form is checked before serve listens.
+		{"serve", "--budget", "bogus"},
+		{"serve", "--budget", "5%"}, // the embedded model cannot stream
+		{"serve", "--model", gguf, "--budget", "0%"},
+		{"serve", "--model", gguf, "--budget", "min", "--io-bandwidth", "1B/s"},
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},
@@ -120,8 +125,8 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		// A llama2.c model has no vocabulary to tokenize with.
 		{"tokenize", "--model", testutil.Model(t, "stories260K.bin"), "hi"},
 	} {
-		if code, out, errOut := tandem(t, args...); code != 2 || out != "" {
-			t.Errorf("%v: exit %d (%q), output %q; want 2 and no output", args, code, errOut, out)
+		if code, out, errOut := tandem(t, args...); code != 2 || out != "" || strings.Contains(errOut, "listening") {
+			t.Errorf("%v: exit %d (%q), output %q; want 2 and no output, before listening", args, code, errOut, out)
 		}
 	}
 	// A model that is not there is not a usage error, but is as early.

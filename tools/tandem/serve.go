@@ -130,6 +130,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if bw > 0 && *budgetFlag == "" {
 		return fmt.Errorf("%w: --io-bandwidth emulates storage for streamed weights: add --budget", errUsage)
 	}
+	// The budget's form is checked before the port opens; whether the
+	// model can stream through it is known once the model loads.
+	if err := budget.Check(*budgetFlag, *modelPath == ""); err != nil {
+		return fmt.Errorf("%w: --%v", errUsage, err)
+	}
 	floor, err := units.ParseSize(*trimBelow)
 	if err != nil {
 		return fmt.Errorf("%w: --trim-below: %v (or 0 to never trim)", errUsage, err)
@@ -257,8 +262,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if allowed, err := cpuset.Allowed(); err == nil {
-		if hint := crowdHint(laneSpecs, allowed); hint != "" {
-			fmt.Fprintln(stderr, "tandem serve: "+hint)
+		for _, hint := range []string{crowdHint(laneSpecs, allowed), turnsHint(laneSpecs, allowed)} {
+			if hint != "" {
+				fmt.Fprintln(stderr, "tandem serve: "+hint)
+			}
 		}
 	}
 
@@ -385,6 +392,22 @@ func crowdHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
 		return ""
 	}
 	return fmt.Sprintf("note: the pinned lanes hold every CPU this process may use (%s); a pinned lane yields only once a millisecond, so requests wait for it: leave a CPU out of --lanes for the server where one can be spared", allowed)
+}
+
+// turnsHint warns when the CPU lanes run more threads than the process
+// has CPUs: the threads take turns, and a step waits for its slowest
+// thread, so each lane runs slower than it would on fewer threads.
+func turnsHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
+	threads := 0
+	for _, l := range specs {
+		if !l.GPU() {
+			threads += l.ThreadCount()
+		}
+	}
+	if len(allowed) == 0 || threads <= len(allowed) {
+		return ""
+	}
+	return fmt.Sprintf("note: the CPU lanes run %d threads on the %d CPUs this process may use (%s); they take turns, and each step waits for its slowest thread: give the lanes at most %d threads together", threads, len(allowed), allowed, len(allowed))
 }
 
 // describeLanes says what each lane runs on: "cuda0 on cuda, cpu1 with 4

@@ -127,6 +127,31 @@ func TestPinHint(t *testing.T) {
 	}
 }
 
+// TestTurnsHint: serve warns when the CPU lanes run more threads than
+// the process has CPUs, and only then.
+func TestTurnsHint(t *testing.T) {
+	vm := cpuset.Set{0, 1}
+	if got := turnsHint([]sched.LaneSpec{{Threads: 3}, {Threads: 3}}, vm); !strings.Contains(got, "6 threads on the 2 CPUs") || !strings.Contains(got, "at most 2 threads together") {
+		t.Errorf("--lanes 3,3 on 2 CPUs: %q", got)
+	}
+	if got := turnsHint([]sched.LaneSpec{{Threads: 2}, {Threads: 1, CPUs: cpuset.Set{1}}}, vm); got == "" {
+		t.Error("3 threads, one pinned, on 2 CPUs: no hint")
+	}
+	for name, specs := range map[string][]sched.LaneSpec{
+		"one a CPU":        {{Threads: 1}, {Threads: 1}},
+		"a GPU lane":       {{Device: "cuda"}, {Threads: 2}},
+		"fewer than CPUs":  {{Threads: 1}},
+		"pinned, one each": {{Threads: 1, CPUs: cpuset.Set{0}}, {Threads: 1, CPUs: cpuset.Set{1}}},
+	} {
+		if got := turnsHint(specs, vm); got != "" {
+			t.Errorf("%s: %q, want no hint", name, got)
+		}
+	}
+	if got := turnsHint([]sched.LaneSpec{{Threads: 8}}, nil); got != "" {
+		t.Errorf("CPUs unknown: %q, want no hint", got)
+	}
+}
+
 // TestCrowdHint: serve warns when pinned lanes hold every CPU the process
 // may use, and only then.
 func TestCrowdHint(t *testing.T) {
@@ -151,7 +176,7 @@ func TestCrowdHint(t *testing.T) {
 
 // TestServeGPULaneWithoutCUDA: serve with a GPU lane in a build without
 // -tags cuda exits with the model's error saying to rebuild, not a
-// panic. (A cuda build serves it; runtime/sched's cuda tests cover that.)
+// panic, also with a draft. (A cuda build serves it; runtime/sched's cuda tests cover that.)
 func TestServeGPULaneWithoutCUDA(t *testing.T) {
 	path := testutil.Model(t, "stories260K.gguf")
 	f, err := weights.Open(path)
@@ -167,6 +192,13 @@ func TestServeGPULaneWithoutCUDA(t *testing.T) {
 	code, _, stderr := tandem(t, "serve", "--addr", "127.0.0.1:0", "--model", path, "--lanes", "cuda,1")
 	if code == 0 || !strings.Contains(stderr, "lane cuda0") || !strings.Contains(stderr, "-tags cuda") {
 		t.Errorf("serve --lanes cuda,1: exit %d, stderr %q", code, stderr)
+	}
+	// With a draft, the lane's own failure is the lane's: it used to be
+	// labelled --draft, blaming the wrong flag.
+	code, _, stderr = tandem(t, "serve", "--addr", "127.0.0.1:0", "--model", path, "--lanes", "cuda",
+		"--draft", testutil.Model(t, "llama2xs_model.bin"), "--draft-tokenizer", testutil.Model(t, "tok512.bin"))
+	if code == 0 || !strings.Contains(stderr, "lane cuda0") || !strings.Contains(stderr, "-tags cuda") || strings.Contains(stderr, "--draft") {
+		t.Errorf("serve --lanes cuda --draft: exit %d, stderr %q; want the lane's error, not --draft's", code, stderr)
 	}
 	// bench sched measures the GPU lane's costs first, so it fails at
 	// once (no calibration is given: one would take minutes) and names

@@ -7,6 +7,11 @@ import (
 	"github.com/tandem-llm/tandem/internal/units"
 )
 
+// minBandwidth is the slowest storage --io-bandwidth emulates: a rate
+// in bytes a second below it is a typo (1B/s for 1GB/s), and runs that
+// never end.
+const minBandwidth = 1e6
+
 // parseBandwidth reads a rate in bytes per second: a size followed by
 // "/s", e.g. "400MB/s", "1.5GB/s"; "0" or "off" means unlimited (0).
 func parseBandwidth(s string) (float64, error) {
@@ -24,6 +29,9 @@ func parseBandwidth(s string) (float64, error) {
 	}
 	if n == 0 {
 		return 0, fmt.Errorf("bandwidth %q is zero; use off for unlimited", s)
+	}
+	if n < minBandwidth {
+		return 0, fmt.Errorf("bandwidth %q is below 1MB/s, slower than any storage a device boots from (an old SD card reads 10MB/s): a small model would take hours to read; want 1MB/s or more", s)
 	}
 	return float64(n), nil
 }

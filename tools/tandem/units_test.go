@@ -23,6 +23,9 @@ func TestParseBandwidth(t *testing.T) {
 		{"0", 0, ""},
 		{"400MB", 0, "size per second"},
 		{"0MB/s", 0, "zero"},
+		{"1B/s", 0, "below 1MB/s"},
+		{"999999/s", 0, "below 1MB/s"},
+		{"1MB/s", 1e6, ""},
 		{"fastMB/s", 0, "want a number"},
 	} {
 		got, err := parseBandwidth(tc.in)
