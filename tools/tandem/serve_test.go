@@ -187,17 +187,7 @@ func TestServeAnswersWhileDraining(t *testing.T) {
 	const n = 64
 	codes := make(chan int, n)
 	for range n {
-		go func() {
-			resp, err := http.Post(addr+"/v1/completions", "application/json",
-				strings.NewReader(`{"prompt":"Once upon a time","max_tokens":2000,"temperature":0}`))
-			if err != nil {
-				codes <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			codes <- resp.StatusCode
-		}()
+		go postStatus(addr, `{"prompt":"Once upon a time","max_tokens":2000,"temperature":0}`, codes)
 	}
 	metrics := func() string {
 		resp, err := http.Get(addr + "/metrics")
@@ -220,20 +210,7 @@ func TestServeAnswersWhileDraining(t *testing.T) {
 	}
 	// The drain takes a second or more (64 stories, one at a time); the
 	// first poll that sees it must get a 503.
-	var health string
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		resp, err := http.Get(addr + "/healthz")
-		if err != nil {
-			t.Fatalf("/healthz during the drain: %v", err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			health = string(b)
-			break
-		}
-	}
-	if !strings.Contains(health, "shutting") {
+	if health := drainingHealth(t, addr); !strings.Contains(health, "shutting") {
 		t.Errorf("/healthz during the drain: %q, want a 503 saying the server shuts down", health)
 	}
 	if m := metrics(); !strings.Contains(m, "tandem_up 0") {
@@ -245,6 +222,69 @@ func TestServeAnswersWhileDraining(t *testing.T) {
 		}
 	}
 	waitExit(t, done)
+}
+
+// postStatus posts a completion request, reads the answer to its end,
+// and sends its status code (0 if the request failed) to codes.
+func postStatus(addr, body string, codes chan<- int) {
+	resp, err := http.Post(addr+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		codes <- 0
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	codes <- resp.StatusCode
+}
+
+// drainingHealth polls /healthz for up to 3 s until it answers 503, as
+// it does once a drain has begun, and returns that answer ("" if none).
+func drainingHealth(t *testing.T, addr string) string {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(addr + "/healthz")
+		if err != nil {
+			t.Fatalf("/healthz during the drain: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return string(b)
+		}
+	}
+	return ""
+}
+
+// TestServeSecondSignalEndsTheDrain: a second SIGTERM during a drain
+// cancels what is left at once, and serve says it stopped the drain (it
+// used to say the drain timed out). The request reads its weights at an
+// emulated 1 MB/s, about a second a token, so it is still generating
+// when the drain begins and when it is stopped.
+func TestServeSecondSignalEndsTheDrain(t *testing.T) {
+	addr, _, done, after := startServe(t, "--model", testutil.Model(t, "stories260K.gguf"), "--budget", "min", "--io-bandwidth", "1MB/s", "--drain-timeout", "5m")
+	code := make(chan int, 1)
+	go postStatus(addr, `{"prompt":"Once upon a time","max_tokens":200,"temperature":0}`, code)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(getMetrics(t, addr), "tandem_requests_admitted_total 1"); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request was not admitted")
+		}
+	}
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if health := drainingHealth(t, addr); health == "" {
+		t.Fatal("no drain began")
+	}
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, done)
+	if c := <-code; c == http.StatusOK {
+		t.Error("the request finished: it should have been cancelled with the drain")
+	}
+	if log := after(); !strings.Contains(log, "stopped before the drain ended; the remaining requests were cancelled") || strings.Contains(log, "timed out") {
+		t.Errorf("serve's log after the second signal:\n%s\nwant it to say it stopped the drain", log)
+	}
 }
 
 // waitExit waits for a stopping server's exit code, which must be 0.
