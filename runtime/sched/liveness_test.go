@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -249,15 +251,71 @@ func TestStallWatchdogWakesTheLanes(t *testing.T) {
 	}
 	waitFor("the lane idle past b", func() bool { return !l.busy && len(l.running) == 0 && !s.stallSince.IsZero() })
 	locked(func() bool { s.tasks["b"].hasSeq, s.tasks["b"].lane = false, 0; return true }) // nobody is woken
-	select {
-	case <-stB.Done():
-	case <-time.After(20 * time.Second):
-		t.Fatalf("b still waits with the lane idle (stalled %v)", s.Stats().Stalled)
-	}
-	if _, _, r := collect(t, stB); r.TotalGenerated != 3 {
-		t.Errorf("b generated %d, want 3", r.TotalGenerated)
-	}
+	waitUnstalled(t, s, stB, 3)
 	if n := s.Stats().StallWakes; n == 0 {
 		t.Error("the watchdog's wakes were not counted")
+	}
+}
+
+// TestStallWatchdogArmsAtArrival: a request that arrives at idle lanes
+// arms the watchdog itself, so a wakeup lost at arrival, when no lane
+// plans again to notice, costs a second and not the request. The test
+// loses the wakeup by hand: while the lane sleeps on its condition, the
+// request's signal goes to a stand-in nobody waits on.
+func TestStallWatchdogArmsAtArrival(t *testing.T) {
+	e := newFakeEngine(nil)
+	e.lengths["a"], e.lengths["b"] = 3, 3
+	s, err := New(Config{}, nil, Lane{Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdownWithin(s, time.Second)
+	if _, _, r := collect(t, submit(t, s, Request{ID: "a", Prompt: prompt(4), MaxTokens: 3})); r.TotalGenerated != 3 {
+		t.Fatalf("a generated %d, want 3", r.TotalGenerated)
+	}
+	// The lane goes back to sleep on its condition once a has ended.
+	for start := time.Now(); !laneAsleep(); time.Sleep(time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the lane never went back to sleep")
+		}
+	}
+	l := s.lanes[0]
+	s.mu.Lock()
+	asleep := l.cond
+	l.cond = sync.NewCond(&s.mu)
+	s.mu.Unlock()
+	stB := submit(t, s, Request{ID: "b", Prompt: prompt(4), MaxTokens: 3})
+	s.mu.Lock()
+	l.cond = asleep
+	s.mu.Unlock()
+	waitUnstalled(t, s, stB, 3)
+	if n := s.Stats().StallWakes; n != 1 {
+		t.Errorf("%d watchdog wakes counted, want 1", n)
+	}
+}
+
+// laneAsleep reports whether a lane goroutine waits on its condition,
+// by the goroutines' stacks (the only place a sync.Cond shows it).
+func laneAsleep() bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "sync.(*Cond).Wait") && strings.Contains(g, "(*Scheduler).laneLoop") {
+			return true
+		}
+	}
+	return false
+}
+
+// waitUnstalled waits up to 20 s for a request the lanes left waiting
+// to end, as the watchdog's wake lets it, and checks its n tokens.
+func waitUnstalled(t *testing.T, s *Scheduler, st *Stream, n int) {
+	t.Helper()
+	select {
+	case <-st.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the request still waits with the lanes idle (stalled %v)", s.Stats().Stalled)
+	}
+	if _, _, r := collect(t, st); r.TotalGenerated != n {
+		t.Errorf("it generated %d tokens, want %d", r.TotalGenerated, n)
 	}
 }
