@@ -11,6 +11,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/weights"
@@ -158,6 +159,137 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 	}
 	if e.Live() != 0 {
 		t.Errorf("%d sequences still live", e.Live())
+	}
+}
+
+// TestModelEngineSamplesInParallel: with a 32000-token vocabulary and a
+// two-thread pool, a step's members sample on the pool's threads, and
+// each still draws exactly the tokens its own sampler draws for it alone
+// on one thread (run with -race, this also checks the draws share
+// nothing).
+func TestModelEngineSamplesInParallel(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "llama-2-tiny-random.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	load := func(threads int) *model.Model {
+		m, err := model.Load(f, model.Options{Threads: threads})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	if v := load(1).Config().Vocab; v < parallelSampleVocab {
+		t.Fatalf("vocabulary %d: the test needs one of at least %d", v, parallelSampleVocab)
+	}
+	opts := []sample.Options{
+		{Temperature: 1, Seed: 1},
+		{Temperature: 0.8, TopP: 0.9, Seed: 2},
+		{}, // greedy
+		{Temperature: 1.2, TopK: 40, RepeatPenalty: 1.1, Seed: 4},
+		{Temperature: 1, MinP: 0.05, Seed: 5},
+	}
+	prompts := [][]int32{{1, 450, 4996}, {1, 9038, 2501, 263, 931}, {1, 306}, {1, 1724, 338, 278}, {1, 319, 2217}}
+	const n = 24
+	decode := func(e *ModelEngine, which []int) [][]int32 {
+		t.Helper()
+		seqs := make([]Member, len(which))
+		for j, i := range which {
+			id, err := e.Start(prompts[i], sample.New(opts[i]), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs[j] = Member{Seq: id, Limit: 1}
+		}
+		got := make([][]int32, len(which))
+		out := make([]StepOut, len(seqs))
+		for len(got[0]) < n {
+			if err := e.Step(context.Background(), seqs, out); err != nil {
+				t.Fatal(err)
+			}
+			for j := range seqs {
+				if out[j].Err != nil {
+					t.Fatal(out[j].Err)
+				}
+				got[j] = append(got[j], out[j].Tokens...)
+			}
+		}
+		for _, m := range seqs {
+			e.Free(m.Seq)
+		}
+		return got
+	}
+	newEngine := func(threads int) *ModelEngine {
+		e, err := NewModelEngine(load(threads), ModelEngineOptions{MaxSeqs: len(prompts), Context: 64, NoPrefixReuse: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	all := []int{0, 1, 2, 3, 4}
+	together := decode(newEngine(2), all)
+	alone := newEngine(1)
+	for _, i := range all {
+		want := decode(alone, []int{i})[0]
+		if !slices.Equal(together[i], want) {
+			t.Errorf("sampler %+v: in a batch on two threads %v\nalone on one %v", opts[i], together[i], want)
+		}
+	}
+}
+
+// BenchmarkBatchSampling decodes eight sequences together on a
+// two-thread pool with llama-2-tiny-random's 32000-token vocabulary,
+// whose tiny layers make sampling most of a step: the members sample on
+// the pool's threads (ModelEngine.sample).
+func BenchmarkBatchSampling(b *testing.B) {
+	f, err := weights.Open(testutil.Model(b, "llama-2-tiny-random.gguf"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	m, err := model.Load(f, model.Options{Threads: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	const members, restart = 8, 400
+	for _, c := range []struct {
+		name string
+		opt  sample.Options
+	}{
+		{"greedy", sample.Options{}},
+		{"T1", sample.Options{Temperature: 1}},
+		{"T0.8-topP0.95", sample.Options{Temperature: 0.8, TopP: 0.95}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			e, err := NewModelEngine(m, ModelEngineOptions{MaxSeqs: members, Context: restart + 8, NoPrefixReuse: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			mem := make([]Member, members)
+			out := make([]StepOut, members)
+			for i := 0; i < b.N; i++ {
+				if i%restart == 0 {
+					for j := range mem {
+						if i > 0 {
+							e.Free(mem[j].Seq)
+						}
+						opt := c.opt
+						opt.Seed = uint64(j)
+						id, err := e.Start([]int32{1, 450, int32(4996 + j)}, sample.New(opt), "")
+						if err != nil {
+							b.Fatal(err)
+						}
+						mem[j] = Member{Seq: id, Limit: 1}
+					}
+				}
+				if err := e.Step(context.Background(), mem, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
