@@ -170,18 +170,26 @@ func timeLongContext(e sched.Engine, members []sched.Member, vocab int, cfg Cost
 		members[i] = sched.Member{Seq: id, Limit: 1}
 	}
 	out := make([]sched.StepOut, len(members))
-	// Prefill in chunks until every member has yielded its first token.
-	for done := false; !done; {
-		if err := e.Step(ctx, members, out); err != nil {
+	// Prefill in chunks until every member has yielded its first token. A
+	// member that has stops stepping: decoding on while the others
+	// prefilled, the first ones outgrew a 256-token context (the embedded
+	// model's), and their contexts were longer than the cost assumes.
+	prefilling := slices.Clone(members)
+	for len(prefilling) > 0 {
+		o := out[:len(prefilling)]
+		if err := e.Step(ctx, prefilling, o); err != nil {
 			return 0, 0, err
 		}
-		done = true
-		for _, o := range out {
-			if o.Err != nil {
-				return 0, 0, o.Err
+		left := prefilling[:0]
+		for j, m := range prefilling {
+			if o[j].Err != nil {
+				return 0, 0, o[j].Err
 			}
-			done = done && len(o.Tokens) > 0
+			if len(o[j].Tokens) == 0 {
+				left = append(left, m)
+			}
 		}
+		prefilling = left
 	}
 	var d []time.Duration
 	for range cfg.Reps {

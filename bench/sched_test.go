@@ -534,6 +534,27 @@ func TestMeasureStepCostsPinned(t *testing.T) {
 	}
 }
 
+// TestMeasureStepCostsAtAShortContext: timing long contexts on a model
+// whose context is short (the embedded model's 256 tokens, here
+// stories260K's cut to 128) keeps every member within it. Members that
+// had their first token decoded on while the others prefilled, and the
+// first ones ran out of context ("kv: context full"), so bench sched
+// failed on the embedded model.
+func TestMeasureStepCostsAtAShortContext(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := MeasureStepCosts(f, CostConfig{Threads: 1, Batches: []int{1, 8}, Reps: 3, Context: 128, LongContext: 448})
+	if err != nil {
+		t.Fatalf("costs at a 128-token context: %v", err)
+	}
+	if c.A+c.B <= 0 {
+		t.Errorf("costs %+v: no step time", c)
+	}
+}
+
 // spellEngine is a sleepEngine whose steps numbered in slow (from 0) take
 // four times as long: a cold start, or a slow spell of the machine.
 type spellEngine struct {
