@@ -107,6 +107,9 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	if err != nil {
 		return err
 	}
+	if *real {
+		noteTurns(stderr, "bench sched", specs)
+	}
 	if *simThreads < 1 || *simThreads > kernels.MaxThreads {
 		return fmt.Errorf("%w: --sim-threads %d: want 1 to %d", errUsage, *simThreads, kernels.MaxThreads)
 	}

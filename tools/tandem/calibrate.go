@@ -69,6 +69,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	noteTurns(stderr, "calibrate", specs)
 	f, err := openModel(*modelPath)
 	if err != nil {
 		return err

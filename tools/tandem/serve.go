@@ -262,12 +262,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if allowed, err := cpuset.Allowed(); err == nil {
-		for _, hint := range []string{crowdHint(laneSpecs, allowed), turnsHint(laneSpecs, allowed)} {
-			if hint != "" {
-				fmt.Fprintln(stderr, "tandem serve: "+hint)
-			}
+		if hint := crowdHint(laneSpecs, allowed); hint != "" {
+			fmt.Fprintln(stderr, "tandem serve: "+hint)
 		}
 	}
+	noteTurns(stderr, "serve", laneSpecs)
 
 	select {
 	case err := <-serveErr:
@@ -392,6 +391,16 @@ func crowdHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
 		return ""
 	}
 	return fmt.Sprintf("note: the pinned lanes hold every CPU this process may use (%s); a pinned lane yields only once a millisecond, so requests wait for it: leave a CPU out of --lanes for the server where one can be spared", allowed)
+}
+
+// noteTurns prints turnsHint's note for the lanes a command runs, when
+// it has one, after the command's name.
+func noteTurns(stderr io.Writer, command string, specs []sched.LaneSpec) {
+	if allowed, err := cpuset.Allowed(); err == nil {
+		if hint := turnsHint(specs, allowed); hint != "" {
+			fmt.Fprintf(stderr, "tandem %s: %s\n", command, hint)
+		}
+	}
 }
 
 // turnsHint warns when the CPU lanes run more threads than the process
