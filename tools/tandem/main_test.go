@@ -14,6 +14,8 @@ import (
 
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/corpus"
+	"github.com/tandem-llm/tandem/runtime/tokenizer"
+	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -357,6 +359,24 @@ func TestTokenize(t *testing.T) {
 	code, out, _ := tandem(t, "tokenize", "--model", testutil.Model(t, "ggml-vocab-llama-spm.gguf"), "Hello world")
 	if code != 0 || strings.TrimSpace(out) != "15043 3186" {
 		t.Errorf("llama vocab: %q", out)
+	}
+	// Without --model or --tokenizer: the embedded model's vocabulary.
+	f, err := defaultmodel.Target()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tok, err := tokenizer.ForModel(f, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := tok.Encode("Once upon a time", tokenizer.EncodeOptions{})
+	if err != nil || len(want) == 0 {
+		t.Fatalf("the embedded vocabulary: %v, %v", want, err)
+	}
+	code, out, errOut := tandem(t, "tokenize", "Once upon a time")
+	if code != 0 || strings.TrimSpace(out) != strings.Trim(fmt.Sprint(want), "[]") {
+		t.Errorf("tokenize with the embedded vocabulary: exit %d, %q (%s), want %v", code, out, errOut, want)
 	}
 }
 

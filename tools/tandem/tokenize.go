@@ -7,14 +7,15 @@ import (
 	"strings"
 
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
-	"github.com/tandem-llm/tandem/weights"
 )
 
 func runTokenize(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("tokenize", "(--model FILE | --tokenizer FILE) [--json] [--bos] [--special] TEXT",
+	fs := newFlags("tokenize", "[--model FILE | --tokenizer FILE] [--json] [--bos] [--special] TEXT",
 		"Encodes TEXT with a model's vocabulary and prints the token ids. --model takes\n"+
 			"any GGUF with tokenizer.ggml.* keys (vocabulary-only files too); --tokenizer\n"+
-			"takes a llama2.c tokenizer.bin or a GGUF.", stdout, stderr,
+			"takes a llama2.c tokenizer.bin or a GGUF. With neither, the embedded default\n"+
+			"model's vocabulary, the one tandem generate uses without --model.", stdout, stderr,
+		`tandem tokenize "Once upon a time"`,
 		`tandem tokenize --tokenizer tok512.bin "Once upon a time"`,
 		`tandem tokenize --model ggml-vocab-llama-spm.gguf --json --bos "Hello world"`)
 	model := fs.String("model", "", "GGUF file whose vocabulary to use")
@@ -30,10 +31,10 @@ func runTokenize(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case *model != "" && *tokPath != "":
 		return fmt.Errorf("%w: give --model or --tokenizer, not both", errUsage)
-	case *model != "":
-		// The vocabulary the model file carries: a llama2.c .bin has
-		// none, which loadTokenizer says.
-		f, err := weights.Open(*model)
+	case *tokPath == "":
+		// The vocabulary the model file carries (a llama2.c .bin has
+		// none, which loadTokenizer says), or the embedded model's.
+		f, err := openModel(*model)
 		if err != nil {
 			return err
 		}
@@ -41,13 +42,11 @@ func runTokenize(args []string, stdout, stderr io.Writer) error {
 		if tok, err = loadTokenizer(f, "", stderr); err != nil {
 			return err
 		}
-	case *tokPath != "":
+	default:
 		var err error
 		if tok, err = tokenizer.Load(*tokPath); err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("%w: --model or --tokenizer is required", errUsage)
 	}
 	ids, err := tok.Encode(strings.Join(pos, " "), tokenizer.EncodeOptions{AddBOS: *bos, ParseSpecial: *special})
 	if err != nil {
