@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -65,19 +66,31 @@ type openAIOnly struct {
 
 // firstAsked returns the JSON name of the first field of the struct *v
 // that asks for something (anything but absent, null, false, 0, "", []
-// or {}), or "". Every field of v is a json.RawMessage accepted only
-// empty.
+// or {}, or a value in asksNothing), or "". Every field of v is a
+// json.RawMessage accepted only empty.
 func firstAsked(v any) string {
 	rv := reflect.ValueOf(v).Elem()
 	for i := range rv.NumField() {
-		switch string(bytes.Join(bytes.Fields(rv.Field(i).Bytes()), nil)) {
+		name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
+		switch val := string(bytes.Join(bytes.Fields(rv.Field(i).Bytes()), nil)); val {
 		case "", "null", "false", "0", `""`, "[]", "{}":
 		default:
-			name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
-			return name
+			if !slices.Contains(asksNothing[name], val) {
+				return name
+			}
 		}
 	}
 	return ""
+}
+
+// asksNothing are values of OpenAI parameters (without spaces) that ask
+// for what tandem does anyway: plain text, no tool, the default service
+// tier. Clients that spell out the defaults are served.
+var asksNothing = map[string][]string{
+	"response_format": {`{"type":"text"}`},
+	"tool_choice":     {`"none"`},
+	"service_tier":    {`"auto"`, `"default"`},
+	"modalities":      {`["text"]`},
 }
 
 type streamOptions struct {

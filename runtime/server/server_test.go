@@ -124,6 +124,11 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
 		t.Fatalf("status %d: %s", code, out)
 	}
+	// Clients that spell out the defaults ask for nothing tandem lacks.
+	body = `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"response_format":{ "type": "text" },"tool_choice":"none","service_tier":"auto","modalities":["text"]}`
+	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
+		t.Fatalf("the defaults spelled out: status %d: %s", code, out)
+	}
 }
 
 // TestChatNextTurnReusesPrefix: a chat's next turn resends the
@@ -353,6 +358,9 @@ func TestBadRequests(t *testing.T) {
 		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"robot","content":"x"}]}`, 400, "messages[0].role"},
 		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools"},
 		{"response_format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
+		{"tool_choice", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"}`, 400, "tool_choice"},
+		{"service_tier", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"service_tier":"flex"}`, 400, "service_tier"},
+		{"audio modality", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]}`, 400, "modalities"},
 		{"message tool calls", "/v1/chat/completions", `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, 400, "messages[0].tool_calls"},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","text":""}]}]}`, 400, "messages[0].content[0].type"},
 		{"resume bad deadline", "/v1/resume/cmpl-x", `{"deadline_ms":-1}`, 400, "deadline_ms"},
