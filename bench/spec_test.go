@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/spec"
 )
 
@@ -32,6 +33,28 @@ func TestSpecModesShape(t *testing.T) {
 	for _, m := range SpecModes(6, spec.Config{}) {
 		if m.Name == "tree-fixed" && m.Config.Trigger != (spec.FixedSize{N: spec.DefaultMaxTree}) {
 			t.Errorf("default tree-fixed trigger %#v, want FixedSize{%d}", m.Config.Trigger, spec.DefaultMaxTree)
+		}
+	}
+}
+
+// TestSpecCountsTheTokensItKeeps: a speculative run that asks for fewer
+// tokens than its passes accept counts only those it kept, so tokens per
+// pass never exceed the tokens generated (with 2 tokens a run, sd with a
+// draft of 8 read 9 tokens a pass).
+func TestSpecCountsTheTokensItKeeps(t *testing.T) {
+	target, draft := testutil.Model(t, "stories260K.gguf"), testutil.Model(t, "llama2xs_model.bin")
+	for _, m := range SpecModes(8, spec.Config{}) {
+		if m.Name != "sd(k=8)" && m.Name != "tree" {
+			continue
+		}
+		const runs, tokens = 2, 2
+		r, err := Spec(SpecConfig{Target: target, Draft: draft, Mode: m, Budget: 1 << 30, Threads: 1,
+			Prompts: [][]int32{{1, 403, 407}}, Runs: runs, Tokens: tokens})
+		if err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if r.Emitted != runs*tokens || r.Passes < runs || r.TokensPerPass() > tokens {
+			t.Errorf("%s: %d tokens over %d passes (%.2f a pass); the runs kept %d", m.Name, r.Emitted, r.Passes, r.TokensPerPass(), runs*tokens)
 		}
 	}
 }
