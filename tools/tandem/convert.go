@@ -28,7 +28,7 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := checkOutput("output", pos[1]); err != nil {
+	if err := checkOutput("output", pos[1], pos[0], *tokPath); err != nil {
 		return err
 	}
 	dt, err := weights.ParseWriteType(*typ)
@@ -40,6 +40,9 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer src.Close()
+	if len(src.Tensors) == 0 {
+		return fmt.Errorf("%s has no tensors (a vocabulary-only GGUF?): there are no weights to convert", pos[0])
+	}
 	opt := weights.ConvertOptions{Type: dt, Fallback: func(name string, rowLen uint64, to weights.DType) {
 		fmt.Fprintf(stderr, "note: %s has rows of %d, not a multiple of the %s block; writing it as %s\n", name, rowLen, dt, to)
 	}}

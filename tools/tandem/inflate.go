@@ -54,7 +54,7 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
-	if err := checkOutput("output", pos[0]); err != nil {
+	if err := checkOutput("output", pos[0], *from, *tokPath); err != nil {
 		return err
 	}
 	src, err := weights.Open(*from)

@@ -9,12 +9,25 @@ import (
 )
 
 // checkOutput refuses, before any work, an output file the command could
-// not write at its end: a directory, a file in a missing directory, or
-// one in a directory the user may not write in. name says where the path
-// came from ("--out", "output").
-func checkOutput(name, path string) error {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return fmt.Errorf("%w: %s %s is a directory; give a file name", errUsage, name, path)
+// not write at its end, or should not: a directory, a read-only file, one
+// of the command's inputs, a file in a missing directory, or one in a
+// directory the user may not write in. name says where the path came
+// from ("--out", "output").
+func checkOutput(name, path string, inputs ...string) error {
+	if fi, err := os.Stat(path); err == nil {
+		switch {
+		case fi.IsDir():
+			return fmt.Errorf("%w: %s %s is a directory; give a file name", errUsage, name, path)
+		case fi.Mode().Perm()&0o222 == 0:
+			// Renaming over it would succeed (the folder is what
+			// counts), even for root in a read-only folder.
+			return fmt.Errorf("%w: %s %s exists and is read-only; remove it first, or choose another name", errUsage, name, path)
+		}
+		for _, in := range inputs {
+			if ii, err := os.Stat(in); err == nil && os.SameFile(fi, ii) {
+				return fmt.Errorf("%w: %s %s is the input %s; choose another name", errUsage, name, path, in)
+			}
+		}
 	}
 	dir := filepath.Dir(path)
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {

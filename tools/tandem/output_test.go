@@ -46,6 +46,58 @@ func TestOutputCheckedBeforeWork(t *testing.T) {
 	}
 }
 
+// TestOutputThatMustNotBeReplaced: an output that exists read-only, or
+// that is the command's own input, is refused before any work and left
+// as it was. Renaming over either succeeds (root even in a read-only
+// folder): convert once replaced a read-only model with itself.
+func TestOutputThatMustNotBeReplaced(t *testing.T) {
+	dir := t.TempDir()
+	gguf := filepath.Join(dir, "in.gguf") // a copy: a failing test must not write the shared file
+	data, err := os.ReadFile(testutil.Model(t, "stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gguf, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readOnly := filepath.Join(dir, "kept.gguf")
+	if err := os.WriteFile(readOnly, []byte("keep me"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"convert", gguf, gguf}, "is the input"},
+		{[]string{"inflate", "--from", gguf, "--dims", "128,384,6,8,4,512", gguf}, "is the input"},
+		{[]string{"convert", gguf, readOnly}, "read-only"},
+		{[]string{"inflate", "--from", gguf, "--dims", "128,384,6,8,4,512", readOnly}, "read-only"},
+		{[]string{"synth", "--shape", "stories15m", readOnly}, "read-only"},
+		{[]string{"calibrate", "--model", gguf, "--out", readOnly}, "read-only"},
+		{[]string{"corpus", "--stories", "3", readOnly}, "read-only"},
+		{[]string{"distill", "--target", gguf, "--out", readOnly}, "read-only"},
+	} {
+		code, _, errOut := tandem(t, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.says) {
+			t.Errorf("%v: exit %d, %q; want 2, saying it %s", tc.args, code, errOut, tc.says)
+		}
+	}
+	if b, _ := os.ReadFile(gguf); string(b) != string(data) {
+		t.Error("the input was replaced")
+	}
+	if b, _ := os.ReadFile(readOnly); string(b) != "keep me" {
+		t.Error("the read-only file was replaced")
+	}
+	// A vocabulary-only GGUF has nothing to convert.
+	code, _, errOut := tandem(t, "convert", testutil.Model(t, "ggml-vocab-llama-spm.gguf"), filepath.Join(dir, "v.gguf"))
+	if code != 1 || !strings.Contains(errOut, "no tensors") {
+		t.Errorf("convert of a vocabulary: exit %d, %q; want 1, saying it has no tensors", code, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "v.gguf")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("v.gguf written (%v)", err)
+	}
+}
+
 // TestCorpusRefusesANegativeVocabularyFirst: the text is not written when
 // the vocabulary asked for cannot be made.
 func TestCorpusRefusesANegativeVocabularyFirst(t *testing.T) {
