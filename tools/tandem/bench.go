@@ -36,6 +36,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 				"tandem bench NAME --help explains each.")
 			return nil
 		}
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			return fmt.Errorf("%w: unknown benchmark %q: want tandem bench decode|stream|spec|sched [flags]", errUsage, args[0])
+		}
 		return fmt.Errorf("%w: want a benchmark name: tandem bench decode|stream|spec|sched [flags]", errUsage)
 	}
 	defer interrupt.Handle(stderr)() // Ctrl-C removes the models made for the run
@@ -96,6 +99,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		if dts, err = writeTypes(*types); err != nil {
 			return err
 		}
+		if *dir != "" {
+			if err := keepDir(*dir); err != nil {
+				return err
+			}
+		}
 	}
 	bw := map[int]float64{}
 	for _, t := range thr {
@@ -109,7 +117,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if *modelPath != "" {
 		models = []string{*modelPath}
 	} else {
-		tmp := *dir
+		tmp := *dir // made above
 		if tmp == "" {
 			var untrack func()
 			var err error

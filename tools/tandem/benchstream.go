@@ -147,7 +147,11 @@ func benchTargets(modelPath, from, shapeFlag, shape, types, dir string, stdout, 
 		return nil, none, err
 	}
 	cleanup := none
-	if dir == "" {
+	if dir != "" {
+		if err := keepDir(dir); err != nil {
+			return nil, none, err
+		}
+	} else {
 		var untrack func()
 		if dir, untrack, err = interrupt.Create(func() (string, error) { return os.MkdirTemp("", "tandem-bench-stream-") }); err != nil {
 			return nil, none, err

@@ -68,6 +68,9 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, _, _ := tandem(t, "version", "extra"); code != 2 {
 		t.Errorf("version with an argument: exit %d, want 2", code)
 	}
+	if code, _, errOut := tandem(t, "bench", "bogus"); code != 2 || !strings.Contains(errOut, `unknown benchmark "bogus"`) {
+		t.Errorf("bench bogus: exit %d, %q; want 2 naming the unknown benchmark", code, errOut)
+	}
 }
 
 func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {

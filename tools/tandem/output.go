@@ -51,3 +51,13 @@ func checkWritable(name, dir string) error {
 	f.Close()
 	return os.Remove(f.Name())
 }
+
+// keepDir makes dir, the folder a benchmark keeps its models in (--dir),
+// and checks the user may write there, before any model is made: a
+// missing folder used to fail after the first model's synthesis.
+func keepDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("%w: --dir %s: %v", errUsage, dir, err)
+	}
+	return checkWritable("--dir", dir)
+}
