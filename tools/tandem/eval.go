@@ -42,6 +42,12 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
+	if *ctxLen < 1 {
+		return fmt.Errorf("%w: --ctx %d: want the tokens per held-out window, 1 or more", errUsage, *ctxLen)
+	}
+	if *windows < 0 {
+		return fmt.Errorf("%w: --windows %d: want 0 (all) or more", errUsage, *windows)
+	}
 	if *gen < 0 {
 		return fmt.Errorf("%w: --gen %d: want the tokens to generate per prompt, 0 or more", errUsage, *gen)
 	}

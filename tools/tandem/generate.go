@@ -85,6 +85,12 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil || (kvt != weights.F32 && kvt != weights.F16) {
 		return fmt.Errorf("%w: --kv-type %q: want f32 or f16", errUsage, *kvType)
 	}
+	if _, _, err := model.ParseDevice(*device); err != nil {
+		return fmt.Errorf("%w: --device: %v", errUsage, err)
+	}
+	if *ctxLen < 0 {
+		return fmt.Errorf("%w: --ctx %d: want 0 (the model's) or more", errUsage, *ctxLen)
+	}
 
 	f, err := openModel(*modelPath)
 	if err != nil {
@@ -97,6 +103,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	}
 	rc, err := rf.resolve(f, sf.wanted(*modelPath, *rf.mode), stderr)
 	if err != nil {
+		return err
+	}
+	if err := sf.check(fs, rc.mode.speculative, rc.mode.method, rc.mode.name); err != nil {
 		return err
 	}
 	pool := kernels.NewPool(*threads)
@@ -119,6 +128,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		tree = scfg.TreeRows()
+	}
+	if *ctxLen > m.Config().Context {
+		return fmt.Errorf("%w: --ctx %d: the model takes at most %d", errUsage, *ctxLen, m.Config().Context)
 	}
 	cache, err := m.NewTreeCache(*ctxLen, tree, kvt)
 	if err != nil {

@@ -105,6 +105,23 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"serve", "--budget", "5%"}, // the embedded model cannot stream
 		{"serve", "--model", gguf, "--budget", "0%"},
 		{"serve", "--model", gguf, "--budget", "min", "--io-bandwidth", "1B/s"},
+		// Tuning flags the run's decoding would ignore, and values that
+		// failed later (exit 1) in the model's or the decoder's words.
+		{"generate", "--model", gguf, "--draft-len", "3"},
+		{"generate", "--mode", "target", "--max-tree", "4"},
+		{"generate", "--draft-len", "3"}, // the embedded pair decodes with a tree
+		{"generate", "--trigger", "fixed", "--alpha", "0.5"},
+		{"generate", "--trigger", "adaptive", "--no-pause"},
+		{"generate", "--mode", "sd", "--max-tree", "3", "--model", gguf, "--draft", gguf},
+		{"generate", "--mode", "bild", "--rollback", "-1", "--model", gguf, "--draft", gguf},
+		{"generate", "--mode", "bild", "--fallback", "5", "--model", gguf, "--draft", gguf},
+		{"generate", "--ctx", "-5"},
+		{"generate", "--ctx", "100000"},
+		{"generate", "--device", "tpu"},
+		{"serve", "--max-tree", "4"}, // no draft
+		{"serve", "--draft", gguf, "--mode", "sd", "--max-tree", "4"},
+		{"eval", "--data", gguf, "--ctx", "0"},
+		{"eval", "--data", gguf, "--windows", "-1"},
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},

@@ -169,7 +169,7 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 		if pct, ok := strings.CutSuffix(b, "%"); ok {
 			v, err := units.ParsePercent(pct)
 			if err != nil {
-				return rc, fmt.Errorf("%w: --budget %s: want a share of the weights between 0%% and 100%%, like 25%%", errUsage, *r.budget)
+				return rc, fmt.Errorf("%w: --budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", errUsage, *r.budget)
 			}
 			opt.Budget = uint64(float64(probe.Total) * v / 100)
 			break

@@ -99,6 +99,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	} else if flagSet(fs, "mode") {
 		return fmt.Errorf("%w: --mode %s needs a draft model: add --draft FILE", errUsage, *modeFlag)
 	}
+	if err := sf.check(fs, *sf.draft != "", specCfg.Method, *modeFlag); err != nil {
+		return err
+	}
 	if *backend != "" {
 		if err := kernels.SetBackend(*backend); err != nil {
 			return fmt.Errorf("%w: --kernels: %v", errUsage, err)

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +68,43 @@ func (sf *specFlags) wanted(modelPath, mode string) bool {
 	return true
 }
 
+// specFlagMethods are the speculative methods each tuning flag of
+// specFlags applies to. A flag given for a run that does not use it was
+// silently ignored (--draft-len without --draft, --max-tree with --mode
+// sd); specFlags.check refuses it instead.
+var specFlagMethods = map[string][]spec.Method{
+	"branch-threshold": {spec.Tree}, "max-tree": {spec.Tree}, "max-branches": {spec.Tree}, "draft-batch": {spec.Tree},
+	"trigger": {spec.Tree}, "alpha": {spec.Tree}, "pacer": {spec.Tree}, "no-pause": {spec.Tree},
+	"no-pipeline": {spec.Tree, spec.SD}, "draft-len": {spec.SD}, "fallback": {spec.BiLD}, "rollback": {spec.BiLD},
+	"draft-ctx": {spec.Tree, spec.SD, spec.BiLD}, "draft-tokenizer": {spec.Tree, spec.SD, spec.BiLD},
+}
+
+// check refuses a tuning flag the run's decoding would ignore:
+// mode is the decoding's name (tree, sd, bild; target, resident, std or
+// stdpl for the model alone), method its method when speculative.
+func (sf *specFlags) check(fs *flag.FlagSet, speculative bool, method spec.Method, mode string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		methods, ok := specFlagMethods[f.Name]
+		switch {
+		case !ok || err != nil:
+		case !speculative:
+			err = fmt.Errorf("%w: --%s tunes speculative decoding, and this run decodes with the model alone (%s): add --draft FILE, or leave it out", errUsage, f.Name, mode)
+		case !slices.Contains(methods, method):
+			var names []string
+			for _, m := range methods {
+				names = append(names, strings.ToLower(m.String()))
+			}
+			err = fmt.Errorf("%w: --%s applies to --mode %s, not %s", errUsage, f.Name, strings.Join(names, " or "), mode)
+		case f.Name == "alpha" && *sf.trigger != "adaptive":
+			err = fmt.Errorf("%w: --alpha is the adaptive trigger's threshold: add --trigger adaptive (the trigger is %s)", errUsage, *sf.trigger)
+		case f.Name == "no-pause" && *sf.trigger != "cost":
+			err = fmt.Errorf("%w: --no-pause applies to --trigger cost, which pauses drafting; the trigger is %s", errUsage, *sf.trigger)
+		}
+	})
+	return err
+}
+
 // maxTreeSize bounds --max-tree, --max-branches, --draft-batch and
 // --draft-len: the target verifies a tree in one pass of that many tokens.
 const maxTreeSize = 4096
@@ -85,6 +124,12 @@ func (sf *specFlags) config(method spec.Method, lane *spec.Lane) (spec.Config, e
 		if v < 1 || v > maxTreeSize {
 			return cfg, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name, v, maxTreeSize)
 		}
+	}
+	if !(cfg.Fallback >= 0 && cfg.Fallback <= 1) {
+		return cfg, fmt.Errorf("%w: --fallback %g: want a probability in [0, 1]", errUsage, cfg.Fallback)
+	}
+	if !(cfg.Rollback >= 0) || math.IsInf(cfg.Rollback, 0) {
+		return cfg, fmt.Errorf("%w: --rollback %g: want a cross-entropy of 0 or more (in nats)", errUsage, cfg.Rollback)
 	}
 	if err := spec.CheckDraftContext(*sf.draftCtx); err != nil {
 		return cfg, fmt.Errorf("%w: --draft-ctx %w", errUsage, err)
