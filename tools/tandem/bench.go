@@ -86,6 +86,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	var sh weights.Shape
 	var dts []weights.DType
 	if *modelPath != "" {
+		if err := modelMakes(fs, "shape", "types", "dir"); err != nil {
+			return err
+		}
 		f, err := weights.Open(*modelPath)
 		if err != nil {
 			return err

@@ -97,6 +97,11 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --io %q: want pread or mmap", errUsage, *ioMethod)
 	}
 
+	if *modelPath != "" {
+		if err := modelMakes(fs, "shape", "types", "dir"); err != nil {
+			return err
+		}
+	}
 	models, cleanup, err := benchTargets(*modelPath, *from, "--shape", *shape, *types, *dir, stdout, stderr)
 	if err != nil {
 		return err

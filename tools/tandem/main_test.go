@@ -120,6 +120,9 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"generate", "--device", "tpu"},
 		{"serve", "--max-tree", "4"}, // no draft
 		{"serve", "--draft", gguf, "--mode", "sd", "--max-tree", "4"},
+		{"bench", "stream", "--model", gguf, "--types", "f16"},
+		{"bench", "stream", "--model", gguf, "--shape", "stories15m"},
+		{"bench", "decode", "--model", gguf, "--types", "q8_0"},
 		{"eval", "--data", gguf, "--ctx", "0"},
 		{"eval", "--data", gguf, "--windows", "-1"},
 		// NaN passes a check written as x < lo || x > hi.

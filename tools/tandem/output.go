@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -60,4 +61,16 @@ func keepDir(dir string) error {
 		return fmt.Errorf("%w: --dir %s: %v", errUsage, dir, err)
 	}
 	return checkWritable("--dir", dir)
+}
+
+// modelMakes refuses, with --model, the flags that say how to make the
+// benchmark's models (which --model replaces): they were ignored, and
+// `--model M --types f16` measured M's own types as asked.
+func modelMakes(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if flagSet(fs, n) {
+			return fmt.Errorf("%w: --%s says how to make the benchmark's models, and --model gives the model: leave one out", errUsage, n)
+		}
+	}
+	return nil
 }
