@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -101,6 +102,9 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 	}
 	prompts, err := readPromptIDs(*promptsPath)
 	if err != nil {
+		return err
+	}
+	if err := checkSpecInputs(*from, *draftPath, *promptsPath, prompts); err != nil {
 		return err
 	}
 	treeShape := spec.Config{BranchThreshold: *threshold, MaxBranches: *maxBranches, MaxTree: *maxTree}
@@ -413,3 +417,40 @@ var specModes = func() []string {
 	}
 	return names
 }()
+
+// checkSpecInputs checks, before any model is inflated or measured, that
+// the draft shares the target's vocabulary and that every prompt id lies
+// in it: both failed only after the target alone had been measured.
+func checkSpecInputs(from, draft, promptsPath string, prompts [][]int32) error {
+	vocab := func(path string) (int, error) {
+		f, err := weights.Open(path)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		cfg, err := model.ConfigFrom(f)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+		return cfg.Vocab, nil
+	}
+	tv, err := vocab(from)
+	if err != nil {
+		return err
+	}
+	dv, err := vocab(draft)
+	if err != nil {
+		return err
+	}
+	if dv != tv {
+		return fmt.Errorf("%w: --draft %s has a vocabulary of %d tokens and --from %s one of %d: a draft must share the target's vocabulary", errUsage, draft, dv, from, tv)
+	}
+	for i, p := range prompts {
+		for _, id := range p {
+			if id < 0 || int(id) >= tv {
+				return fmt.Errorf("%w: --prompts %s: prompt %d has token %d, outside the vocabulary of %d", errUsage, promptsPath, i+1, id, tv)
+			}
+		}
+	}
+	return nil
+}

@@ -76,6 +76,10 @@ func TestHelpAndUsage(t *testing.T) {
 func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 	// Caught before any work: calibrate's output used to fail at the end.
 	gguf := testutil.Model(t, "stories260K.gguf")
+	farPrompt := filepath.Join(t.TempDir(), "far.jsonl")
+	if err := os.WriteFile(farPrompt, []byte(`{"prompt_ids":[1,99999]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"calibrate", "--model", gguf, "--out", t.TempDir()},
 		{"calibrate", "--model", gguf, "--out", filepath.Join(t.TempDir(), "missing", "c.json")},
@@ -123,6 +127,9 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"bench", "stream", "--model", gguf, "--types", "f16"},
 		{"bench", "stream", "--model", gguf, "--shape", "stories15m"},
 		{"bench", "decode", "--model", gguf, "--types", "q8_0"},
+		// bench spec found these after measuring the target alone.
+		{"bench", "spec", "--from", gguf, "--draft", testutil.Model(t, "llama-2-tiny-random.gguf"), "--prompts", testutil.Testdata(t, "stories260K.greedy.jsonl"), "--shape", "stories15m"},
+		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", farPrompt, "--shape", "stories15m"},
 		{"eval", "--data", gguf, "--ctx", "0"},
 		{"eval", "--data", gguf, "--windows", "-1"},
 		// NaN passes a check written as x < lo || x > hi.
