@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -123,5 +125,18 @@ func ConfigFrom(f *weights.File) (Config, error) {
 	}
 	_, hasOut := f.Tensor("output.weight")
 	c.Tied = !hasOut
+	// A block_count below the file's layers loaded the first layers
+	// alone and generated other text without a word (llama.cpp refuses
+	// such a file too).
+	for _, t := range f.Tensors {
+		rest, ok := strings.CutPrefix(t.Name, "blk.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		if l, err := strconv.Atoi(num); err == nil && l >= c.Layers {
+			return c, fmt.Errorf("%s: tensor %s belongs to layer %d, but llama.block_count = %d: the metadata does not match the tensors", f.Path, t.Name, l, c.Layers)
+		}
+	}
 	return c, nil
 }

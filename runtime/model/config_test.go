@@ -64,6 +64,7 @@ func TestLoadBadFile(t *testing.T) {
 		}, "token_embd.weight"},
 		{"hidden disagrees with tensors", setU("llama.feed_forward_length", 100), "ffn_gate"},
 		{"more layers than tensors", setU("llama.block_count", 6), "blk.5"},
+		{"fewer layers than tensors", setU("llama.block_count", 4), "belongs to layer 4, but llama.block_count = 4"},
 		{"heads do not divide dim", setU("llama.attention.head_count", 7), "head count 7"},
 		{"kv heads do not divide heads", setU("llama.attention.head_count_kv", 3), "KV head count 3"},
 		{"kv heads disagree with attn_k", setU("llama.attention.head_count_kv", 8), "attn_k"},
