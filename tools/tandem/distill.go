@@ -242,7 +242,7 @@ func targetVocab(f *weights.File, tokPath string) (*weights.Metadata, *tokenizer
 		}
 	default:
 		if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
-			return nil, nil, fmt.Errorf("%w: %s has no tokenizer inside (llama2.c models keep it in a separate tokenizer.bin): pass --tokenizer", errUsage, f.Path)
+			return nil, nil, fmt.Errorf("%w: %s has no tokenizer inside (llama2.c models keep it in a separate tokenizer.bin): pass that tokenizer.bin with --tokenizer", errUsage, f.Path)
 		}
 		vmd = &weights.Metadata{}
 		for _, kv := range f.Metadata.All() {

@@ -299,7 +299,7 @@ func openModel(path string) (*weights.File, error) {
 func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.Tokenizer, error) {
 	tok, err := tokenizer.ForModel(f, path)
 	if errors.Is(err, tokenizer.ErrNoVocabulary) {
-		return nil, fmt.Errorf("%w: %v: pass --tokenizer", errUsage, err)
+		return nil, fmt.Errorf("%w: %v: pass that tokenizer.bin with --tokenizer", errUsage, err)
 	}
 	if err != nil {
 		return nil, err

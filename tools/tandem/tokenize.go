@@ -10,10 +10,11 @@ import (
 )
 
 func runTokenize(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("tokenize", "[--model FILE | --tokenizer FILE] [--json] [--bos] [--special] TEXT",
-		"Encodes TEXT with a model's vocabulary and prints the token ids. --model takes\n"+
-			"any GGUF with tokenizer.ggml.* keys (vocabulary-only files too); --tokenizer\n"+
-			"takes a llama2.c tokenizer.bin or a GGUF. With neither, the embedded default\n"+
+	fs := newFlags("tokenize", "[--model FILE | --tokenizer FILE] [--json] [--bos] [--special] TEXT...",
+		"Encodes TEXT (several arguments are joined with spaces) with a model's\n"+
+			"vocabulary and prints the token ids. --model takes any GGUF with\n"+
+			"tokenizer.ggml.* keys (vocabulary-only files too); --tokenizer takes a\n"+
+			"llama2.c tokenizer.bin or a GGUF. With neither, the embedded default\n"+
 			"model's vocabulary, the one tandem generate uses without --model.", stdout, stderr,
 		`tandem tokenize "Once upon a time"`,
 		`tandem tokenize --tokenizer tok512.bin "Once upon a time"`,
