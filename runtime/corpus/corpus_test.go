@@ -82,8 +82,11 @@ func TestWriteAndRead(t *testing.T) {
 	if err != nil || len(docs) != 3 || docs[0] != "First para\nline two" || docs[2] != "Third" {
 		t.Errorf("documents %q: %v", docs, err)
 	}
-	if _, err := ReadDocuments(strings.NewReader("\n\n  \n")); !errors.Is(err, ErrEmpty) {
+	if _, err := ReadDocuments(strings.NewReader("\n\n  \n")); !errors.Is(err, ErrEmpty) || !strings.Contains(err.Error(), "3 lines are all blank") {
 		t.Errorf("blank text: %v", err)
+	}
+	if _, err := ReadDocuments(strings.NewReader("")); !errors.Is(err, ErrEmpty) || !strings.Contains(err.Error(), "the text is empty") {
+		t.Errorf("empty text: %v", err)
 	}
 	if _, err := ReadDocuments(strings.NewReader("ok\n\xff\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("bad UTF-8: %v", err)

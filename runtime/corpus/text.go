@@ -51,8 +51,11 @@ func ReadDocuments(r io.Reader) ([]string, error) {
 		return nil, fmt.Errorf("corpus: after line %d: %w", line, err)
 	}
 	flush()
-	if len(docs) == 0 {
-		return nil, fmt.Errorf("corpus: the text has %d lines but %w (documents are separated by blank lines)", line, ErrEmpty)
+	switch {
+	case len(docs) == 0 && line == 0:
+		return nil, fmt.Errorf("corpus: the text is empty: %w", ErrEmpty)
+	case len(docs) == 0:
+		return nil, fmt.Errorf("corpus: the text's %d lines are all blank: %w (documents are separated by blank lines)", line, ErrEmpty)
 	}
 	return docs, nil
 }

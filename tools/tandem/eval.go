@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -137,6 +138,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		var losses []lossJSON
 		for i, mm := range models {
 			loss, n, err := train.HeldOutLoss(ctx, mm, stream, t, *windows)
+			if errors.Is(err, train.ErrTooLittleData) {
+				return fmt.Errorf("--data %s holds %d tokens, fewer than one window of %d (--ctx %d + 1): give more text, or a smaller --ctx", *data, len(stream), t+1, t)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", names[i], err)
 			}

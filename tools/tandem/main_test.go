@@ -68,6 +68,13 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, _, _ := tandem(t, "version", "extra"); code != 2 {
 		t.Errorf("version with an argument: exit %d, want 2", code)
 	}
+	short := filepath.Join(t.TempDir(), "short.txt")
+	if err := os.WriteFile(short, []byte("Once upon a time there was a cat.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := tandem(t, "eval", "--model", testutil.Model(t, "stories260K.gguf"), "--data", short); code != 1 || !strings.Contains(errOut, "fewer than one window of 257 (--ctx 256 + 1)") || strings.Contains(errOut, "train:") {
+		t.Errorf("eval of a short text: exit %d, %q; want 1 naming --ctx", code, errOut)
+	}
 	if code, _, errOut := tandem(t, "bench", "bogus"); code != 2 || !strings.Contains(errOut, `unknown benchmark "bogus"`) {
 		t.Errorf("bench bogus: exit %d, %q; want 2 naming the unknown benchmark", code, errOut)
 	}
