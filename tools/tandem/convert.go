@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
@@ -43,8 +45,10 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	if len(src.Tensors) == 0 {
 		return fmt.Errorf("%s has no tensors (a vocabulary-only GGUF?): there are no weights to convert", pos[0])
 	}
+	fellBack := map[weights.DType]int{} // matrices written in another type than --type
 	opt := weights.ConvertOptions{Type: dt, Fallback: func(name string, rowLen uint64, to weights.DType) {
 		fmt.Fprintf(stderr, "note: %s has rows of %d, not a multiple of the %s block; writing it as %s\n", name, rowLen, dt, to)
+		fellBack[to]++
 	}}
 	_, hasVocab := src.Metadata.Get("tokenizer.ggml.tokens")
 	switch {
@@ -95,6 +99,11 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	st, _ := os.Stat(out)
-	fmt.Fprintf(stdout, "wrote %s (%s, %d tensors, %s)\n", out, dt, len(src.Tensors), progress.Bytes(uint64(st.Size())))
+	types := dt.String()
+	for _, to := range slices.Sorted(maps.Keys(fellBack)) {
+		// The type alone would name a file whose matrices are not all it.
+		types += fmt.Sprintf(", %d matrices as %s", fellBack[to], to)
+	}
+	fmt.Fprintf(stdout, "wrote %s (%s, %d tensors, %s)\n", out, types, len(src.Tensors), progress.Bytes(uint64(st.Size())))
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"unicode"
@@ -299,6 +300,12 @@ func TestConvertThenInspectAndGenerate(t *testing.T) {
 	}
 	if code, _, errOut := tandem(t, "convert", bin, "--tokenizer", tok, out); code != 0 {
 		t.Fatalf("convert: %s", errOut)
+	}
+	// A type the rows do not fit: the summary says how many matrices
+	// fell back (it named the file Q4_0 alone).
+	code, stdout, errOut := tandem(t, "convert", "--type", "q4_0", testutil.Model(t, "llama-2-tiny-random.gguf"), filepath.Join(dir, "q.gguf"))
+	if code != 0 || !strings.Contains(stdout, "(Q4_0, ") || !regexp.MustCompile(`Q4_0, \d+ matrices as F16, 12 tensors`).MatchString(stdout) {
+		t.Errorf("convert --type q4_0 with rows of 8: exit %d, %q (%s); want the matrices written as F16 counted", code, stdout, errOut)
 	}
 	ref, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
 	if err != nil {
