@@ -45,61 +45,57 @@ type Plan struct {
 // file, so a command checks its flags before it loads anything (tandem
 // serve, before it listens); ForLanes says the rest.
 func Check(budget string, embedded bool) error {
-	b := strings.ToLower(strings.TrimSpace(budget))
-	if b == "" {
-		return nil
-	}
-	if embedded && b != "auto" {
-		return errEmbedded(budget)
-	}
-	switch {
-	case b == "min" || b == "auto":
-		return nil
-	case strings.HasSuffix(b, "%"):
-		_, err := parsePercent(budget, b)
-		return err
-	}
-	_, err := parseSize(b)
+	_, err := parse(budget, embedded)
 	return err
 }
 
-func errEmbedded(budget string) error {
-	return fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+// form is a budget as written: kind is "" (none), "min", "auto", "%" (a
+// share of the weights, share percent each lane) or "size" (size bytes
+// all lanes together).
+type form struct {
+	kind  string
+	share float64
+	size  uint64
 }
 
-// parsePercent reads b, budget lowered, as a share of the weights.
-func parsePercent(budget, b string) (float64, error) {
-	v, err := units.ParsePercent(b)
-	if err != nil {
-		return 0, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+// parse reads a budget as written. The embedded model has no file to
+// stream from, so it takes only "" and "auto".
+func parse(budget string, embedded bool) (form, error) {
+	b := strings.ToLower(strings.TrimSpace(budget))
+	switch {
+	case b == "" || b == "auto":
+		return form{kind: b}, nil
+	case embedded:
+		return form{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+	case b == "min":
+		return form{kind: b}, nil
+	case strings.HasSuffix(b, "%"):
+		v, err := units.ParsePercent(b)
+		if err != nil {
+			return form{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+		}
+		return form{kind: "%", share: v}, nil
 	}
-	return v, nil
-}
-
-// parseSize reads b as the bytes all lanes hold together.
-func parseSize(b string) (uint64, error) {
 	n, err := units.ParseSize(b)
 	if err != nil {
-		return 0, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
+		return form{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
 	}
-	return n, nil
+	return form{kind: "size", size: n}, nil
 }
 
 // ForLanes resolves budget for lanes lanes over f. Each lane streams its
 // own copy of the weights through its share of the budget.
 func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, error) {
-	b := strings.ToLower(strings.TrimSpace(budget))
-	if b == "" {
+	fm, err := parse(budget, opt.Embedded)
+	switch {
+	case err != nil:
+		return Plan{}, err
+	case fm.kind == "":
 		return Plan{Note: "resident (no budget)"}, nil
-	}
-	if lanes < 1 {
+	case lanes < 1:
 		return Plan{}, fmt.Errorf("budget %q for %d lanes: want at least one", budget, lanes)
-	}
-	if opt.Embedded {
-		if b == "auto" {
-			return Plan{Note: "resident (the embedded model is small and has no file to stream from)"}, nil
-		}
-		return Plan{}, errEmbedded(budget)
+	case opt.Embedded: // auto: parse refused the rest
+		return Plan{Note: "resident (the embedded model is small and has no file to stream from)"}, nil
 	}
 	so := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
 	// The plan at budget 0 fails but reports the total and the minimum.
@@ -109,10 +105,10 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 	}
 	var total uint64
 	note := strings.TrimSpace(budget)
-	switch {
-	case b == "min":
+	switch fm.kind {
+	case "min":
 		total = probe.Min * uint64(lanes)
-	case b == "auto":
+	case "auto":
 		avail, err := opt.Available()
 		if err != nil {
 			return Plan{}, fmt.Errorf("budget auto: reading available memory: %w; give a size like 512MiB instead", err)
@@ -122,16 +118,10 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 		if total/uint64(lanes) >= probe.Total {
 			return Plan{Note: note + "; the whole model fits, resident"}, nil
 		}
-	case strings.HasSuffix(b, "%"):
-		v, err := parsePercent(budget, b)
-		if err != nil {
-			return Plan{}, err
-		}
-		total = uint64(float64(probe.Total) * v / 100 * float64(lanes))
+	case "%":
+		total = uint64(float64(probe.Total) * fm.share / 100 * float64(lanes))
 	default:
-		if total, err = parseSize(b); err != nil {
-			return Plan{}, err
-		}
+		total = fm.size
 	}
 	so.Budget = total / uint64(lanes)
 	if so.Budget < probe.Min {
