@@ -109,8 +109,8 @@ func ParseCalibration(data []byte, name string) (*Calibration, error) {
 	if !slices.Equal(c.Features, FeatureNames[:]) {
 		return nil, fmt.Errorf("%s: features %q, this tandem computes %q; rerun tandem calibrate", name, c.Features, FeatureNames)
 	}
-	if len(c.Scores) != 21 {
-		return nil, fmt.Errorf("%s: %d scores, want the 21 percentiles 0, 5, ..., 100 (Percentiles); rerun tandem calibrate", name, len(c.Scores))
+	if len(c.Scores) != numPercentiles {
+		return nil, fmt.Errorf("%s: %d scores, want the %d percentiles 0, 5, ..., 100 (Percentiles); rerun tandem calibrate", name, len(c.Scores), numPercentiles)
 	}
 	for i, s := range c.Scores {
 		if !finite(s) || s < 0 || (i > 0 && s < c.Scores[i-1]) {
@@ -134,6 +134,9 @@ func (c *Calibration) Save(path string) error {
 	return os.Rename(tmp, path)
 }
 
+// numPercentiles is how many Percentiles returns: 0, 5, ..., 100.
+const numPercentiles = 21
+
 // Percentiles returns the 0, 5, ..., 100th percentiles of v (for
 // Calibration.Scores).
 func Percentiles(v []float64) []float64 {
@@ -142,9 +145,9 @@ func Percentiles(v []float64) []float64 {
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
-	out := make([]float64, 21)
+	out := make([]float64, numPercentiles)
 	for i := range out {
-		out[i] = quantileSorted(s, float64(i)/20)
+		out[i] = quantileSorted(s, float64(i)/(numPercentiles-1))
 	}
 	return out
 }
