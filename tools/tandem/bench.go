@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -210,4 +211,16 @@ func writeTypes(list string) ([]weights.DType, error) {
 		dts = append(dts, dt)
 	}
 	return dts, nil
+}
+
+// modelMakes refuses, with --model, the flags that say how to make the
+// benchmark's models (which --model replaces): they were ignored, and
+// `--model M --types f16` measured M's own types as asked.
+func modelMakes(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if flagSet(fs, n) {
+			return fmt.Errorf("%w: --%s says how to make the benchmark's models, and --model gives the model: leave one out", errUsage, n)
+		}
+	}
+	return nil
 }

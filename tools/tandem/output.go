@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -61,16 +60,4 @@ func keepDir(dir string) error {
 		return fmt.Errorf("%w: --dir %s: %v", errUsage, dir, err)
 	}
 	return checkWritable("--dir", dir)
-}
-
-// modelMakes refuses, with --model, the flags that say how to make the
-// benchmark's models (which --model replaces): they were ignored, and
-// `--model M --types f16` measured M's own types as asked.
-func modelMakes(fs *flag.FlagSet, names ...string) error {
-	for _, n := range names {
-		if flagSet(fs, n) {
-			return fmt.Errorf("%w: --%s says how to make the benchmark's models, and --model gives the model: leave one out", errUsage, n)
-		}
-	}
-	return nil
 }

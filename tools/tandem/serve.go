@@ -265,11 +265,12 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if allowed, err := cpuset.Allowed(); err == nil {
-		if hint := crowdHint(laneSpecs, allowed); hint != "" {
-			fmt.Fprintln(stderr, "tandem serve: "+hint)
+		for _, hint := range []string{crowdHint(laneSpecs, allowed), turnsHint(laneSpecs, allowed)} {
+			if hint != "" {
+				fmt.Fprintln(stderr, "tandem serve: "+hint)
+			}
 		}
 	}
-	noteTurns(stderr, "serve", laneSpecs)
 
 	select {
 	case err := <-serveErr:
@@ -397,7 +398,8 @@ func crowdHint(specs []sched.LaneSpec, allowed cpuset.Set) string {
 }
 
 // noteTurns prints turnsHint's note for the lanes a command runs, when
-// it has one, after the command's name.
+// it has one, after the command's name (serve prints it with its other
+// notes on the lanes).
 func noteTurns(stderr io.Writer, command string, specs []sched.LaneSpec) {
 	if allowed, err := cpuset.Allowed(); err == nil {
 		if hint := turnsHint(specs, allowed); hint != "" {
