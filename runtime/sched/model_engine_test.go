@@ -20,11 +20,7 @@ import (
 // realModel opens stories260K.gguf with its tokenizer.
 func realModel(t testing.TB) (*weights.File, *tokenizer.Tokenizer) {
 	t.Helper()
-	f, err := weights.Open(testutil.Model(t, "stories260K.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
+	f := openShared(t, "stories260K.gguf")
 	tok, err := tokenizer.FromMetadata(&f.Metadata)
 	if err != nil {
 		t.Fatal(err)
@@ -34,12 +30,29 @@ func realModel(t testing.TB) (*weights.File, *tokenizer.Tokenizer) {
 
 func loadModel(t testing.TB, f *weights.File) *model.Model {
 	t.Helper()
-	m, err := model.Load(f, model.Options{Threads: 1})
+	return loadModelThreads(t, f, 1)
+}
+
+// loadModelThreads loads f on a pool of threads, closed with the test.
+func loadModelThreads(t testing.TB, f *weights.File, threads int) *model.Model {
+	t.Helper()
+	m, err := model.Load(f, model.Options{Threads: threads})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
+}
+
+// openShared opens a model of ../shared, closed with the test.
+func openShared(t testing.TB, name string) *weights.File {
+	t.Helper()
+	f, err := weights.Open(testutil.Model(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 var testPrompts = []string{
@@ -168,19 +181,8 @@ func TestModelEngineBatchedMatchesSingle(t *testing.T) {
 // on one thread (run with -race, this also checks the draws share
 // nothing).
 func TestModelEngineSamplesInParallel(t *testing.T) {
-	f, err := weights.Open(testutil.Model(t, "llama-2-tiny-random.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	load := func(threads int) *model.Model {
-		m, err := model.Load(f, model.Options{Threads: threads})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
+	f := openShared(t, "llama-2-tiny-random.gguf")
+	load := func(threads int) *model.Model { return loadModelThreads(t, f, threads) }
 	if v := load(1).Config().Vocab; v < parallelSampleVocab {
 		t.Fatalf("vocabulary %d: the test needs one of at least %d", v, parallelSampleVocab)
 	}
@@ -244,16 +246,7 @@ func TestModelEngineSamplesInParallel(t *testing.T) {
 // whose tiny layers make sampling most of a step: the members sample on
 // the pool's threads (ModelEngine.sample).
 func BenchmarkBatchSampling(b *testing.B) {
-	f, err := weights.Open(testutil.Model(b, "llama-2-tiny-random.gguf"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	m, err := model.Load(f, model.Options{Threads: 2})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	m := loadModelThreads(b, openShared(b, "llama-2-tiny-random.gguf"), 2)
 	const members, restart = 8, 400
 	for _, c := range []struct {
 		name string

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"slices"
 	"strings"
 	"testing"
@@ -114,5 +115,23 @@ func TestGenerateSpeculative(t *testing.T) {
 	code, _, errOut := tandem(t, "generate", "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", "--max-tokens", "4", "--draft", draft)
 	if code != 2 || !strings.Contains(errOut, "pass --draft-tokenizer") {
 		t.Errorf("llama2.c draft for a GGUF target: exit %d, %q; want a usage error asking for --draft-tokenizer", code, errOut)
+	}
+}
+
+// TestSpecFlagMethodsCoverTheFlags: every flag addSpecFlags makes but
+// --draft itself says which methods it tunes, so a new flag cannot be
+// silently ignored by a run that does not use it.
+func TestSpecFlagMethodsCoverTheFlags(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	addSpecFlags(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := specFlagMethods[f.Name]; !ok && f.Name != "draft" {
+			t.Errorf("--%s has no entry in specFlagMethods", f.Name)
+		}
+	})
+	for name := range specFlagMethods {
+		if fs.Lookup(name) == nil {
+			t.Errorf("specFlagMethods names --%s, which addSpecFlags does not make", name)
+		}
 	}
 }
