@@ -213,3 +213,25 @@ func TestServeGPULaneWithoutCUDA(t *testing.T) {
 		t.Errorf("calibrate --lanes cuda: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// TestTurnsNotedByEveryCommandWithLanes: bench sched and calibrate note
+// lanes with more threads than CPUs as serve does, before any work (here
+// before a flag error and a missing model stop them).
+func TestTurnsNotedByEveryCommandWithLanes(t *testing.T) {
+	allowed, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := min(len(allowed), sched.MaxLaneThreads)
+	lanes := fmt.Sprintf("%d,%d", n, n) // twice the CPUs
+	missing := filepath.Join(t.TempDir(), "missing.gguf")
+	for _, args := range [][]string{
+		{"bench", "sched", "--lanes", lanes, "--sim-threads", "0"},
+		{"calibrate", "--lanes", lanes, "--model", missing, "--out", filepath.Join(t.TempDir(), "c.json")},
+	} {
+		_, _, errOut := tandem(t, args...)
+		if want := fmt.Sprintf("run %d threads on the %d CPUs", 2*n, len(allowed)); !strings.Contains(errOut, want) {
+			t.Errorf("%v: stderr %q; want the note saying %q", args, errOut, want)
+		}
+	}
+}
