@@ -80,6 +80,9 @@ func parse(budget string, embedded bool) (form, error) {
 	if err != nil {
 		return form{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
 	}
+	if n == 0 {
+		return form{}, fmt.Errorf("budget %s holds no weights: give a size like 512MiB, a share like 25%%, auto or min, or no budget to keep the model resident", budget)
+	}
 	return form{kind: "size", size: n}, nil
 }
 

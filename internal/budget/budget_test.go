@@ -95,6 +95,8 @@ func TestCheck(t *testing.T) {
 		{"5%", true, "embedded default model"},
 		{"bogus", true, "embedded default model"},
 		{"0%", false, "above 0%"},
+		{"0", false, "holds no weights"},
+		{"0MiB", false, "holds no weights"},
 		{"NaN%", false, "like 25%"},
 		{"lots", false, "or N% of the weights"},
 		{"-1", false, "or N% of the weights"},

@@ -177,6 +177,9 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 		if opt.Budget, err = units.ParseSize(b); err != nil {
 			return rc, fmt.Errorf("%w: --budget: %v (or N%%, auto, min)", errUsage, err)
 		}
+		if opt.Budget == 0 {
+			return rc, fmt.Errorf("%w: --budget %s holds no weights: give a size like 256MiB, a share like 25%%, auto or min", errUsage, *r.budget)
+		}
 	}
 	plan, groups, err := model.PlanStream(f, opt)
 	if err != nil {

@@ -104,6 +104,7 @@ func TestGenerateRunFlagErrors(t *testing.T) {
 		{[]string{"--budget", "1KiB"}, 1, "needs at least"},
 		{[]string{"--budget", "lots"}, 2, "--budget"},
 		{[]string{"--budget", "0%"}, 2, "above 0% and at most 100%"},
+		{[]string{"--budget", "0"}, 2, "--budget 0 holds no weights"},
 		{[]string{"--device", "tpu"}, 2, `--device: model: unknown device "tpu"`},
 		{[]string{"--budget", "150%"}, 2, "above 0% and at most 100%"},
 		{[]string{"--mode", "turbo"}, 2, "want one of resident|target|std|stdpl|sd|bild|tree"},
