@@ -218,7 +218,7 @@ func readPrompts(path string, maxTokens int) ([]bench.WorkRequest, error) {
 		return nil, err
 	}
 	if len(out) < 10 {
-		return nil, fmt.Errorf("%s: %d prompts; calibration needs at least 10 (a few hundred is better)", path, len(out))
+		return nil, fmt.Errorf("%s holds %d of the 10 prompts calibration needs at least (a few hundred is better)", path, len(out))
 	}
 	return out, nil
 }

@@ -59,6 +59,9 @@ func TestCalibrate(t *testing.T) {
 			t.Errorf("%s: exit %d: %s", name, code, stderr)
 		}
 	}
+	if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", filepath.Join(dir, "few.txt"), "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, "few.txt holds 2 of the 10 prompts calibration needs") {
+		t.Errorf("two prompts: exit %d: %s", code, stderr)
+	}
 	if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", filepath.Join(dir, "long.txt"), "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, "long.txt:13: a line over 1 MiB") {
 		t.Errorf("a 2 MiB line: exit %d: %s", code, stderr)
 	}
