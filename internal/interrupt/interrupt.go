@@ -72,8 +72,9 @@ func trackLocked(path string) (untrack func()) {
 }
 
 // Handle makes SIGINT and SIGTERM remove the tracked paths, say so on
-// stderr and exit with status 130, until stop is called.
-func Handle(stderr io.Writer) (stop func()) {
+// stderr after name (the command, like "tandem convert") and exit with
+// status 130, until stop is called.
+func Handle(stderr io.Writer, name string) (stop func()) {
 	sig := make(chan os.Signal, 1)
 	done := make(chan struct{})
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -84,7 +85,7 @@ func Handle(stderr io.Writer) (stop func()) {
 			// would make a file nothing removes.
 			mu.Lock()
 			n := removeTrackedLocked()
-			fmt.Fprintf(stderr, "\ninterrupted (%v): removed %d unfinished file(s)\n", s, n)
+			fmt.Fprintf(stderr, "\n%s: interrupted (%v): removed %d unfinished file(s)\n", name, s, n)
 			os.Exit(130)
 		case <-done:
 		}

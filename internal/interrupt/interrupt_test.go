@@ -40,7 +40,7 @@ func child(dir string) {
 	os.MkdirAll(filepath.Join(dir, "bench", "sub"), 0o755)
 	os.WriteFile(filepath.Join(dir, "done.gguf"), []byte("whole"), 0o644)
 	os.WriteFile(filepath.Join(dir, "kept"), []byte("x"), 0o644)
-	Handle(os.Stderr)
+	Handle(os.Stderr, "test")
 	Track(filepath.Join(dir, "model.gguf.tmp1"))
 	Track(filepath.Join(dir, "bench"))
 	Track(filepath.Join(dir, "done.gguf"))() // finished: untracked
@@ -100,7 +100,7 @@ func interruptChild(t *testing.T, cmd *exec.Cmd) {
 }
 
 func createChild(dir string) {
-	Handle(os.Stderr)
+	Handle(os.Stderr, "test")
 	for n := 0; ; n++ {
 		f, untrack, err := CreateTemp(dir, "model.gguf.tmp*")
 		if err != nil {
@@ -118,7 +118,7 @@ func createChild(dir string) {
 func TestStopEndsTheHandler(t *testing.T) {
 	// After stop, the signal's default action is back: nothing here may
 	// exit the test process, and tracking still balances.
-	stop := Handle(os.Stderr)
+	stop := Handle(os.Stderr, "test")
 	stop()
 	stop()
 	untrack := Track("x")

@@ -42,7 +42,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("%w: want a benchmark name: tandem bench decode|stream|spec|sched [flags]", errUsage)
 	}
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the models made for the run
+	defer interrupt.Handle(stderr, "tandem bench")() // Ctrl-C removes the models made for the run
 	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
 		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+
 			"decode, --runs times, and prints a markdown table (mean ± sd) with each\n"+

@@ -686,7 +686,7 @@ func simStepCosts(shape, typ, given string, threads int, stderr io.Writer) ([]be
 		return nil, "", fmt.Errorf("%w: --sim-type: %v", errUsage, err)
 	}
 	// Ctrl-C while the model is written or measured removes it and exits.
-	defer interrupt.Handle(stderr)()
+	defer interrupt.Handle(stderr, "tandem bench")()
 	dir, untrack, err := interrupt.Create(func() (string, error) { return os.MkdirTemp("", "tandem-bench-sched-") })
 	if err != nil {
 		return nil, "", err

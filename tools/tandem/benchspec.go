@@ -24,7 +24,7 @@ import (
 )
 
 func runBenchSpec(args []string, stdout, stderr io.Writer) error {
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
+	defer interrupt.Handle(stderr, "tandem bench")() // Ctrl-C removes the unfinished output
 	fs := newFlags("bench spec", "--from SMALL --draft DRAFT --prompts FILE [flags]",
 		"Measures per-token latency of speculative decoding against the target alone,\n"+
 			"with the target streamed under budgets from the real disk (page cache dropped)\n"+

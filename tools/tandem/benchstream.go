@@ -18,7 +18,7 @@ import (
 )
 
 func runBenchStream(args []string, stdout, stderr io.Writer) error {
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
+	defer interrupt.Handle(stderr, "tandem bench")() // Ctrl-C removes the unfinished output
 	fs := newFlags("bench stream", "(--from SMALL [--shape NAME] [--types T,...] | --model FILE) [flags]",
 		"Measures per-token decode latency with the model fully resident and with its\n"+
 			"weights streamed under budgets (Std: read then compute; StdPL: the next\n"+

@@ -15,7 +15,7 @@ import (
 )
 
 func runConvert(args []string, stdout, stderr io.Writer) error {
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
+	defer interrupt.Handle(stderr, "tandem convert")() // Ctrl-C removes the unfinished output
 	fs := newFlags("convert", "[--type T] [--tokenizer tokenizer.bin] IN OUT.gguf",
 		"Writes IN (a llama2.c .bin or a GGUF) as a GGUF v3 file llama.cpp also loads.\n"+
 			"Matrices become --type; norms stay f32; a matrix whose rows are not a multiple\n"+

@@ -14,7 +14,7 @@ import (
 )
 
 func runInflate(args []string, stdout, stderr io.Writer) error {
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
+	defer interrupt.Handle(stderr, "tandem inflate")() // Ctrl-C removes the unfinished output
 	fs := newFlags("inflate", "--from SMALL [--tokenizer FILE] (--shape NAME | --dims D,H,L,HEADS,KV,VOCAB[,CTX]) [--type T] OUT.gguf",
 		"Writes a large model whose function equals a real small one's: SMALL's weights\n"+
 			"embedded in the large shape with zero padding (extra heads, FFN units and\n"+

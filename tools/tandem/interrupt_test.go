@@ -91,7 +91,7 @@ func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
 		tmps, _ := filepath.Glob(out + ".tmp*")
 		return len(tmps) > 0
 	})
-	if code != 130 || !strings.Contains(stderr, "interrupted") {
+	if code != 130 || !strings.Contains(stderr, "tandem inflate: interrupted (interrupt): removed 1 unfinished file(s)") {
 		t.Errorf("inflate ended with %d, stderr %q; want 130 and a note", code, stderr)
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {

@@ -14,7 +14,7 @@ import (
 )
 
 func runSynth(args []string, stdout, stderr io.Writer) error {
-	defer interrupt.Handle(stderr)() // Ctrl-C removes the unfinished output
+	defer interrupt.Handle(stderr, "tandem synth")() // Ctrl-C removes the unfinished output
 	fs := newFlags("synth", "(--shape NAME | --dims D,H,L,HEADS,KV,VOCAB[,CTX]) [--type T] [--vocab FILE] [--seed N] OUT.gguf",
 		"Writes a deterministic random-weight llama model of a real shape, streamed to\n"+
 			"disk (a 7B model needs well under 1 GiB of memory). It is for benchmarks and\n"+
