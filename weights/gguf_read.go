@@ -38,7 +38,7 @@ func ParseGGUF(data []byte, path string) (*File, error) {
 		return nil, d.fail("version", "GGUF v1 is not supported (re-convert the model with a current converter)")
 	case version != 2 && version != 3:
 		d.off -= 4
-		if bits.ReverseBytes32(version) <= 3 {
+		if rev := bits.ReverseBytes32(version); rev >= 1 && rev <= 3 {
 			return nil, d.fail("version", "big-endian GGUF files are not supported")
 		}
 		return nil, d.fail("version", "unsupported GGUF version %d (want 2 or 3)", version)

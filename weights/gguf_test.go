@@ -223,6 +223,7 @@ func TestGGUFBadInput(t *testing.T) {
 		{"version 1", (&header{}).u32(GGUFMagic).u32(1).b, []string{"offset 4", "v1"}},
 		{"version 99", (&header{}).u32(GGUFMagic).u32(99).u64(0).u64(0).b, []string{"version 99"}},
 		{"big endian", (&header{}).u32(GGUFMagic).u32(3 << 24).b, []string{"big-endian"}},
+		{"version 0", (&header{}).u32(GGUFMagic).u32(0).u64(0).u64(0).b, []string{"unsupported GGUF version 0 (want 2 or 3)"}},
 		{"truncated header", good[:30], []string{"truncated"}},
 		{"truncated in tensor info", good[:60], []string{"tensor 0", "truncated"}},
 		{"huge tensor count", start(1<<60, 0).b, []string{"tensor_count", "cannot fit"}},

@@ -15,6 +15,10 @@ type Llama2CHeader struct {
 
 const llama2CHeaderBytes = 7 * 4
 
+// llama2CCutShort is the field of the error for a valid header over a
+// file shorter than it describes.
+const llama2CCutShort = "llama2.c file size"
+
 // ParseLlama2C parses a llama2.c v0 fp32 model held in data and presents
 // it as a llama-architecture file: GGUF tensor names and shapes, F32
 // tensors viewing data in place, and the llama.* metadata a GGUF
@@ -70,9 +74,15 @@ func ParseLlama2C(data []byte, path string) (*File, error) {
 		if total == 0 {
 			want = "more bytes than any file holds"
 		}
-		return nil, &FormatError{Path: path, Offset: 0, Field: "llama2.c header",
-			Msg: fmt.Sprintf("dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d vocab_size=%d seq_len=%d (%s classifier) describes %s, but the file has %d bytes",
-				raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], tied, want, len(data))}
+		field, cut := "llama2.c header", ""
+		if total > uint64(len(data)) {
+			// A valid header over too few bytes: most likely a
+			// download or copy that stopped, not another format.
+			field, cut = llama2CCutShort, ": the file is cut short (an interrupted download or copy?)"
+		}
+		return nil, &FormatError{Path: path, Offset: 0, Field: field,
+			Msg: fmt.Sprintf("dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d vocab_size=%d seq_len=%d (%s classifier) describes %s, but the file has %d bytes%s",
+				raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], tied, want, len(data), cut)}
 	}
 	off := uint64(llama2CHeaderBytes)
 	tensors := make([]Tensor, 0, len(specs))

@@ -3,8 +3,10 @@ package weights
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -86,7 +88,8 @@ func TestLlama2CBadInput(t *testing.T) {
 		{"negative layers", llama2CBytes([7]int32{8, 12, -2, 2, 1, 5, 3}, 10), []string{"n_layers", "out of range"}},
 		{"heads do not divide dim", llama2CBytes([7]int32{8, 12, 2, 3, 1, 5, 3}, 10), []string{"n_heads"}},
 		{"kv heads do not divide heads", llama2CBytes([7]int32{8, 12, 2, 2, 3, 5, 3}, 10), []string{"n_kv_heads"}},
-		{"wrong size", llama2CBytes([7]int32{8, 12, 2, 2, 1, 5, 3}, 10), []string{"describes a", "the file has 68 bytes"}},
+		{"wrong size", llama2CBytes([7]int32{8, 12, 2, 2, 1, 5, 3}, 10), []string{"describes a", "the file has 68 bytes", "cut short"}},
+		{"too long", append(llama2CBytes([7]int32{8, 12, 2, 2, 1, 5, 3}, 10), make([]byte, 8192)...), []string{"llama2.c header:", "the file has 8260 bytes"}},
 		{"huge", llama2CBytes([7]int32{1 << 24, 1 << 24, 1 << 24, 2, 1, 5, 3}, 10), []string{"more bytes than any file"}},
 	}
 	for _, tc := range tests {
@@ -130,6 +133,26 @@ func TestOpenRealLlama2C(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOpenCutShortLlama2C: a real .bin cut short is reported as that, not
+// as a file of no known format.
+func TestOpenCutShortLlama2C(t *testing.T) {
+	data, err := os.ReadFile(testutil.Model(t, "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{len(data) / 10, len(data) - 1} {
+		path := filepath.Join(t.TempDir(), "stories.bin")
+		if err := os.WriteFile(path, data[:n], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Open(path)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the file has %d bytes: the file is cut short", n)) ||
+			strings.Contains(err.Error(), "not a llama2.c") {
+			t.Errorf("%d of %d bytes: %v; want it called cut short", n, len(data), err)
+		}
 	}
 }
 

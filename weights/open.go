@@ -56,7 +56,7 @@ func Parse(data []byte, path string) (*File, error) {
 	f, err := ParseLlama2C(data, path)
 	if err != nil {
 		var fe *FormatError
-		if errors.As(err, &fe) {
+		if errors.As(err, &fe) && fe.Field != llama2CCutShort {
 			return nil, fmt.Errorf("not a GGUF file (no \"GGUF\" magic) and not a llama2.c .bin: %w", err)
 		}
 		return nil, err
