@@ -36,6 +36,7 @@ type Options struct {
 // sequence its own.
 type Sampler struct {
 	opt  Options
+	src  *rand.PCG // rng's state, copied to look ahead (DrawAhead)
 	rng  *rand.Rand
 	buf  []float32 // working logits / probabilities of Sample
 	idx  []int32   // the most likely token ids in order, for top-k and top-p
@@ -46,11 +47,8 @@ type Sampler struct {
 
 // New makes a sampler. Its random stream is PCG seeded from opt.Seed.
 func New(opt Options) *Sampler {
-	return &Sampler{
-		opt:  opt,
-		rng:  rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)),
-		seen: map[int32]struct{}{},
-	}
+	src := rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)
+	return &Sampler{opt: opt, src: src, rng: rand.New(src), seen: map[int32]struct{}{}}
 }
 
 // Options returns the options the sampler was made with.
@@ -89,37 +87,132 @@ func (s *Sampler) Probs(logits []float32, history []int32) []float32 {
 }
 
 // Draw samples an index from p, a non-negative weight per token that need
-// not sum to 1 (speculative sampling draws from residual distributions
-// this way). It returns the last positive index if rounding leaves the
-// draw past the end, and -1 when p has no positive weight.
+// not sum to 1, and returns -1 when p has no positive weight. It takes one
+// word of the sampler's stream per draw (none when it returns -1).
+//
+// The draw is an exponential race: each token i gets an exponential time
+// E_i from the word and i, and the token with the least E_i / p[i] wins,
+// which it does with probability p[i] / Σp. Two distributions raced with
+// the same word pick the same token about as often as any pairing of
+// draws from them can (at least (1−d)/(1+d) of the time, d their total
+// variation distance): a speculative draft racing its own distribution
+// with the target's word (DrawAhead) proposes the token the target will
+// draw, most of the time the two models agree.
 func (s *Sampler) Draw(p []float32) int32 {
-	var sum float64
-	last := int32(-1)
-	for i, x := range p {
-		if x > 0 {
-			sum += float64(x)
-			last = int32(i)
-		}
+	if !anyPositive(p) {
+		return -1 // nothing to draw: the stream stays where it is
 	}
-	if last < 0 {
-		return -1
-	}
-	u := s.rng.Float64() * sum
-	var acc float64
-	for i, x := range p {
-		if x > 0 {
-			acc += float64(x)
-			if u < acc {
-				return int32(i)
-			}
-		}
-	}
-	return last
+	return race(p, s.rng.Uint64())
 }
 
-// Uniform returns a uniform draw in [0, 1) from the sampler's stream, for
-// the accept/reject test of speculative sampling.
-func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
+// DrawAhead is the token Draw would pick from p with the word the draw k
+// draws from now takes (0: the next), without taking it.
+func (s *Sampler) DrawAhead(p []float32, k int) int32 {
+	if !anyPositive(p) {
+		return -1
+	}
+	return race(p, s.ahead(k))
+}
+
+// RaceAhead appends to dst the first n finishers of DrawAhead's race
+// (fewer when p has fewer positive weights), the winner first. When the
+// target's distribution differs from p, its winner is most likely one of
+// p's first finishers for the same word: a draft with room for several
+// guesses proposes these.
+func (s *Sampler) RaceAhead(dst []int32, p []float32, k, n int) []int32 {
+	if n <= 0 || !anyPositive(p) {
+		return dst
+	}
+	word := s.ahead(k)
+	first := len(dst)
+	var times []float64 // E_i / p[i] of dst[first:], ascending
+	for i, x := range p {
+		if !(x > 0) {
+			continue
+		}
+		if len(times) == n {
+			// As in race: U_i at or below 1 − b·p[i] cannot beat b.
+			if y := times[n-1] * float64(x); unit(word, int32(i)) <= 1-y {
+				continue
+			}
+		}
+		e := -math.Log(unit(word, int32(i))) / float64(x)
+		j := len(times)
+		if j == n {
+			if e >= times[n-1] {
+				continue
+			}
+			j--
+		} else {
+			times, dst = append(times, 0), append(dst, 0)
+		}
+		for j > 0 && e < times[j-1] {
+			times[j], dst[first+j] = times[j-1], dst[first+j-1]
+			j--
+		}
+		times[j], dst[first+j] = e, int32(i)
+	}
+	return dst
+}
+
+// ahead returns the word the draw k draws from now takes, leaving the
+// stream as it is.
+func (s *Sampler) ahead(k int) uint64 {
+	fork := *s.src // PCG's state is two words: a copy is a fork
+	for range k {
+		fork.Uint64()
+	}
+	return fork.Uint64()
+}
+
+func anyPositive(p []float32) bool {
+	for _, x := range p {
+		if x > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// race returns argmin E_i / p[i] over the positive weights, E_i = −ln U_i
+// with U_i uniform in (0, 1] from word and i. The heaviest token runs
+// first, so the bound it sets rules out most others with a multiply:
+// E_i/p[i] < b needs U_i > exp(−b·p[i]) ≥ 1 − b·p[i], so a U_i at or
+// below 1 − b·p[i] cannot win, and only the rest pay for a logarithm.
+func race(p []float32, word uint64) int32 {
+	best := int32(-1)
+	for i, x := range p {
+		if x > 0 && (best < 0 || x > p[best]) {
+			best = int32(i)
+		}
+	}
+	bound := -math.Log(unit(word, best)) / float64(p[best])
+	for i, x := range p {
+		if !(x > 0) || int32(i) == best {
+			continue
+		}
+		y := bound * float64(x)
+		u := unit(word, int32(i))
+		if u <= 1-y {
+			continue
+		}
+		if e := -math.Log(u); e < y {
+			best, bound = int32(i), e/float64(x)
+		}
+	}
+	return best
+}
+
+// unit is token i's uniform in (0, 1] for a draw's word: a SplitMix64
+// finalizer over the two, so every token's time is independent of the
+// others' and of the word's neighbours in the stream.
+func unit(word uint64, i int32) float64 {
+	z := word + uint64(i+1)*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11+1) / (1 << 53)
+}
 
 // probs appends the final distribution for logits to dst.
 func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {

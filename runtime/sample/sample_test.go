@@ -1,9 +1,11 @@
 package sample
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -219,10 +221,35 @@ func TestDraw(t *testing.T) {
 			t.Fatalf("Draw picked zero-weight index %d", got)
 		}
 	}
-	for range 100 {
-		if u := s.Uniform(); u < 0 || u >= 1 {
-			t.Fatalf("Uniform = %v", u)
+}
+
+// TestDrawAhead: the token DrawAhead(p, k) names is the one the draw k
+// draws later picks, whatever the draws between take, and looking ahead
+// moves nothing: the stream's draws come out as without it.
+func TestDrawAhead(t *testing.T) {
+	dists := [][]float32{{0.1, 0.2, 0.3, 0.4}, {0.7, 0, 0.3}, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 0.05, 0, 0.9, 0.05}}
+	plain, looking := New(Options{Seed: 7}), New(Options{Seed: 7})
+	const n = 400
+	ahead := make([][]int32, n) // ahead[i]: what draws i, i+1, i+2 were foretold to pick
+	for i := range n {
+		p := dists[i%len(dists)]
+		for k := range 3 {
+			if i+k < n {
+				ahead[i+k] = append(ahead[i+k], looking.DrawAhead(dists[(i+k)%len(dists)], k))
+			}
 		}
+		got, want := looking.Draw(p), plain.Draw(p)
+		if got != want {
+			t.Fatalf("draw %d: %d after looking ahead, %d without", i, got, want)
+		}
+		for k, tok := range ahead[i] {
+			if tok != got {
+				t.Fatalf("draw %d picked %d; looked at from %d draws before, it was to pick %d", i, got, len(ahead[i])-1-k, tok)
+			}
+		}
+	}
+	if got := looking.DrawAhead([]float32{0, -1}, 0); got != -1 {
+		t.Errorf("DrawAhead with no positive weight = %d, want -1", got)
 	}
 }
 
@@ -267,5 +294,43 @@ func BenchmarkSample(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestRaceAhead: RaceAhead lists the race's finishers in order, as sorting
+// every token's time does, its first the token DrawAhead names; and the
+// shortcut that skips tokens without a logarithm skips no finisher.
+func TestRaceAhead(t *testing.T) {
+	s := New(Options{Seed: 3})
+	for trial := range 200 {
+		p := make([]float32, 1+trial%64)
+		for i := range p {
+			if (i+trial)%5 != 0 {
+				p[i] = float32(math.Exp(float64((i*7+trial)%11) / 2))
+			}
+		}
+		if !anyPositive(p) {
+			continue
+		}
+		k := trial % 4
+		word := s.ahead(k)
+		var order []int32
+		for i, x := range p {
+			if x > 0 {
+				order = append(order, int32(i))
+			}
+		}
+		time := func(i int32) float64 { return -math.Log(unit(word, i)) / float64(p[i]) }
+		slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(time(a), time(b)) })
+		n := 1 + trial%6
+		got := s.RaceAhead([]int32{-7}, p, k, n)
+		want := append([]int32{-7}, order[:min(n, len(order))]...)
+		if !slices.Equal(got, want) {
+			t.Fatalf("trial %d: RaceAhead(%d, %d) = %v, want %v", trial, k, n, got, want)
+		}
+		if d := s.DrawAhead(p, k); d != order[0] {
+			t.Fatalf("trial %d: DrawAhead = %d, the race's winner is %d", trial, d, order[0])
+		}
+		s.Draw(p) // move the stream on
 	}
 }

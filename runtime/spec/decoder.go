@@ -228,10 +228,10 @@ func (s Stats) AcceptanceRate() float64 {
 	return float64(s.Accepted) / float64(s.Verified)
 }
 
-// Decoder generates with a draft/target pair. With greedy sampling (and
-// the lossless methods) it emits exactly the tokens the target alone
-// would; with temperature it emits them with exactly the target's
-// distribution (multi-branch speculative sampling).
+// Decoder generates with a draft/target pair. With the lossless methods
+// it emits exactly the tokens the target alone would: greedy, or sampled
+// with the same seed (the target draws every token itself, one word of
+// its stream a token; see choose).
 //
 // Each model has its own KV cache; the decoder holds one sequence in
 // each from Start to Close. A Decoder is not safe for concurrent use.
@@ -248,7 +248,8 @@ type Decoder struct {
 	notes          []string
 
 	sampler  *sample.Sampler // the target's: picks and accepts tokens
-	proposer *sample.Sampler // the draft's draws (sampling only)
+	proposer *sample.Sampler // the draft's sampling distribution (sampling only; it draws nothing)
+	race     []int32         // propose's buffer of the draft's race finishers
 
 	filler   Filler // the trigger, when the tree fills free verification rows
 	tree     *tree
@@ -303,9 +304,7 @@ func New(draft, target *model.Model, dcache, tcache *kv.Cache, sampler *sample.S
 	if ss, ok := target.StreamStats(); ok {
 		d.ioBase = ss.Stall
 	}
-	opt := sampler.Options()
-	opt.Seed ^= 0x5eed_d4af7 // the draft's draws come from their own stream
-	d.proposer = sample.New(opt)
+	d.proposer = sample.New(sampler.Options())
 	tc := min(target.Config().Context, tcache.Config().Context)
 	dc := min(draft.Config().Context, dcache.Config().Context)
 	if dc < MinDraftContext {

@@ -91,11 +91,12 @@ type stepInfo struct {
 	time    time.Duration
 }
 
-// propose adds the children of node x from the draft's logits after it.
-// Greedy: the most likely token, and every other above the branch
-// threshold while branches are left. Sampling: as many independent draws
-// from the draft's sampling distribution as the threshold would open
-// branches, so speculative sampling stays exact. BiLD hands over instead
+// propose adds the children of node x from the draft's logits after it:
+// the most likely token, and every other above the branch threshold while
+// branches are left. Sampling proposes as many, but the first finishers of
+// the draft's distribution raced with the word the target will draw x's
+// child with (sample.Sampler.Draw): where the two distributions agree,
+// the target's own draw picks one of them (see choose). BiLD hands over instead
 // when the draft's top probability is below its fallback threshold. While
 // the decoder fills free verification rows, the likely tokens left out
 // are kept as x's alternatives.
@@ -134,21 +135,15 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 			want++
 		}
 	}
-	switch {
-	case !sampling:
-		for _, id := range top[:want] {
-			d.addChild(x, id, q[id])
-		}
-	case want > 0:
-		t.nodes[x].dist = q
-		for range want {
-			id := d.proposer.Draw(q)
-			c := t.child(x, id)
-			if c < 0 {
-				c = d.addChild(x, id, q[id])
-			}
-			t.nodes[x].draws = append(t.nodes[x].draws, c)
-		}
+	picks := top[:want]
+	if sampling {
+		// The walk draws one token a node down the accepted path, so
+		// x's child is the target's draw x.depth draws from now.
+		d.race = d.sampler.RaceAhead(d.race[:0], q, t.nodes[x].depth, want)
+		picks = d.race
+	}
+	for _, id := range picks {
+		d.addChild(x, id, q[id])
 	}
 	if !keepAlts {
 		return

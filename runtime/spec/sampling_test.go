@@ -2,6 +2,7 @@ package spec
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -126,4 +127,66 @@ func exactTwoTokens(t *testing.T, m *model.Model, prompt []int32, opt sample.Opt
 		toks = toks[n:]
 	}
 	return p1, p2
+}
+
+// TestSampledSpeculationIsTheTargetsText: with temperature, every lossless
+// method emits the very tokens the target alone draws with the same seed,
+// whatever its trees were: timed triggers that grow them differently
+// from run to run, free rows, and a streamed target whose draft grows the
+// next round's nodes during the pass (kept under the accepted path).
+func TestSampledSpeculationIsTheTargetsText(t *testing.T) {
+	opts := []sample.Options{
+		{Temperature: 0.8},
+		{Temperature: 1.3, TopK: 40, TopP: 0.95},
+		{Temperature: 1, MinP: 0.05, RepeatPenalty: 1.3, RepeatLastN: 16},
+	}
+	seeds := 4
+	if raceEnabled || testing.Short() {
+		seeds = 1
+	}
+	prompt := []int32{1, 403, 407}
+	for _, stream := range []bool{false, true} {
+		p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", stream)
+		for _, m := range append(parityMethods, struct {
+			name string
+			cfg  Config
+		}{"tree-free-rows", Config{Method: Tree, Trigger: fixedFill{FixedSize{N: 3}, 24}}}) {
+			var emitted, passes, accepted, verified, kept int
+			for _, opt := range opts {
+				for seed := range seeds {
+					opt.Seed = uint64(seed) + 1
+					alone, err := Generate(context.Background(), p.target, p.tcache, prompt, GenOptions{MaxTokens: 120, Stop: arIsBOS, Sampler: sample.New(opt)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					cfg := m.cfg
+					cfg.Lane, cfg.Pipeline = p.lane, p.lane != nil
+					d, err := New(p.draft, p.target, p.dcache, p.tcache, sample.New(opt), cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					res, err := Speculate(context.Background(), d, prompt, GenOptions{MaxTokens: 120, Stop: arIsBOS})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(res.Ids, alone.Ids) {
+						t.Fatalf("stream=%v %s %+v:\n got %v\nwant %v (the target alone)", stream, m.name, opt, res.Ids, alone.Ids)
+					}
+					st := d.Stats()
+					emitted, passes, accepted, verified, kept = emitted+st.Emitted, passes+st.TargetPasses, accepted+st.Accepted, verified+st.Verified, kept+st.KeptNodes
+				}
+			}
+			t.Logf("stream=%v %s: %d tokens in %d target passes (%.2f per pass), %d of %d drafted tokens accepted, %d kept from pipelined steps",
+				stream, m.name, emitted, passes, float64(emitted)/float64(passes), accepted, verified, kept)
+			if accepted == 0 {
+				t.Errorf("stream=%v %s: no drafted token was accepted: the test did not exercise speculation", stream, m.name)
+			}
+			// sd's chains do not depend on timings: raced with the words
+			// the target draws them with, they give 2.3 tokens a pass;
+			// raced with the word one draw off, 1.65.
+			if m.name == "sd" && float64(emitted) < 2*float64(passes) {
+				t.Errorf("stream=%v sd: %.2f tokens a pass; the draft's chains missed the target's draws", stream, float64(emitted)/float64(passes))
+			}
+		}
+	}
 }

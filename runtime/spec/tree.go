@@ -20,12 +20,6 @@ type node struct {
 	// still pick its token as the next one).
 	pruned   bool
 	children []int
-	// Sampling only: draws holds, in draw order, the child of each
-	// independent draw from dist, the draft distribution the children
-	// came from. Multi-branch speculative sampling replays them in that
-	// order; a token drawn twice is one child drawn twice.
-	draws []int
-	dist  []float32
 	// alts are the draft's next most likely tokens after an expanded
 	// node that it did not branch on: below the branch threshold or past
 	// the branch cap. A verification's free rows may check them; one that
@@ -147,12 +141,11 @@ func (t *tree) path(n int) []int {
 // renumbered by remap (nil keeps them).
 func (t *tree) reroot(n int, remap []int) *tree {
 	nt := &tree{}
-	index := map[int]int{}
 	scale := t.nodes[n].conf
 	var visit func(old, parent int)
 	visit = func(old, parent int) {
 		o := t.nodes[old]
-		c := node{tok: o.tok, parent: parent, prob: o.prob, row: o.row, expanded: o.expanded, pruned: o.pruned, dist: o.dist, alts: o.alts}
+		c := node{tok: o.tok, parent: parent, prob: o.prob, row: o.row, expanded: o.expanded, pruned: o.pruned, alts: o.alts}
 		if parent < 0 {
 			c.prob, c.conf, c.pruned = 1, 1, false
 		} else {
@@ -166,7 +159,6 @@ func (t *tree) reroot(n int, remap []int) *tree {
 		}
 		nt.nodes = append(nt.nodes, c)
 		me := len(nt.nodes) - 1
-		index[old] = me
 		if parent >= 0 {
 			nt.nodes[parent].children = append(nt.nodes[parent].children, me)
 		}
@@ -175,10 +167,5 @@ func (t *tree) reroot(n int, remap []int) *tree {
 		}
 	}
 	visit(n, -1)
-	for old, me := range index {
-		for _, d := range t.nodes[old].draws {
-			nt.nodes[me].draws = append(nt.nodes[me].draws, index[d])
-		}
-	}
 	return nt
 }

@@ -268,11 +268,12 @@ func (d *Decoder) walk(snap snapshot, rows func(slot int) []float32) (path []int
 //
 //   - Greedy: the target's own greedy token; a child matches only if the
 //     draft guessed exactly it.
-//   - Sampling: multi-branch speculative sampling over x's draws, in draw
-//     order: accept draw y with probability min(1, p(y)/q(y)), else set
-//     p to the residual norm(max(0, p − q)) and try the next; if all are
-//     rejected, sample from the residual. With independent draws from q
-//     this emits exactly p's distribution (SpecInfer, Theorem 4.2).
+//   - Sampling: the target's own draw, with the next uniform of its
+//     stream, one a token as the target alone spends them; a child
+//     matches only if the draft proposed exactly it. The text is then
+//     the target's alone for the same seed, whatever the trees were
+//     (the draft proposes the token its own distribution gives for the
+//     same uniform, to be matched often).
 //   - BiLD: accept the draft's child unless the target's cross-entropy
 //     for it exceeds Rollback; otherwise (or past the chain) the target's
 //     own token.
@@ -292,36 +293,9 @@ func (d *Decoder) choose(x int, row []float32, hist []int32, snap snapshot) (int
 		}
 		tok := d.sampler.Sample(row, hist)
 		return tok, t.child(x, tok)
-	case d.sampler.Greedy():
-		tok := d.sampler.Sample(row, hist)
-		return tok, t.child(x, tok)
 	}
-	p := d.sampler.Probs(row, hist)
-	for _, c := range n.draws {
-		tok := t.nodes[c].tok
-		q := n.dist[tok]
-		if q > 0 && d.sampler.Uniform() < float64(p[tok]/q) {
-			return tok, c
-		}
-		residual(p, n.dist)
-	}
-	tok := d.sampler.Draw(p)
+	tok := d.sampler.Sample(row, hist)
 	return tok, t.child(x, tok)
-}
-
-// residual sets p to norm(max(0, p − q)). If nothing is left (p ≤ q
-// everywhere, which only rounding allows after a rejection), p is kept.
-func residual(p, q []float32) {
-	var sum float64
-	for i := range p {
-		sum += math.Max(0, float64(p[i]-q[i]))
-	}
-	if sum <= 0 {
-		return
-	}
-	for i := range p {
-		p[i] = float32(math.Max(0, float64(p[i]-q[i])) / sum)
-	}
 }
 
 // bestBranch is N_all for the adaptive trigger: the length of the branch

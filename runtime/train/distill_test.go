@@ -112,10 +112,17 @@ func TestDistillRaisesAgreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("agreement untrained %.2f, distilled %.2f over %d positions; NLL of the target's tokens: target %.3f, draft %.3f",
-		before.Rate(), after.Rate(), after.Positions, after.TargetNLL, after.DraftNLL)
-	if after.Positions != 60 || after.Rate() < 0.8 || after.Rate() <= before.Rate() {
+	t.Logf("agreement untrained %.2f, distilled %.2f over %d positions; NLL of the target's tokens: target %.3f, draft %.3f (untrained %.3f)",
+		before.Rate(), after.Rate(), after.Positions, after.TargetNLL, after.DraftNLL, before.DraftNLL)
+	// The level reached varies with the sampled corpus: over seeds 1-19
+	// it was 0.65-0.80 (0.70-0.90 with the inverse-CDF sampler before the
+	// race), against 1/15 for a draft that guesses; an untrained draft
+	// scores 0.
+	if after.Positions != 60 || after.Rate() < 0.6 || after.Rate() <= before.Rate() {
 		t.Errorf("agreement %.2f after distillation (untrained %.2f, %d positions)", after.Rate(), before.Rate(), after.Positions)
+	}
+	if after.DraftNLL > before.DraftNLL/2 {
+		t.Errorf("the draft's NLL of the target's tokens went from %.3f untrained to %.3f distilled; want it at least halved", before.DraftNLL, after.DraftNLL)
 	}
 	if self, _ := Agreement(context.Background(), target, target, prompts, 20, nil); self.Rate() != 1 {
 		t.Errorf("a model agrees with itself %.3f of the time", self.Rate())

@@ -58,7 +58,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	topK := fs.Int("top-k", 0, "keep only the K most likely tokens (0: off)")
 	minP := fs.Float64("min-p", 0, "drop tokens below this fraction of the top probability (0: off)")
 	repeat := fs.Float64("repeat-penalty", 1, "penalty for tokens already in the context (1: off)")
-	seed := fs.Uint64("seed", 0, "sampling seed: same seed, same text, except with a draft and --trigger cost (the default), which verifies when measured timings say, so the random draws fall differently from run to run; --trigger fixed or adaptive reproduce")
+	seed := fs.Uint64("seed", 0, "sampling seed: same seed, same text, in every mode (bild aside) the text the model alone draws with it")
 	threads := threadsFlag(fs)
 	ctxLen := fs.Int("ctx", 0, "context length (0: the model's)")
 	kvType := fs.String("kv-type", "f32", "KV cache type: f32 or f16")

@@ -50,41 +50,45 @@ func TestGenerateSpeculative(t *testing.T) {
 		}
 		return r
 	}
-	want := run().IDs
-	for _, tc := range []struct {
-		args  []string
-		fills bool // the default trigger fills an IO-bound pass's free rows
-	}{
-		{[]string{"--draft", draft}, false},
-		{[]string{"--draft", draft, "--no-pause"}, false},
-		{[]string{"--draft", draft, "--mode", "sd", "--draft-len", "3"}, false},
-		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"}, false},
-		{[]string{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"}, false},
-		{[]string{"--draft", draft, "--mode", "bild"}, false},
-		// A draft window of 16 positions slides every few rounds.
-		{[]string{"--draft", draft, "--draft-ctx", "16", "--no-pause"}, false},
-		// Storage slow enough that every pass waits on IO whatever the
-		// kernels and the machine's load: a pass reads about 1 MB.
-		{[]string{"--draft", draft, "--budget", "min", "--io-bandwidth", "4MB/s"}, true},
-	} {
-		args := tc.args
-		r := run(args...)
-		sp := r.Stats.Spec
-		if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
-			t.Errorf("%v: speculative stats %+v", args, sp)
-			continue
-		}
-		if slides := slices.Contains(args, "--draft-ctx"); slides != (sp.Slides > 0) {
-			t.Errorf("%v: the draft's window slid %d times; want it to slide only with --draft-ctx", args, sp.Slides)
-		}
-		if slices.Contains(args, "--no-pause") && sp.Undrafted != 0 {
-			t.Errorf("%v: %d passes over the root alone; --no-pause drafts every round", args, sp.Undrafted)
-		}
-		if tc.fills != (sp.FreeRows > 0) {
-			t.Errorf("%v: %d tokens verified in free rows; want them only from the default trigger on a streamed target", args, sp.FreeRows)
-		}
-		if sp.Mode != "bild" && !equalIDs(r.IDs, want) {
-			t.Errorf("%v: ids differ from the model alone:\n got %v\nwant %v", args, r.IDs, want)
+	// Greedy, then sampled: with a seed, every lossless mode writes the
+	// text the model alone draws with it, the timed trigger's included.
+	for _, sampling := range [][]string{nil, {"--temperature", "0.8", "--top-p", "0.95", "--seed", "5"}} {
+		want := run(sampling...).IDs
+		for _, tc := range []struct {
+			args  []string
+			fills bool // the default trigger fills an IO-bound pass's free rows
+		}{
+			{[]string{"--draft", draft}, false},
+			{[]string{"--draft", draft, "--no-pause"}, false},
+			{[]string{"--draft", draft, "--mode", "sd", "--draft-len", "3"}, false},
+			{[]string{"--draft", draft, "--mode", "tree", "--trigger", "adaptive", "--pacer", "uniform"}, false},
+			{[]string{"--draft", draft, "--mode", "tree", "--trigger", "fixed", "--max-tree", "12", "--budget", "min", "--io-bandwidth", "200MB/s"}, false},
+			{[]string{"--draft", draft, "--mode", "bild"}, false},
+			// A draft window of 16 positions slides every few rounds.
+			{[]string{"--draft", draft, "--draft-ctx", "16", "--no-pause"}, false},
+			// Storage slow enough that every pass waits on IO whatever the
+			// kernels and the machine's load: a pass reads about 1 MB.
+			{[]string{"--draft", draft, "--budget", "min", "--io-bandwidth", "4MB/s"}, true},
+		} {
+			args := append(append([]string(nil), tc.args...), sampling...)
+			r := run(args...)
+			sp := r.Stats.Spec
+			if sp == nil || sp.TargetPasses == 0 || sp.DraftSteps == 0 || sp.TokensPerPass <= 1 {
+				t.Errorf("%v: speculative stats %+v", args, sp)
+				continue
+			}
+			if slides := slices.Contains(args, "--draft-ctx"); slides != (sp.Slides > 0) {
+				t.Errorf("%v: the draft's window slid %d times; want it to slide only with --draft-ctx", args, sp.Slides)
+			}
+			if slices.Contains(args, "--no-pause") && sp.Undrafted != 0 {
+				t.Errorf("%v: %d passes over the root alone; --no-pause drafts every round", args, sp.Undrafted)
+			}
+			if tc.fills != (sp.FreeRows > 0) {
+				t.Errorf("%v: %d tokens verified in free rows; want them only from the default trigger on a streamed target", args, sp.FreeRows)
+			}
+			if sp.Mode != "bild" && !equalIDs(r.IDs, want) {
+				t.Errorf("%v: ids differ from the model alone:\n got %v\nwant %v", args, r.IDs, want)
+			}
 		}
 	}
 	// The prompt rides with the first verification: the first token
