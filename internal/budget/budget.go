@@ -134,5 +134,8 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 	if _, _, err := model.PlanStream(f, so); err != nil {
 		return Plan{}, fmt.Errorf("budget %s: %w", note, err)
 	}
+	if so.Budget >= probe.Total {
+		note += fmt.Sprintf("; the whole model, %s, fits and stays pinned", progress.Bytes(probe.Total))
+	}
 	return Plan{Stream: &so, Note: fmt.Sprintf("streamed, %s per lane (%s)", progress.Bytes(so.Budget), note)}, nil
 }
