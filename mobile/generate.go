@@ -309,5 +309,8 @@ func decodeJSON(s string, v any, what string) error {
 	if dec.More() {
 		return fmt.Errorf("mobile: %s: unexpected data after the JSON object", what)
 	}
+	if e := jsonerr.Strict([]byte(s), reflect.TypeOf(v)); e != nil {
+		return fmt.Errorf("mobile: %s: %v", what, e)
+	}
 	return nil
 }

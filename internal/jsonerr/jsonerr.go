@@ -41,8 +41,13 @@ func Explain(err error, data []byte, t reflect.Type) *Error {
 			// Go's path names the struct fields; the last one is the key.
 			field = typ.Field[strings.LastIndexByte(typ.Field, '.')+1:]
 		}
-		if n, ok := strings.CutPrefix(typ.Value, "number "); ok && outOfRange(n, typ.Type) {
-			return &Error{Field: field, Msg: fmt.Sprintf("field %q: %s is out of range", field, n)}
+		if n, ok := strings.CutPrefix(typ.Value, "number "); ok {
+			if whole, ok := integerSpelledOut(n, typ.Type); ok {
+				return &Error{Field: field, Msg: fmt.Sprintf("field %q: %s is an integer written with a fraction or an exponent; write it as %s", field, n, whole)}
+			}
+			if outOfRange(n, typ.Type) {
+				return &Error{Field: field, Msg: fmt.Sprintf("field %q: %s is out of range", field, n)}
+			}
 		}
 		return &Error{Field: field, Msg: fmt.Sprintf("field %q has the wrong type: got %s, want %s", field, typ.Value, typeName(typ.Type))}
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -77,6 +82,30 @@ func outOfRange(number string, t reflect.Type) bool {
 		return f.IsInt()
 	}
 	return false
+}
+
+// integerSpelledOut reports whether number, which encoding/json would
+// not put in the integer type t, is a whole number t holds written as
+// 3.0 or 3e2 (Python's json writes floats so), and returns it plainly.
+func integerSpelledOut(number string, t reflect.Type) (string, bool) {
+	t = open(t)
+	if t == nil || !isInteger(t) {
+		return "", false
+	}
+	f, _, err := big.ParseFloat(number, 10, 256, big.ToNearestEven)
+	if err != nil || !f.IsInt() {
+		return "", false
+	}
+	n, _ := f.Int(nil)
+	lo, hi := new(big.Int), new(big.Int).Lsh(big.NewInt(1), uint(t.Bits()))
+	if t.Kind() <= reflect.Int64 { // signed
+		hi.Rsh(hi, 1)
+		lo.Neg(hi)
+	}
+	if n.Cmp(lo) < 0 || n.Cmp(hi) >= 0 {
+		return "", false
+	}
+	return n.String(), true
 }
 
 // isInteger: reflect orders the integer kinds from Int to Uintptr.

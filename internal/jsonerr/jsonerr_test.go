@@ -83,6 +83,11 @@ func TestMessagesSayWhatIsWrong(t *testing.T) {
 		{`{"count":-1}`, `field "count": -1 is out of range`},
 		{`{"count":300}`, "is out of range"},
 		{`{"max_tokens":1.5}`, `field "max_tokens" has the wrong type: got number 1.5, want an integer`},
+		{`{"max_tokens":3.0}`, `field "max_tokens": 3.0 is an integer written with a fraction or an exponent; write it as 3`},
+		{`{"max_tokens":2e2}`, "write it as 200"},
+		{`{"count":2.55e2}`, "write it as 255"},
+		{`{"count":2.56e2}`, "is out of range"},
+		{`{"count":-1.0}`, "is out of range"},
 		{`{"max_tokens":2.5e-3}`, "want an integer"},
 		{`{"max_tokens":"ten"}`, "got string, want an integer"},
 		{`{"temperature":true}`, "got bool, want a number"},
@@ -113,4 +118,37 @@ func FuzzFieldPath(f *testing.F) {
 			t.Fatalf("path %q for unknown %q", p, unknown)
 		}
 	})
+}
+
+// TestStrict: keys encoding/json takes in another case than the field's
+// name, at any depth, and keys repeated in their object are found; keys
+// inside fields that take any JSON keep their case, and a body without
+// either passes.
+func TestStrict(t *testing.T) {
+	for _, tc := range []struct {
+		body, field, msg string
+	}{
+		{`{"PROMPT":"x"}`, "PROMPT", `did you mean "prompt"?`},
+		{`{"prompt":"x","Max_Tokens":3}`, "Max_Tokens", `did you mean "max_tokens"?`},
+		{`{"utility":{"Value":1}}`, "utility.Value", `did you mean "value"?`},
+		{`{"messages":[{"role":"user"},{"ROLE":"user"}]}`, "messages[1].ROLE", `did you mean "role"?`},
+		{`{"max_tokens":3,"max_tokens":4}`, "max_tokens", "appears twice"},
+		{`{"utility":{"value":1,"value":2}}`, "utility.value", "appears twice"},
+		{`{"logit_bias":{"7":1,"7":2}}`, "logit_bias.7", "appears twice"},
+		{`{"prompt":"x","max_tokens":3,"MAX_TOKENS":4}`, "MAX_TOKENS", `did you mean "max_tokens"?`},
+		{`{"prompt":{"Anything":1},"logit_bias":{"Key":1},"messages":[{"role":"user","content":{"TYPE":1}}]}`, "", ""},
+		{`{"prompt":"x","max_tokens":3,"utility":{"value":1,"slope":2}}`, "", ""},
+	} {
+		var v request
+		if err := json.Unmarshal([]byte(tc.body), &v); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		e := Strict([]byte(tc.body), reflect.TypeOf(&v))
+		switch {
+		case tc.field == "" && e != nil:
+			t.Errorf("%s: %+v, want nothing found", tc.body, e)
+		case tc.field != "" && (e == nil || e.Field != tc.field || !strings.Contains(e.Msg, tc.msg)):
+			t.Errorf("%s: %+v, want field %q and a message saying %q", tc.body, e, tc.field, tc.msg)
+		}
+	}
 }

@@ -32,6 +32,25 @@ type pathWalker struct {
 	unknown string
 	offset  int64
 	broken  bool // the body is malformed: stop
+	// strict looks for keys encoding/json takes that a client did not
+	// mean: another case than the field's name, or a key repeated in its
+	// object. msg says what the path found is.
+	strict bool
+	msg    string
+}
+
+// Strict returns the first key in data, a body that decodes into t, that
+// encoding/json matched to a field though its case differs from the
+// field's name ("PROMPT" for prompt: JSON names are case-sensitive, and
+// OpenAI's API refuses it as unknown), or that repeats in its object
+// (encoding/json keeps the last, so one of them is silently lost); nil
+// when there is none.
+func Strict(data []byte, t reflect.Type) *Error {
+	w := pathWalker{dec: json.NewDecoder(bytes.NewReader(data)), strict: true}
+	if path, found := w.value(t, ""); found {
+		return &Error{Field: path, Msg: w.msg, Unknown: !strings.Contains(w.msg, "twice")}
+	}
+	return nil
 }
 
 // value reads one JSON value that decodes into t (nil: anything) and
@@ -48,6 +67,7 @@ func (w *pathWalker) value(t reflect.Type, path string) (string, bool) {
 	t = open(t)
 	switch tok {
 	case json.Delim('{'):
+		var seen map[string]bool
 		for !w.broken && w.dec.More() {
 			k, err := w.dec.Token()
 			key, ok := k.(string)
@@ -59,9 +79,23 @@ func (w *pathWalker) value(t reflect.Type, path string) (string, bool) {
 			if path != "" {
 				sub = path + "." + key
 			}
-			ft, known := fieldType(t, key)
+			ft, name, known := fieldType(t, key)
 			if !known && key == w.unknown {
 				return sub, true
+			}
+			if w.strict {
+				if seen[key] {
+					w.msg = fmt.Sprintf("field %q appears twice in its object; send it once", sub)
+					return sub, true
+				}
+				if seen == nil {
+					seen = map[string]bool{}
+				}
+				seen[key] = true
+				if known && name != "" && name != key {
+					w.msg = fmt.Sprintf("unknown field %q: field names are case-sensitive (did you mean %q?)", sub, name)
+					return sub, true
+				}
 			}
 			if p, found := w.value(ft, sub); found {
 				return p, true
@@ -98,10 +132,11 @@ func open(t reflect.Type) reflect.Type {
 
 // fieldType finds the field key decodes into, matching as encoding/json
 // does: by tag name or Go name, case-insensitively, through embedded
-// structs. A t that is not a struct knows every key.
-func fieldType(t reflect.Type, key string) (reflect.Type, bool) {
+// structs, and returns the field's name. A t that is not a struct knows
+// every key (and names none).
+func fieldType(t reflect.Type, key string) (reflect.Type, string, bool) {
 	if t == nil || t.Kind() != reflect.Struct {
-		return nil, t == nil
+		return nil, "", t == nil
 	}
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -110,8 +145,8 @@ func fieldType(t reflect.Type, key string) (reflect.Type, bool) {
 			continue
 		}
 		if f.Anonymous && tag == "" {
-			if ft, ok := fieldType(open(f.Type), key); ok && ft != nil {
-				return ft, true
+			if ft, name, ok := fieldType(open(f.Type), key); ok && ft != nil {
+				return ft, name, true
 			}
 			continue
 		}
@@ -123,8 +158,8 @@ func fieldType(t reflect.Type, key string) (reflect.Type, bool) {
 			name = f.Name
 		}
 		if strings.EqualFold(name, key) {
-			return f.Type, true
+			return f.Type, name, true
 		}
 	}
-	return nil, false
+	return nil, "", false
 }

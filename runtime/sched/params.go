@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tandem-llm/tandem/internal/jsonerr"
 )
 
 // Params are the per-request settings every front end takes, as their
@@ -75,13 +79,13 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 	if p.Temperature != nil {
 		temp = *p.Temperature
 		if !(temp >= 0 && temp <= 2) {
-			return fieldErr("temperature", "temperature=%v: must be between 0 and 2", temp)
+			return fieldErr("temperature", "temperature=%s: must be between 0 and 2", decimal(float64(temp)))
 		}
 	}
 	req.Sampling.Temperature = float32(temp)
 	if p.TopP != nil {
 		if !(*p.TopP > 0 && *p.TopP <= 1) {
-			return fieldErr("top_p", "top_p=%v: must be in (0, 1]", *p.TopP)
+			return fieldErr("top_p", "top_p=%s: must be in (0, 1]", decimal(*p.TopP))
 		}
 		req.Sampling.TopP = float32(*p.TopP)
 	}
@@ -93,13 +97,13 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 	}
 	if p.MinP != nil {
 		if !(*p.MinP >= 0 && *p.MinP < 1) {
-			return fieldErr("min_p", "min_p=%v: must be in [0, 1)", *p.MinP)
+			return fieldErr("min_p", "min_p=%s: must be in [0, 1)", decimal(*p.MinP))
 		}
 		req.Sampling.MinP = float32(*p.MinP)
 	}
 	if p.RepeatPenalty != nil {
 		if !(*p.RepeatPenalty > 0 && *p.RepeatPenalty <= 10) {
-			return fieldErr("repeat_penalty", "repeat_penalty=%v: must be in (0, 10]", *p.RepeatPenalty)
+			return fieldErr("repeat_penalty", "repeat_penalty=%s: must be in (0, 10]", decimal(*p.RepeatPenalty))
 		}
 		req.Sampling.RepeatPenalty = float32(*p.RepeatPenalty)
 	}
@@ -151,10 +155,20 @@ func (p *ResumeParams) Options() (ResumeOptions, error) {
 
 func deadlineMs(ms float64) (time.Duration, error) {
 	if limit := float64(MaxDeadline / time.Millisecond); !(ms > 0 && ms <= limit) {
-		return 0, fieldErr("deadline_ms", "deadline_ms=%v: must be > 0 and at most %.0f (24 hours)", ms, limit)
+		return 0, fieldErr("deadline_ms", "deadline_ms=%s: must be > 0 and at most %.0f (24 hours)", decimal(ms), limit)
 	}
 	// Up to whole nanoseconds: a tiny deadline must not become 0, none.
 	return time.Duration(math.Ceil(ms * float64(time.Millisecond))), nil
+}
+
+// decimal writes a number a client sent as it would have written it:
+// 86400001, not 8.6400001e+07 (exponents only for the very large or
+// small).
+func decimal(v float64) string {
+	if a := math.Abs(v); a == 0 || a >= 1e-4 && a < 1e21 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
 // parseSegment reads "line", "statement" or {"regex": "..."}.
@@ -172,7 +186,7 @@ func parseSegment(raw json.RawMessage) (*Segmenter, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&obj); err != nil || obj.Regex == nil {
+	if err := dec.Decode(&obj); err != nil || obj.Regex == nil || jsonerr.Strict(raw, reflect.TypeOf(&obj)) != nil {
 		return nil, fieldErr("segment", `segment must be "line", "statement" or {"regex": "..."}`)
 	}
 	seg, err := NewRegexSegmenter(*obj.Regex)

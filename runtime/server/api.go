@@ -91,6 +91,8 @@ var asksNothing = map[string][]string{
 	"tool_choice":     {`"none"`},
 	"service_tier":    {`"auto"`, `"default"`},
 	"modalities":      {`["text"]`},
+	// OpenAI's default; with no tools there are no calls to make at once.
+	"parallel_tool_calls": {`true`},
 }
 
 type streamOptions struct {
@@ -165,6 +167,12 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty boo
 	// (a server-wide ReadTimeout would cancel long streams). After a failed
 	// read it stays, so the connection closes instead of waiting for the
 	// rest of the body.
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		// Read as it came, a gzip body would be a UTF-8 error, and a
+		// plain one under the header would be taken on trust.
+		return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
+			Message: fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed", ce)}
+	}
 	rc := http.NewResponseController(w)
 	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) == nil
 	limit := s.cfg.MaxBodyBytes
@@ -207,6 +215,9 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, empty boo
 	}
 	if dec.More() {
 		return badRequest("", "unexpected data after the JSON object")
+	}
+	if e := jsonerr.Strict(data, reflect.TypeOf(v)); e != nil {
+		return badRequest(e.Field, "%s", e.Msg)
 	}
 	return nil
 }
@@ -275,10 +286,15 @@ func (s *Server) common(c *commonRequest, req *sched.Request) *apiError {
 	return nil
 }
 
+// absent reports whether a field was left out or sent as null.
+func absent(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
+}
+
 // parseStop reads OpenAI's stop: a string or an array of up to 4.
 func parseStop(raw json.RawMessage) ([]string, *apiError) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+	if absent(raw) {
 		return nil, nil
 	}
 	var one string
@@ -302,8 +318,7 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 // parsePrompt reads a completion prompt: a string, an array of one string,
 // an array of token ids or an array of one such array.
 func parsePrompt(raw json.RawMessage) (text string, ids []int32, err *apiError) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+	if absent(raw) {
 		return "", nil, badRequest("prompt", "prompt is required")
 	}
 	if json.Unmarshal(raw, &text) == nil {
@@ -336,10 +351,10 @@ func parsePrompt(raw json.RawMessage) (text string, ids []int32, err *apiError) 
 // {"type":"text","text":...} parts.
 func messageText(i int, raw json.RawMessage) (string, *apiError) {
 	param := fmt.Sprintf("messages[%d].content", i)
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+	if absent(raw) {
 		return "", nil
 	}
+	raw = bytes.TrimSpace(raw)
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil

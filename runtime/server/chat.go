@@ -44,6 +44,11 @@ func renderChat(msgs []chatMessage) (string, *apiError) {
 		if text == "" && m.Refusal != nil {
 			text = *m.Refusal
 		}
+		if absent(m.Content) && m.Refusal == nil && m.Role != "assistant" && m.Role != "" {
+			// As OpenAI: only an assistant's turn may come without text
+			// (it called tools instead, which tandem refuses above).
+			return "", badRequest(fmt.Sprintf("messages[%d].content", i), "content is required in a %s message", m.Role)
+		}
 		if b.Len()+len(text) > maxContentSize {
 			return "", badRequest("messages", "the conversation is over %d bytes", maxContentSize)
 		}
@@ -68,7 +73,7 @@ func renderChat(msgs []chatMessage) (string, *apiError) {
 		case "":
 			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role is required")
 		default:
-			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role %q: want system, user or assistant", m.Role)
+			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role %q: want system, developer, user or assistant", m.Role)
 		}
 	}
 	b.WriteString(chatAssistant)

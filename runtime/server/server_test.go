@@ -2,6 +2,8 @@ package server
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -125,7 +127,7 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 		t.Fatalf("status %d: %s", code, out)
 	}
 	// Clients that spell out the defaults ask for nothing tandem lacks.
-	body = `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"response_format":{ "type": "text" },"tool_choice":"none","service_tier":"auto","modalities":["text"]}`
+	body = `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"response_format":{ "type": "text" },"tool_choice":"none","service_tier":"auto","modalities":["text"],"parallel_tool_calls":true}`
 	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
 		t.Fatalf("the defaults spelled out: status %d: %s", code, out)
 	}
@@ -363,6 +365,14 @@ func TestBadRequests(t *testing.T) {
 		{"audio modality", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]}`, 400, "modalities"},
 		{"message tool calls", "/v1/chat/completions", `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, 400, "messages[0].tool_calls"},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","text":""}]}]}`, 400, "messages[0].content[0].type"},
+		{"field in another case", "/v1/completions", `{"PROMPT":"x"}`, 400, "PROMPT"},
+		{"field twice", "/v1/completions", `{"prompt":"x","max_tokens":3,"max_tokens":4}`, 400, "max_tokens"},
+		{"field twice in another case", "/v1/completions", `{"prompt":"x","max_tokens":3,"MAX_TOKENS":4}`, 400, "MAX_TOKENS"},
+		{"message field in another case", "/v1/chat/completions", `{"messages":[{"Role":"user","content":"x"}]}`, 400, "messages[0].Role"},
+		{"segment regex in another case", "/v1/completions", `{"prompt":"x","segment":{"REGEX":"x"}}`, 400, "segment"},
+		{"max_tokens written as a float", "/v1/completions", `{"prompt":"x","max_tokens":3.0}`, 400, "max_tokens"},
+		{"user message without content", "/v1/chat/completions", `{"messages":[{"role":"user"}]}`, 400, "messages[0].content"},
+		{"system message with null content", "/v1/chat/completions", `{"messages":[{"role":"system","content":null},{"role":"user","content":"x"}]}`, 400, "messages[0].content"},
 		{"resume bad deadline", "/v1/resume/cmpl-x", `{"deadline_ms":-1}`, 400, "deadline_ms"},
 		{"resume unknown", "/v1/resume/cmpl-nope", `{}`, 404, ""},
 		{"unknown route", "/v1/engines", `{}`, 404, ""},
@@ -390,6 +400,23 @@ func TestBadRequests(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 404 {
 		t.Errorf("resume with an empty chunked body: %d, want 404", resp.StatusCode)
+	}
+	// A compressed body is refused by its encoding, not as bad UTF-8.
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(`{"prompt":"x","max_tokens":1}`))
+	zw.Close()
+	req, _ := http.NewRequest("POST", fx.http.URL+"/v1/completions", &gz)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnsupportedMediaType || !strings.Contains(string(body), `Content-Encoding \"gzip\" is not supported`) {
+		t.Errorf("gzip body: %d %s; want 415 naming the encoding", resp.StatusCode, body)
 	}
 	resp, err = http.Get(fx.http.URL + "/v1/completions")
 	if err != nil {
