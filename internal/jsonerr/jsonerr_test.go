@@ -111,11 +111,16 @@ func FuzzFieldPath(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","x":1}]}`), "x", int64(0))
 	f.Add([]byte(`{"prompt":"x","utility":{"value":"s"}}`), "", int64(37))
 	f.Add([]byte(`[{"a":[1,{"b":2}]}`), "b", int64(9))
+	f.Add([]byte(`{"Prompt":"x","utility":{"value":1,"value":2}}`), "", int64(0))
 	typ := reflect.TypeFor[request]()
 	f.Fuzz(func(t *testing.T, data []byte, unknown string, offset int64) {
 		p := fieldPath(data, typ, unknown, offset)
 		if unknown != "" && offset == 0 && p != "" && !strings.HasSuffix(p, unknown) {
 			t.Fatalf("path %q for unknown %q", p, unknown)
+		}
+		// Strict walks the same way and must end on any body too.
+		if e := Strict(data, typ); e != nil && (e.Field == "" || !strings.Contains(e.Msg, e.Field)) {
+			t.Fatalf("Strict: %+v", e)
 		}
 	})
 }

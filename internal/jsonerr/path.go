@@ -80,7 +80,7 @@ func (w *pathWalker) value(t reflect.Type, path string) (string, bool) {
 				sub = path + "." + key
 			}
 			ft, name, known := fieldType(t, key)
-			if !known && key == w.unknown {
+			if !known && w.unknown != "" && key == w.unknown {
 				return sub, true
 			}
 			if w.strict {
