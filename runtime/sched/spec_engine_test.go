@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/kv"
 	"github.com/tandem-llm/tandem/runtime/model"
+	"github.com/tandem-llm/tandem/runtime/sample"
 	"github.com/tandem-llm/tandem/runtime/spec"
 	"github.com/tandem-llm/tandem/weights"
 )
@@ -232,6 +233,59 @@ func TestSpecEngineScheduler(t *testing.T) {
 	waitFor(t, func() bool { return e.Live() == 0 })
 	if st := e.Stats(); st.TargetPasses >= st.Emitted {
 		t.Errorf("%d target passes for %d tokens: the draft never helped", st.TargetPasses, st.Emitted)
+	}
+}
+
+// TestSpecEngineSampledIsTheTargetsText: sampled requests with seeds get
+// the same tokens from a speculative lane, whose timed trigger grows
+// trees as the step costs fall, batched and joining at different steps,
+// as from a lane running the target alone.
+func TestSpecEngineSampledIsTheTargetsText(t *testing.T) {
+	recs := greedyRecords(t, 60)[:6]
+	if raceEnabled || testing.Short() {
+		recs = recs[:3]
+	}
+	run := func(e Engine) [][]int32 {
+		s, err := New(Config{MaxBatch: 3}, nil, Lane{Engine: e})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Shutdown(context.Background())
+		got := make([][]int32, len(recs))
+		var wg sync.WaitGroup
+		for i, r := range recs {
+			opt := sample.Options{Temperature: 0.9, TopP: 0.95, Seed: uint64(i) + 1}
+			st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: 60, StopTokens: []int32{1}, Sampling: opt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				toks, _, err := recvAll(st)
+				if err != nil {
+					t.Error(err)
+				}
+				got[i] = toks
+			}()
+		}
+		wg.Wait()
+		return got
+	}
+	alone, err := NewModelEngine(loadShared(t, "stories260K.bin"), ModelEngineOptions{MaxSeqs: 3, Context: specContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := run(alone)
+	e := newSpecEngine(t, spec.Config{}, 3)
+	got := run(e)
+	for i := range recs {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d: speculative lane\n got %v\nwant %v (the target alone)", i, got[i], want[i])
+		}
+	}
+	if st := e.Stats(); st.Accepted == 0 {
+		t.Errorf("no drafted token was accepted in %d passes: the test did not exercise speculation", st.TargetPasses)
 	}
 }
 
