@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/tandem-llm/tandem/runtime/model"
 )
 
 // draftStep extends the branches the pacer picks by one token each, in
@@ -14,26 +16,45 @@ import (
 // tokens the draft has not seen yet (pending) go first, as a chain under
 // the committed rows.
 func (d *Decoder) draftStep(cap int) error {
-	t := d.tree
-	nodes, before := len(t.nodes), t.confByDepth(nil)
-	open := d.openLeaves(nil)
-	if len(open) == 0 {
-		return nil
-	}
-	picks := d.cfg.Pacer.Pick(nil, t, open, d.cfg.MaxTree, d.cfg.DraftBatch)
-	if len(d.pending) > 0 {
-		// Only the unexpanded root can be open behind pending tokens.
-		picks = picks[:1]
-	}
-	rootPos := int32(d.rootPos() - d.shift) // in the draft's window
 	b := &d.db
 	b.Reset()
-	last := -1 // the slot the root hangs under (the last pending token)
+	st := d.draftRows(b)
+	if st.picks == nil {
+		return nil
+	}
+	start := time.Now()
+	err := d.draft.Forward(b, d.dcache, &d.dout)
+	elapsed := time.Since(start)
+	if err != nil {
+		d.stats.DraftTime += elapsed
+		return fmt.Errorf("spec: draft step: %w", err)
+	}
+	return d.draftTake(st, &d.dout, cap, elapsed)
+}
+
+// draftRows adds to b the rows of the decoder's next draft step (pending
+// tokens, then the pacer's picks) and returns what draftTake needs; no
+// picks when no leaf is open.
+func (d *Decoder) draftRows(b *model.Batch) draftRound {
+	t := d.tree
+	open := d.openLeaves(nil)
+	if len(open) == 0 {
+		return draftRound{}
+	}
+	r := draftRound{first: b.Len(), nodes: len(t.nodes), before: t.confByDepth(nil), had: d.dcache.Tentative(d.dseq)}
+	r.picks = d.cfg.Pacer.Pick(nil, t, open, d.cfg.MaxTree, d.cfg.DraftBatch)
+	if len(d.pending) > 0 {
+		// Only the unexpanded root can be open behind pending tokens.
+		r.picks = r.picks[:1]
+	}
+	rootPos := int32(d.rootPos() - d.shift) // in the draft's window
+	// The slot the root hangs under: the last pending token's.
+	last := -1
 	base := d.dcache.Len(d.dseq)
 	for i, tok := range d.pending {
 		last = b.Add(tok, int32(base+i), d.dseq, last, false)
 	}
-	for _, x := range picks {
+	for _, x := range r.picks {
 		n := &t.nodes[x]
 		pos := rootPos + int32(n.depth)
 		switch {
@@ -43,44 +64,56 @@ func (d *Decoder) draftStep(cap int) error {
 			b.AddAfter(n.tok, pos, d.dseq, t.nodes[n.parent].row, true)
 		}
 	}
-	had := d.dcache.Tentative(d.dseq)
-	start := time.Now()
-	err := d.draft.Forward(b, d.dcache, &d.dout)
-	elapsed := time.Since(start)
+	r.rows = b.Len() - r.first
+	return r
+}
+
+// draftRound is one decoder's part of a draft Forward.
+type draftRound struct {
+	picks  []int     // the nodes evaluated, after the pending tokens
+	first  int       // the decoder's first slot in the batch
+	rows   int       // its slots
+	nodes  int       // the tree's size before the step
+	before []float64 // the tree's Σ C by depth before the step
+	had    int       // the draft's tentative rows of the sequence before the step
+}
+
+// draftTake reads the decoder's rows of a draft Forward (logits by batch
+// slot in out) that took elapsed for its rows: it proposes the picks'
+// children and commits the pending tokens.
+func (d *Decoder) draftTake(r draftRound, out *model.Logits, cap int, elapsed time.Duration) error {
+	t := d.tree
 	d.stats.DraftTime += elapsed
-	if err != nil {
-		return fmt.Errorf("spec: draft step: %w", err)
-	}
 	d.stats.DraftSteps++
-	d.stats.DraftTokens += b.Len()
-	for i, x := range picks {
-		slot := len(d.pending) + i
-		t.nodes[x].row = had + slot
+	d.stats.DraftTokens += r.rows
+	for i, x := range r.picks {
+		slot := len(d.pending) + i // the sequence's own rows count from its first
+		t.nodes[x].row = r.had + slot
 		t.nodes[x].expanded = true
-		d.propose(x, d.dout.Row(slot), cap)
+		d.propose(x, out.Row(r.first+slot), cap)
 	}
 	if len(d.pending) > 0 {
 		rows := make([]int, len(d.pending))
 		for i := range rows {
-			rows[i] = had + i
+			rows[i] = r.had + i
 		}
 		remap, err := d.dcache.CommitKeep(d.dseq, rows, t.nodes[0].row)
 		if err != nil {
 			return fmt.Errorf("spec: draft: %w", err)
 		}
 		for i := range t.nodes {
-			if r := t.nodes[i].row; r >= 0 {
-				t.nodes[i].row = remap[r]
+			if row := t.nodes[i].row; row >= 0 {
+				t.nodes[i].row = remap[row]
 			}
 		}
 		d.pending = d.pending[:0]
 	}
 	// The step's gain by depth: the tree's Σ C by depth now less before.
 	gain := t.confByDepth(nil)
-	for i := range min(len(before), len(gain)) {
-		gain[i] -= before[i]
+	for i := range min(len(r.before), len(gain)) {
+		gain[i] -= r.before[i]
 	}
-	d.last = stepInfo{byDepth: gain, added: len(t.nodes) - nodes, time: elapsed}
+	d.last = stepInfo{byDepth: gain, added: len(t.nodes) - r.nodes, time: elapsed}
 	return nil
 }
 

@@ -22,15 +22,29 @@ type Group struct {
 	snaps  []snapshot // per live decoder: its tree as it went to the target
 	off    []int      // per live decoder: its first slot in the batch
 	passes int
+
+	// The draft steps that grow the trees before the pass, shared.
+	dbatch      model.Batch
+	dout        model.Logits
+	growing     []int        // the decoders still drafting, by index
+	rounds      []draftRound // per growing decoder: its rows in dbatch
+	draftPasses int
 }
 
 // Passes is how many target passes the group has run: fewer than its
 // decoders' TargetPasses together when their trees shared passes.
 func (g *Group) Passes() int { return g.passes }
 
+// DraftPasses is how many draft Forwards grew the group's trees before
+// their passes: fewer than its decoders' DraftSteps together when their
+// steps shared Forwards (those the pipeline runs during a pass are
+// each a decoder's own).
+func (g *Group) DraftPasses() int { return g.draftPasses }
+
 // Step runs one round of every decoder: each drafts its tree as Step
-// does, then one target pass verifies them all, and each accepts its
-// path. With the pipeline on, the decoders take turns drafting while the
+// does, their draft steps sharing Forwards (the draft reads its weights
+// once a step for all of them), then one target pass verifies them all,
+// and each accepts its path. With the pipeline on, the decoders take turns drafting while the
 // pass waits for weights. The decoders must share the target and both
 // caches (and the Lane). out[i] gets decoder i's tokens and errs[i] its
 // error; a decoder that fails is left as a failed Step leaves it, with
@@ -47,17 +61,13 @@ func (g *Group) Step(ctx context.Context, decs []*Decoder, out [][]int32, errs [
 			errs[i] = err
 			continue
 		}
-		if i > 0 && (d.target != decs[0].target || d.tcache != decs[0].tcache || d.dcache != decs[0].dcache) {
-			errs[i] = errors.New("spec: Group.Step: the decoders must share the target and both caches")
+		if i > 0 && (d.target != decs[0].target || d.draft != decs[0].draft || d.tcache != decs[0].tcache || d.dcache != decs[0].dcache) {
+			errs[i] = errors.New("spec: Group.Step: the decoders must share the draft, the target and both caches")
 			continue
 		}
-		snap, err := d.grow(ctx)
-		if err != nil {
-			errs[i] = d.fail(err)
-			continue
-		}
-		g.live, g.snaps = append(g.live, i), append(g.snaps, snap)
+		g.live = append(g.live, i)
 	}
+	g.grow(ctx, decs, errs)
 	if len(g.live) == 0 {
 		return
 	}
@@ -76,6 +86,77 @@ func (g *Group) Step(ctx context.Context, decs []*Decoder, out [][]int32, errs [
 		}
 		out[i] = toks
 	}
+}
+
+// grow drafts the live decoders' trees as Decoder.grow does, each step
+// one draft Forward for every decoder whose trigger asks for more: its
+// rows are its own step's, and it is charged its rows' share of the
+// Forward's time. It leaves in g.live the decoders that grew without
+// error, with their snapshots in g.snaps; the others fail, in errs.
+func (g *Group) grow(ctx context.Context, decs []*Decoder, errs []error) {
+	g.growing = g.growing[:0]
+	for _, i := range g.live {
+		d := decs[i]
+		d.handover = false
+		d.roundDraft, d.last = 0, stepInfo{}
+		if err := d.slide(); err != nil {
+			errs[i] = d.fail(err)
+			continue
+		}
+		g.growing = append(g.growing, i)
+	}
+	for {
+		more := g.growing[:0]
+		for _, i := range g.growing {
+			if errs[i] == nil && !decs[i].shouldVerify(decs[i].cfg.MaxTree) {
+				more = append(more, i)
+			}
+		}
+		g.growing = more
+		if len(more) == 0 {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			for _, i := range more {
+				errs[i] = decs[i].fail(err)
+			}
+			break
+		}
+		b := &g.dbatch
+		b.Reset()
+		g.rounds = g.rounds[:0]
+		for _, i := range more {
+			// shouldVerify found open leaves: each adds rows.
+			g.rounds = append(g.rounds, decs[i].draftRows(b))
+		}
+		first := decs[more[0]]
+		start := time.Now()
+		err := first.draft.Forward(b, first.dcache, &g.dout)
+		elapsed := time.Since(start)
+		g.draftPasses++
+		for k, i := range more {
+			d := decs[i]
+			share := elapsed * time.Duration(g.rounds[k].rows) / time.Duration(b.Len())
+			if err != nil {
+				d.stats.DraftTime += share
+				errs[i] = d.fail(fmt.Errorf("spec: draft step: %w", err))
+				continue
+			}
+			if err := d.draftTake(g.rounds[k], &g.dout, d.cfg.MaxTree, share); err != nil {
+				errs[i] = d.fail(err)
+				continue
+			}
+			d.roundDraft += d.last.time
+		}
+	}
+	live := g.live[:0]
+	for _, i := range g.live {
+		if errs[i] == nil {
+			live = append(live, i)
+			g.snaps = append(g.snaps, decs[i].snapshot(decs[i].fill()))
+		}
+	}
+	g.live = live
 }
 
 // verify runs the live decoders' trees through the target in one pass,

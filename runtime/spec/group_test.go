@@ -81,15 +81,22 @@ func TestGroupStep(t *testing.T) {
 				got[i] = append(got[i], out[k]...)
 			}
 		}
-		trees := 0
+		trees, steps := 0, 0
 		for i, d := range decs {
 			if !slices.Equal(got[i][:n], recs[i].GeneratedIDs) {
 				t.Errorf("stream %v: decoder %d emitted %v\nwant %v", stream, i, got[i][:n], recs[i].GeneratedIDs)
 			}
-			trees += d.Stats().TargetPasses
+			st := d.Stats()
+			trees += st.TargetPasses
+			steps += st.DraftSteps - st.PipelineSteps
 			d.Close()
 		}
-		t.Logf("stream %v: %d rounds verified %d trees", stream, rounds, trees)
+		t.Logf("stream %v: %d rounds verified %d trees; %d draft steps before the passes took %d draft Forwards", stream, rounds, trees, steps, g.DraftPasses())
+		// The decoders' steps share Forwards: fewer than the steps
+		// whenever two decoders drafted in one round.
+		if steps == 0 || g.DraftPasses() >= steps {
+			t.Errorf("stream %v: %d draft steps before the passes took %d draft Forwards; want them shared", stream, steps, g.DraftPasses())
+		}
 		if stream {
 			if passes := targetPasses(p.target) - passes0; passes != rounds || trees <= rounds {
 				t.Errorf("%d passes over the target's weights for %d rounds verifying %d trees; want one a round, fewer than the trees", passes, rounds, trees)
