@@ -664,8 +664,12 @@ func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
 		if err := ctx.Err(); err != nil {
 			return snapshot{}, err
 		}
+		steps := d.stats.DraftSteps
 		if err := d.draftStep(d.cfg.MaxTree); err != nil {
 			return snapshot{}, err
+		}
+		if d.stats.DraftSteps == steps {
+			break // the pacer picked nothing
 		}
 		d.roundDraft += d.last.time
 	}

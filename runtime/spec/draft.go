@@ -34,7 +34,7 @@ func (d *Decoder) draftStep(cap int) error {
 
 // draftRows adds to b the rows of the decoder's next draft step (pending
 // tokens, then the pacer's picks) and returns what draftTake needs; no
-// picks when no leaf is open.
+// picks (and no rows) when no leaf is open or the pacer picks none.
 func (d *Decoder) draftRows(b *model.Batch) draftRound {
 	t := d.tree
 	open := d.openLeaves(nil)
@@ -43,6 +43,9 @@ func (d *Decoder) draftRows(b *model.Batch) draftRound {
 	}
 	r := draftRound{first: b.Len(), nodes: len(t.nodes), before: t.confByDepth(nil), had: d.dcache.Tentative(d.dseq)}
 	r.picks = d.cfg.Pacer.Pick(nil, t, open, d.cfg.MaxTree, d.cfg.DraftBatch)
+	if len(r.picks) == 0 {
+		return draftRound{} // a pacer that picks nothing ends the growth
+	}
 	if len(d.pending) > 0 {
 		// Only the unexpanded root can be open behind pending tokens.
 		r.picks = r.picks[:1]

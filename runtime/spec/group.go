@@ -125,9 +125,15 @@ func (g *Group) grow(ctx context.Context, decs []*Decoder, errs []error) {
 		b := &g.dbatch
 		b.Reset()
 		g.rounds = g.rounds[:0]
+		stepping := more[:0]
 		for _, i := range more {
-			// shouldVerify found open leaves: each adds rows.
-			g.rounds = append(g.rounds, decs[i].draftRows(b))
+			if r := decs[i].draftRows(b); r.picks != nil {
+				g.rounds, stepping = append(g.rounds, r), append(stepping, i)
+			} // else its pacer picked nothing: it is done growing
+		}
+		more, g.growing = stepping, stepping
+		if len(more) == 0 {
+			break
 		}
 		first := decs[more[0]]
 		start := time.Now()

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
 	"github.com/tandem-llm/tandem/runtime/kv"
@@ -215,5 +216,45 @@ func BenchmarkGroupStep(b *testing.B) {
 			b.ReportMetric(float64(read)/float64(b.N)/1e6, "MB-read/op")
 			b.ReportMetric(float64(read)/float64(b.N)/400e6, "IO-bound-s/op")
 		})
+	}
+}
+
+// idlePacer picks no leaf.
+type idlePacer struct{}
+
+func (idlePacer) Pick(dst []int, _ *tree, _ []int, _, _ int) []int { return dst }
+
+// TestPacerThatPicksNothing: a pacer that picks no leaf ends the tree's
+// growth, alone and in a group: every round verifies the root alone and
+// the text is the target's. Both loops used to spin until the context
+// ended.
+func TestPacerThatPicksNothing(t *testing.T) {
+	r := arRecords(t, "stories260K.greedy.jsonl")[0]
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := Config{Method: Tree, Pacer: idlePacer{}, Trigger: FixedSize{N: 8}}
+	d := p.decoder(t, cfg)
+	res, err := Speculate(ctx, d, r.PromptIDs, GenOptions{MaxTokens: 12})
+	if err != nil || !slices.Equal(res.Ids, r.GeneratedIDs[:12]) {
+		t.Fatalf("alone: %v, %v; want %v", res.Ids, err, r.GeneratedIDs[:12])
+	}
+	decs := []*Decoder{p.decoder(t, cfg), p.decoder(t, cfg)}
+	for _, d := range decs {
+		if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+	}
+	var g Group
+	out, errs := make([][]int32, 2), make([]error, 2)
+	g.Step(ctx, decs, out, errs)
+	for i := range decs {
+		if errs[i] != nil || !slices.Equal(out[i], r.GeneratedIDs[:1]) {
+			t.Errorf("group member %d: %v, %v; want %v", i, out[i], errs[i], r.GeneratedIDs[:1])
+		}
+	}
+	if g.DraftPasses() != 0 {
+		t.Errorf("%d draft Forwards with nothing picked", g.DraftPasses())
 	}
 }

@@ -279,10 +279,8 @@ func (d *Decoder) walk(snap snapshot, rows func(slot int) []float32) (path []int
 //     own token.
 func (d *Decoder) choose(x int, row []float32, hist []int32, snap snapshot) (int32, int) {
 	t := d.tree
-	n := &t.nodes[x]
-	switch {
-	case d.cfg.Method == BiLD:
-		for _, c := range n.children {
+	if d.cfg.Method == BiLD {
+		for _, c := range t.nodes[x].children {
 			if snap.at(c) < 0 {
 				continue
 			}
@@ -291,8 +289,6 @@ func (d *Decoder) choose(x int, row []float32, hist []int32, snap snapshot) (int
 				return t.nodes[c].tok, c
 			}
 		}
-		tok := d.sampler.Sample(row, hist)
-		return tok, t.child(x, tok)
 	}
 	tok := d.sampler.Sample(row, hist)
 	return tok, t.child(x, tok)
