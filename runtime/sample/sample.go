@@ -36,7 +36,7 @@ type Options struct {
 // sequence its own.
 type Sampler struct {
 	opt  Options
-	src  *rand.PCG // rng's state, copied to look ahead (DrawAhead)
+	src  *rand.PCG // rng's state, copied to look ahead (RaceAhead)
 	rng  *rand.Rand
 	buf  []float32 // working logits / probabilities of Sample
 	idx  []int32   // the most likely token ids in order, for top-k and top-p
@@ -96,7 +96,7 @@ func (s *Sampler) Probs(logits []float32, history []int32) []float32 {
 // the same word pick the same token about as often as any pairing of
 // draws from them can (at least (1−d)/(1+d) of the time, d their total
 // variation distance): a speculative draft racing its own distribution
-// with the target's word (DrawAhead) proposes the token the target will
+// with the target's word (RaceAhead) proposes the token the target will
 // draw, most of the time the two models agree.
 func (s *Sampler) Draw(p []float32) int32 {
 	if !anyPositive(p) {
@@ -105,17 +105,10 @@ func (s *Sampler) Draw(p []float32) int32 {
 	return race(p, s.rng.Uint64())
 }
 
-// DrawAhead is the token Draw would pick from p with the word the draw k
-// draws from now takes (0: the next), without taking it.
-func (s *Sampler) DrawAhead(p []float32, k int) int32 {
-	if !anyPositive(p) {
-		return -1
-	}
-	return race(p, s.ahead(k))
-}
-
-// RaceAhead appends to dst the first n finishers of DrawAhead's race
-// (fewer when p has fewer positive weights), the winner first. When the
+// RaceAhead appends to dst the first n finishers of the race Draw would
+// run on p with the word the draw k draws from now takes (0: the next),
+// without taking it: fewer when p has fewer positive weights, the token
+// Draw would pick first. When the
 // target's distribution differs from p, its winner is most likely one of
 // p's first finishers for the same word: a draft with room for several
 // guesses proposes these.

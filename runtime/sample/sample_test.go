@@ -223,10 +223,10 @@ func TestDraw(t *testing.T) {
 	}
 }
 
-// TestDrawAhead: the token DrawAhead(p, k) names is the one the draw k
-// draws later picks, whatever the draws between take, and looking ahead
-// moves nothing: the stream's draws come out as without it.
-func TestDrawAhead(t *testing.T) {
+// TestLookingAhead: the winner RaceAhead(p, k) names is the token the
+// draw k draws later picks, whatever the draws between take, and looking
+// ahead moves nothing: the stream's draws come out as without it.
+func TestLookingAhead(t *testing.T) {
 	dists := [][]float32{{0.1, 0.2, 0.3, 0.4}, {0.7, 0, 0.3}, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 0.05, 0, 0.9, 0.05}}
 	plain, looking := New(Options{Seed: 7}), New(Options{Seed: 7})
 	const n = 400
@@ -235,7 +235,7 @@ func TestDrawAhead(t *testing.T) {
 		p := dists[i%len(dists)]
 		for k := range 3 {
 			if i+k < n {
-				ahead[i+k] = append(ahead[i+k], looking.DrawAhead(dists[(i+k)%len(dists)], k))
+				ahead[i+k] = append(ahead[i+k], looking.RaceAhead(nil, dists[(i+k)%len(dists)], k, 1)[0])
 			}
 		}
 		got, want := looking.Draw(p), plain.Draw(p)
@@ -248,8 +248,8 @@ func TestDrawAhead(t *testing.T) {
 			}
 		}
 	}
-	if got := looking.DrawAhead([]float32{0, -1}, 0); got != -1 {
-		t.Errorf("DrawAhead with no positive weight = %d, want -1", got)
+	if got := looking.RaceAhead(nil, []float32{0, -1}, 0, 3); len(got) != 0 {
+		t.Errorf("RaceAhead with no positive weight = %v, want none", got)
 	}
 }
 
@@ -298,7 +298,7 @@ func BenchmarkSample(b *testing.B) {
 }
 
 // TestRaceAhead: RaceAhead lists the race's finishers in order, as sorting
-// every token's time does, its first the token DrawAhead names; and the
+// every token's time does, its first the token that draw picks; and the
 // shortcut that skips tokens without a logarithm skips no finisher.
 func TestRaceAhead(t *testing.T) {
 	s := New(Options{Seed: 3})
@@ -328,9 +328,11 @@ func TestRaceAhead(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("trial %d: RaceAhead(%d, %d) = %v, want %v", trial, k, n, got, want)
 		}
-		if d := s.DrawAhead(p, k); d != order[0] {
-			t.Fatalf("trial %d: DrawAhead = %d, the race's winner is %d", trial, d, order[0])
+		for range k {
+			s.Draw(p) // move the stream on to the draw looked at
 		}
-		s.Draw(p) // move the stream on
+		if d := s.Draw(p); d != order[0] {
+			t.Fatalf("trial %d: Draw = %d, the race's winner is %d", trial, d, order[0])
+		}
 	}
 }
