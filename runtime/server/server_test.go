@@ -131,6 +131,16 @@ func TestChatTakesBackItsOwnAnswer(t *testing.T) {
 	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
 		t.Fatalf("the defaults spelled out: status %d: %s", code, out)
 	}
+	// OpenAI's newer name for system is taken, and a role that is not
+	// one of them is told every one that is.
+	body = `{"messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":2}`
+	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 200 {
+		t.Fatalf("a developer message: status %d: %s", code, out)
+	}
+	body = `{"messages":[{"role":"wizard","content":"x"}]}`
+	if code, _, out := post(t, fx.http.URL+"/v1/chat/completions", body); code != 400 || !strings.Contains(string(out), "want system, developer, user or assistant") {
+		t.Errorf("role wizard: status %d: %s; want a 400 naming every role", code, out)
+	}
 }
 
 // TestChatNextTurnReusesPrefix: a chat's next turn resends the
