@@ -45,59 +45,61 @@ type Plan struct {
 // file, so a command checks its flags before it loads anything (tandem
 // serve, before it listens); ForLanes says the rest.
 func Check(budget string, embedded bool) error {
-	_, err := parse(budget, embedded)
+	_, err := Parse(budget, embedded)
 	return err
 }
 
-// form is a budget as written: kind is "" (none), "min", "auto", "%" (a
-// share of the weights, share percent each lane) or "size" (size bytes
+// Form is a budget as written: Kind is "" (none), "min", "auto", "%" (a
+// share of the weights, Share percent each lane) or "size" (Size bytes
 // all lanes together).
-type form struct {
-	kind  string
-	share float64
-	size  uint64
+type Form struct {
+	Kind  string
+	Share float64
+	Size  uint64
 }
 
-// parse reads a budget as written. The embedded model has no file to
-// stream from, so it takes only "" and "auto".
-func parse(budget string, embedded bool) (form, error) {
+// Parse reads a budget as written, without a model: what it refuses, no
+// model takes (tandem generate resolves its one lane's budget from it).
+// The embedded model has no file to stream from, so it takes only "" and
+// "auto".
+func Parse(budget string, embedded bool) (Form, error) {
 	b := strings.ToLower(strings.TrimSpace(budget))
 	switch {
 	case b == "" || b == "auto":
-		return form{kind: b}, nil
+		return Form{Kind: b}, nil
 	case embedded:
-		return form{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
+		return Form{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
 	case b == "min":
-		return form{kind: b}, nil
+		return Form{Kind: b}, nil
 	case strings.HasSuffix(b, "%"):
 		v, err := units.ParsePercent(b)
 		if err != nil {
-			return form{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
+			return Form{}, fmt.Errorf("budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", budget)
 		}
-		return form{kind: "%", share: v}, nil
+		return Form{Kind: "%", Share: v}, nil
 	}
 	n, err := units.ParseSize(b)
 	if err != nil {
-		return form{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
+		return Form{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
 	}
 	if n == 0 {
-		return form{}, fmt.Errorf("budget %s holds no weights: give a size like 512MiB, a share like 25%%, auto or min, or no budget to keep the model resident", budget)
+		return Form{}, fmt.Errorf("budget %s holds no weights: give a size like 512MiB, a share like 25%%, auto or min, or no budget to keep the model resident", budget)
 	}
-	return form{kind: "size", size: n}, nil
+	return Form{Kind: "size", Size: n}, nil
 }
 
 // ForLanes resolves budget for lanes lanes over f. Each lane streams its
 // own copy of the weights through its share of the budget.
 func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, error) {
-	fm, err := parse(budget, opt.Embedded)
+	fm, err := Parse(budget, opt.Embedded)
 	switch {
 	case err != nil:
 		return Plan{}, err
-	case fm.kind == "":
+	case fm.Kind == "":
 		return Plan{Note: "resident (no budget)"}, nil
 	case lanes < 1:
 		return Plan{}, fmt.Errorf("budget %q for %d lanes: want at least one", budget, lanes)
-	case opt.Embedded: // auto: parse refused the rest
+	case opt.Embedded: // auto: Parse refused the rest
 		return Plan{Note: "resident (the embedded model is small and has no file to stream from)"}, nil
 	}
 	so := weights.StreamOptions{Mode: weights.StreamPipelined, Method: weights.IOPread}
@@ -108,7 +110,7 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 	}
 	var total uint64
 	note := strings.TrimSpace(budget)
-	switch fm.kind {
+	switch fm.Kind {
 	case "min":
 		total = probe.Min * uint64(lanes)
 	case "auto":
@@ -122,9 +124,9 @@ func ForLanes(f *weights.File, budget string, lanes int, opt Options) (Plan, err
 			return Plan{Note: note + "; the whole model fits, resident"}, nil
 		}
 	case "%":
-		total = uint64(float64(probe.Total) * fm.share / 100 * float64(lanes))
+		total = uint64(float64(probe.Total) * fm.Share / 100 * float64(lanes))
 	default:
-		total = fm.size
+		total = fm.Size
 	}
 	so.Budget = total / uint64(lanes)
 	if so.Budget < probe.Min {

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/budget"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/sysmem"
-	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/runtime/spec"
@@ -155,7 +155,11 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 	if err != nil && probe.Min == 0 {
 		return rc, err
 	}
-	switch b := strings.ToLower(strings.TrimSpace(*r.budget)); b {
+	fm, err := budget.Parse(*r.budget, false)
+	if err != nil {
+		return rc, fmt.Errorf("%w: --%v", errUsage, err)
+	}
+	switch fm.Kind {
 	case "min":
 		opt.Budget = probe.Min
 	case "", "auto":
@@ -165,27 +169,16 @@ func (r *runFlags) resolve(f *weights.File, draft bool, stderr io.Writer) (runCo
 		}
 		opt.Budget = uint64(float64(avail) * autoBudgetShare)
 		fmt.Fprintf(stderr, "budget auto: %s (%.0f%% of %s available)\n", progress.Bytes(opt.Budget), 100*autoBudgetShare, progress.Bytes(avail))
+	case "%":
+		opt.Budget = uint64(float64(probe.Total) * fm.Share / 100)
 	default:
-		if pct, ok := strings.CutSuffix(b, "%"); ok {
-			v, err := units.ParsePercent(pct)
-			if err != nil {
-				return rc, fmt.Errorf("%w: --budget %s: want a share of the weights above 0%% and at most 100%%, like 25%%", errUsage, *r.budget)
-			}
-			opt.Budget = uint64(float64(probe.Total) * v / 100)
-			break
-		}
-		if opt.Budget, err = units.ParseSize(b); err != nil {
-			return rc, fmt.Errorf("%w: --budget: %v (or N%%, auto, min)", errUsage, err)
-		}
-		if opt.Budget == 0 {
-			return rc, fmt.Errorf("%w: --budget %s holds no weights: give a size like 256MiB, a share like 25%%, auto or min", errUsage, *r.budget)
-		}
+		opt.Budget = fm.Size
 	}
 	plan, groups, err := model.PlanStream(f, opt)
 	if err != nil {
 		return rc, fmt.Errorf("%w; run with --budget min to use the smallest", err)
 	}
-	if strings.EqualFold(strings.TrimSpace(*r.budget), "min") {
+	if fm.Kind == "min" {
 		fmt.Fprintf(stderr, "budget min: %s for %s (%s of weights): %s\n", progress.Bytes(plan.Min), f.Path, progress.Bytes(plan.Total), describePlan(plan, groups))
 	}
 	rc.stream, rc.plan = &opt, plan
