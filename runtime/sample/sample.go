@@ -99,37 +99,70 @@ func (s *Sampler) Probs(logits []float32, history []int32) []float32 {
 // with the target's word (RaceAhead) proposes the token the target will
 // draw, most of the time the two models agree.
 func (s *Sampler) Draw(p []float32) int32 {
-	if !anyPositive(p) {
+	best := heaviest(p)
+	if best < 0 {
 		return -1 // nothing to draw: the stream stays where it is
 	}
-	return race(p, s.rng.Uint64())
+	var one [1]int32
+	return race(one[:0], p, best, s.rng.Uint64(), 1)[0]
 }
 
 // RaceAhead appends to dst the first n finishers of the race Draw would
 // run on p with the word the draw k draws from now takes (0: the next),
 // without taking it: fewer when p has fewer positive weights, the token
-// Draw would pick first. When the
-// target's distribution differs from p, its winner is most likely one of
-// p's first finishers for the same word: a draft with room for several
-// guesses proposes these.
+// Draw would pick first. When the target's distribution differs from p,
+// its winner is most likely one of p's first finishers for the same
+// word: a draft with room for several guesses proposes these.
 func (s *Sampler) RaceAhead(dst []int32, p []float32, k, n int) []int32 {
-	if n <= 0 || !anyPositive(p) {
+	best := heaviest(p)
+	if best < 0 || n <= 0 {
 		return dst
 	}
-	word := s.ahead(k)
-	first := len(dst)
-	var times []float64 // E_i / p[i] of dst[first:], ascending
+	return race(dst, p, best, s.ahead(k), n)
+}
+
+// ahead returns the word the draw k draws from now takes, leaving the
+// stream as it is.
+func (s *Sampler) ahead(k int) uint64 {
+	fork := *s.src // PCG's state is two words: a copy is a fork
+	for range k {
+		fork.Uint64()
+	}
+	return fork.Uint64()
+}
+
+// heaviest is the index of p's largest positive weight, -1 if none.
+func heaviest(p []float32) int32 {
+	best := int32(-1)
 	for i, x := range p {
-		if !(x > 0) {
+		if x > 0 && (best < 0 || x > p[best]) {
+			best = int32(i)
+		}
+	}
+	return best
+}
+
+// race appends to dst the first n (n ≥ 1) finishers of the race over
+// p's positive weights for word, by least E_i / p[i], E_i = −ln U_i with
+// U_i uniform in (0, 1] from word and i. best, the heaviest token, runs
+// first, so the bound the n-th time sets rules out most others with a
+// multiply: E_i/p[i] < b needs U_i > exp(−b·p[i]) ≥ 1 − b·p[i], so a U_i
+// at or below 1 − b·p[i] cannot finish ahead, and only the rest pay for
+// a logarithm.
+func race(dst []int32, p []float32, best int32, word uint64, n int) []int32 {
+	first := len(dst)
+	var buf [8]float64
+	times := append(buf[:0], -math.Log(unit(word, best))/float64(p[best])) // of dst[first:], ascending
+	dst = append(dst, best)
+	for i, x := range p {
+		if !(x > 0) || int32(i) == best {
 			continue
 		}
-		if len(times) == n {
-			// As in race: U_i at or below 1 − b·p[i] cannot beat b.
-			if y := times[n-1] * float64(x); unit(word, int32(i)) <= 1-y {
-				continue
-			}
+		u := unit(word, int32(i))
+		if len(times) == n && u <= 1-times[n-1]*float64(x) {
+			continue
 		}
-		e := -math.Log(unit(word, int32(i))) / float64(x)
+		e := -math.Log(u) / float64(x)
 		j := len(times)
 		if j == n {
 			if e >= times[n-1] {
@@ -146,54 +179,6 @@ func (s *Sampler) RaceAhead(dst []int32, p []float32, k, n int) []int32 {
 		times[j], dst[first+j] = e, int32(i)
 	}
 	return dst
-}
-
-// ahead returns the word the draw k draws from now takes, leaving the
-// stream as it is.
-func (s *Sampler) ahead(k int) uint64 {
-	fork := *s.src // PCG's state is two words: a copy is a fork
-	for range k {
-		fork.Uint64()
-	}
-	return fork.Uint64()
-}
-
-func anyPositive(p []float32) bool {
-	for _, x := range p {
-		if x > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// race returns argmin E_i / p[i] over the positive weights, E_i = −ln U_i
-// with U_i uniform in (0, 1] from word and i. The heaviest token runs
-// first, so the bound it sets rules out most others with a multiply:
-// E_i/p[i] < b needs U_i > exp(−b·p[i]) ≥ 1 − b·p[i], so a U_i at or
-// below 1 − b·p[i] cannot win, and only the rest pay for a logarithm.
-func race(p []float32, word uint64) int32 {
-	best := int32(-1)
-	for i, x := range p {
-		if x > 0 && (best < 0 || x > p[best]) {
-			best = int32(i)
-		}
-	}
-	bound := -math.Log(unit(word, best)) / float64(p[best])
-	for i, x := range p {
-		if !(x > 0) || int32(i) == best {
-			continue
-		}
-		y := bound * float64(x)
-		u := unit(word, int32(i))
-		if u <= 1-y {
-			continue
-		}
-		if e := -math.Log(u); e < y {
-			best, bound = int32(i), e/float64(x)
-		}
-	}
-	return best
 }
 
 // unit is token i's uniform in (0, 1] for a draw's word: a SplitMix64
