@@ -35,8 +35,9 @@ type pathWalker struct {
 	// strict looks for keys encoding/json takes that a client did not
 	// mean: another case than the field's name, or a key repeated in its
 	// object. msg says what the path found is.
-	strict bool
-	msg    string
+	strict  bool
+	msg     string
+	miscase bool // the key found differs from its field's name in case
 }
 
 // Strict returns the first key in data, a body that decodes into t, that
@@ -48,7 +49,7 @@ type pathWalker struct {
 func Strict(data []byte, t reflect.Type) *Error {
 	w := pathWalker{dec: json.NewDecoder(bytes.NewReader(data)), strict: true}
 	if path, found := w.value(t, ""); found {
-		return &Error{Field: path, Msg: w.msg, Unknown: !strings.Contains(w.msg, "twice")}
+		return &Error{Field: path, Msg: w.msg, Unknown: w.miscase}
 	}
 	return nil
 }
@@ -94,6 +95,7 @@ func (w *pathWalker) value(t reflect.Type, path string) (string, bool) {
 				seen[key] = true
 				if known && name != "" && name != key {
 					w.msg = fmt.Sprintf("unknown field %q: field names are case-sensitive (did you mean %q?)", sub, name)
+					w.miscase = true
 					return sub, true
 				}
 			}
