@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
@@ -349,26 +348,14 @@ func TestLiveSchedulerMatchesReference(t *testing.T) {
 	ref := loadModel(t, f)
 	s, engines := newRealScheduler(t, f, Config{MaxBatch: 3}, 4, 1, 1)
 	const n = 30
-	var wg sync.WaitGroup
-	got := make([][]int32, len(testPrompts))
+	var reqs []Request
 	want := make([][]int32, len(testPrompts))
 	for i, p := range testPrompts {
 		ids := encode(t, tok, p)
 		want[i] = reference(t, ref, ids, n)
-		st, err := s.Submit(context.Background(), Request{Prompt: ids, Text: p, MaxTokens: n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var err error
-			if got[i], _, err = recvAll(st); err != nil {
-				t.Error(err)
-			}
-		}()
+		reqs = append(reqs, Request{Prompt: ids, Text: p, MaxTokens: n})
 	}
-	wg.Wait()
+	got, _ := submitAll(t, s, reqs)
 	for i := range testPrompts {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("prompt %q: scheduled %v\nalone %v", testPrompts[i], got[i], want[i])

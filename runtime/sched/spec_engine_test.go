@@ -205,26 +205,16 @@ func TestSpecEngineScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	got := make([][]int32, len(recs))
-	var wg sync.WaitGroup
-	for i, r := range recs {
-		st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: len(r.GeneratedIDs), StopTokens: []int32{1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			toks, res, err := recvAll(st)
-			got[i] = toks
-			if err != nil {
-				t.Error(err)
-			} else if res.Reason != ReasonLength {
-				t.Errorf("request %d ended with %v (%v)", i, res.Reason, res.Err)
-			}
-		}()
+	var reqs []Request
+	for _, r := range recs {
+		reqs = append(reqs, Request{Prompt: r.PromptIDs, MaxTokens: len(r.GeneratedIDs), StopTokens: []int32{1}})
 	}
-	wg.Wait()
+	got, results := submitAll(t, s, reqs)
+	for i, res := range results {
+		if res != nil && res.Reason != ReasonLength {
+			t.Errorf("request %d ended with %v (%v)", i, res.Reason, res.Err)
+		}
+	}
 	for i, r := range recs {
 		if !slices.Equal(got[i], r.GeneratedIDs) {
 			t.Errorf("record %d: scheduled\n got %v\nwant %v", i, got[i], r.GeneratedIDs)
@@ -245,31 +235,18 @@ func TestSpecEngineSampledIsTheTargetsText(t *testing.T) {
 	if raceEnabled || testing.Short() {
 		recs = recs[:3]
 	}
+	var reqs []Request
+	for i, r := range recs {
+		opt := sample.Options{Temperature: 0.9, TopP: 0.95, Seed: uint64(i) + 1}
+		reqs = append(reqs, Request{Prompt: r.PromptIDs, MaxTokens: 60, StopTokens: []int32{1}, Sampling: opt})
+	}
 	run := func(e Engine) [][]int32 {
 		s, err := New(Config{MaxBatch: 3}, nil, Lane{Engine: e})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Shutdown(context.Background())
-		got := make([][]int32, len(recs))
-		var wg sync.WaitGroup
-		for i, r := range recs {
-			opt := sample.Options{Temperature: 0.9, TopP: 0.95, Seed: uint64(i) + 1}
-			st, err := s.Submit(context.Background(), Request{Prompt: r.PromptIDs, MaxTokens: 60, StopTokens: []int32{1}, Sampling: opt})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				toks, _, err := recvAll(st)
-				if err != nil {
-					t.Error(err)
-				}
-				got[i] = toks
-			}()
-		}
-		wg.Wait()
+		got, _ := submitAll(t, s, reqs)
 		return got
 	}
 	alone, err := NewModelEngine(loadShared(t, "stories260K.bin"), ModelEngineOptions{MaxSeqs: 3, Context: specContext})
@@ -287,6 +264,31 @@ func TestSpecEngineSampledIsTheTargetsText(t *testing.T) {
 	if st := e.Stats(); st.Accepted == 0 {
 		t.Errorf("no drafted token was accepted in %d passes: the test did not exercise speculation", st.TargetPasses)
 	}
+}
+
+// submitAll submits reqs together and reads every stream to its end, each
+// on its own goroutine; a stream's error fails the test, and leaves its
+// result nil.
+func submitAll(t *testing.T, s *Scheduler, reqs []Request) ([][]int32, []*Result) {
+	t.Helper()
+	got, results := make([][]int32, len(reqs)), make([]*Result, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		st, err := s.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if got[i], results[i], err = recvAll(st); err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return got, results
 }
 
 // recvAll reads a stream to its end; unlike collect it may run outside
