@@ -336,3 +336,70 @@ func TestRaceAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestRaceOnLogitsIsTheDraw: without top-k and top-p, Sample races the
+// logits in place (raceLogits). It must pick the token Draw picks from
+// Probs with the same word, and take one word as Draw does. The two may
+// differ only where the winners' times agree to float32 rounding (Probs
+// rounds each probability; the race's weights are exact): such a pair is
+// a tie, and the test checks that each difference is one.
+func TestRaceOnLogitsIsTheDraw(t *testing.T) {
+	inf := float32(math.Inf(1))
+	nan := float32(math.NaN())
+	history := []int32{3, 1, 4, 1, 5, 9, 2, 6}
+	cases := []struct {
+		name   string
+		logits []float32
+		opt    Options
+		hist   []int32
+	}{
+		{"lm32000", lmLogits(32000, 3), Options{Temperature: 0.8}, nil},
+		{"lm32000 hot", lmLogits(32000, 4), Options{Temperature: 1.7}, nil},
+		{"lm512 cold", lmLogits(512, 5), Options{Temperature: 0.3}, nil},
+		{"lm512 penalty", lmLogits(512, 6), Options{Temperature: 1, RepeatPenalty: 1.3, RepeatLastN: 4}, history},
+		{"lm512 min-p", lmLogits(512, 7), Options{Temperature: 1, MinP: 0.02}, nil},
+		{"flat", make([]float32, 40), Options{Temperature: 1}, nil},
+		{"top-k off and top-p 1", lmLogits(64, 8), Options{Temperature: 1, TopK: 64, TopP: 1}, nil},
+		{"-Inf and NaN", []float32{-inf, 0.5, nan, 2, -inf, 1.5, nan}, Options{Temperature: 1}, nil},
+		{"+Inf share the mass", []float32{1, inf, nan, inf, 3, -inf}, Options{Temperature: 1}, nil},
+		{"nothing finite", []float32{-inf, nan, -inf, -inf}, Options{Temperature: 1}, nil},
+		{"1/T overflows", []float32{-1, 0.5, 0, 2, -3}, Options{Temperature: 1e-39}, nil},
+		{"far tail", []float32{0, -800, -60, -30, -745, -20}, Options{Temperature: 1}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ties := 0
+			const draws = 300
+			for seed := range uint64(draws) {
+				opt := tc.opt
+				opt.Seed = seed
+				racing, drawing := New(opt), New(opt)
+				if !racing.racesLogits(len(tc.logits)) {
+					t.Fatalf("%+v: Sample does not race the logits", opt)
+				}
+				word := racing.ahead(0)
+				got := racing.Sample(tc.logits, tc.hist)
+				p := drawing.Probs(tc.logits, tc.hist)
+				want := drawing.Draw(p)
+				if a, b := racing.rng.Uint64(), drawing.rng.Uint64(); a != b {
+					t.Fatalf("seed %d: the streams part after the draw", seed)
+				}
+				if got == want {
+					continue
+				}
+				if got < 0 || int(got) >= len(p) || !(p[got] > 0) {
+					t.Fatalf("seed %d: raced %d, which has probability %v; Draw picked %d", seed, got, p[max(got, 0)], want)
+				}
+				tg := -math.Log(unit(word, got)) / float64(p[got])
+				tw := -math.Log(unit(word, want)) / float64(p[want])
+				if math.Abs(tg-tw) > 1e-6*tw {
+					t.Fatalf("seed %d: raced %d (time %.9g), Draw picked %d (time %.9g): not a rounding tie", seed, got, tg, want, tw)
+				}
+				ties++
+			}
+			if ties > draws/100 {
+				t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
+			}
+		})
+	}
+}
