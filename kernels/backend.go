@@ -8,7 +8,7 @@ import (
 
 // impl is one kernel backend: the matmul, its activation quantizer,
 // attention and SwiGLU (an exponential per hidden unit), where inference
-// time goes. The other vector ops are Go in both (a cgo call costs more
+// time goes, and the exponentials of a sampler's softmax. The other vector ops are Go in both (a cgo call costs more
 // than they do).
 type impl struct {
 	attention    func(out, q, k, v []float32, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32)
@@ -17,10 +17,11 @@ type impl struct {
 	matmul       func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
 	quantize     func(x []float32, q []int8, d []float32, s []int32, block int)
 	siluMul      func(gate, up []float32)
+	expSum       func(x []float32, m float32) float64
 }
 
 var goImpl = &impl{name: "go", matmul: goMatMul, quantize: goQuantize, attention: goAttention, attentionF16: goAttentionF16,
-	siluMul: goSiLUMul}
+	siluMul: goSiLUMul, expSum: goExpSum}
 
 // cImpl is set by the cgo build when the C kernels are compiled in.
 var cImpl *impl

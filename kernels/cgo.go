@@ -68,7 +68,7 @@ func init() {
 		}
 		return "scalar"
 	}
-	cImpl = &impl{name: "c", matmul: cMatMul, quantize: cQuantize, attention: cAttention, attentionF16: cAttentionF16, siluMul: cSiLUMul}
+	cImpl = &impl{name: "c", matmul: cMatMul, quantize: cQuantize, attention: cAttention, attentionF16: cAttentionF16, siluMul: cSiLUMul, expSum: cExpSum}
 	backend = cImpl
 }
 
@@ -94,6 +94,11 @@ func cMatMul(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, 
 	}
 	C.tk_matmul(cLevel, C.int(wt), (*C.float)(unsafe.Pointer(&out[0])), (*C.uint8_t)(unsafe.Pointer(&w[0])), C.int64_t(rowBytes),
 		C.int64_t(lo), C.int64_t(hi), C.int64_t(rows), C.int64_t(cols), (*C.float)(unsafe.Pointer(&x[0])), q, d, s, C.int64_t(n))
+}
+
+// cExpSum: ExpSum passes no empty x.
+func cExpSum(x []float32, m float32) float64 {
+	return float64(C.tk_exp_sum(cLevel, (*C.float)(unsafe.Pointer(&x[0])), C.int64_t(len(x)), C.float(m)))
 }
 
 // cSiLUMul: SiLUMul checked the lengths.

@@ -301,6 +301,29 @@ void tk_attention(int level, int f16, float *out, const float *q, const uint8_t 
 	}
 }
 
+double tk_exp_sum(int level, float *x, int64_t n, float m) {
+	switch (level) {
+#if defined(__x86_64__)
+	case TK_AVX2:
+	case TK_AVX512:
+		return tk_exp_sum_avx2(x, n, m);
+#endif
+#if defined(__aarch64__)
+	case TK_NEON:
+	case TK_NEON_DOT:
+		return tk_exp_sum_neon(x, n, m);
+#endif
+	default: {
+		double sum = 0;
+		for (int64_t i = 0; i < n; i++) {
+			x[i] = expf(x[i] - m);
+			sum += x[i];
+		}
+		return sum;
+	}
+	}
+}
+
 void tk_silu_mul(int level, float *gate, const float *up, int64_t n) {
 	switch (level) {
 #if defined(__x86_64__)

@@ -60,6 +60,10 @@ void tk_attention(int level, int f16, float *out, const float *q, const uint8_t 
 // tk_silu_mul sets gate[i] = silu(gate[i]) · up[i] for i < n (SwiGLU).
 void tk_silu_mul(int level, float *gate, const float *up, int64_t n);
 
+// tk_exp_sum sets x[i] = e^(x[i] - m) for i < n and returns their sum in
+// double (a sampler's softmax over a whole vocabulary).
+double tk_exp_sum(int level, float *x, int64_t n, float m);
+
 // Per-level kernels (defined only on their architecture).
 void tk_matmul_scalar(int wt, float *out, const uint8_t *w, int64_t row_bytes,
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
@@ -86,6 +90,8 @@ void tk_softmax_avx2(float *sc, int64_t n);
 void tk_softmax_neon(float *sc, int64_t n);
 void tk_silu_mul_avx2(float *gate, const float *up, int64_t n);
 void tk_silu_mul_neon(float *gate, const float *up, int64_t n);
+double tk_exp_sum_avx2(float *x, int64_t n, float m);
+double tk_exp_sum_neon(float *x, int64_t n, float m);
 float tk_dot_neon(int f16, const float *a, const void *b, int64_t n);
 void tk_axpy_neon(int f16, float *y, float p, const void *x, int64_t n);
 

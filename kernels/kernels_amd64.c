@@ -654,6 +654,32 @@ AVX2 void tk_softmax_avx2(float *sc, int64_t n) {
 	}
 }
 
+// tk_exp_sum_avx2 is tk_exp_sum eight at a time, summed in four double
+// lanes; the tail is loaded and stored under a mask (its lanes add 0), so
+// an element's value does not depend on where it sits.
+AVX2 double tk_exp_sum_avx2(float *x, int64_t n, float m) {
+	__m256 mv = _mm256_set1_ps(m);
+	__m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+		_mm256_storeu_ps(x + i, e);
+		lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+		hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+	}
+	if (i < n) {
+		__m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+		__m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mask), mv));
+		e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+		_mm256_maskstore_ps(x + i, mask, e);
+		lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+		hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+	}
+	double s[4];
+	_mm256_storeu_pd(s, _mm256_add_pd(lo, hi));
+	return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
 // silu8 is SwiGLU for eight elements: g / (1 + e^-g) · u.
 AVX2 INLINE __m256 silu8(__m256 g, __m256 u) {
 	__m256 e = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));

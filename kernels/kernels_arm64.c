@@ -130,6 +130,36 @@ void tk_softmax_neon(float *sc, int64_t n) {
 	}
 }
 
+// tk_exp_sum_neon is tk_exp_sum four at a time, summed in two double
+// lanes; the tail goes through a padded vector whose padding adds 0.
+double tk_exp_sum_neon(float *x, int64_t n, float m) {
+	float32x4_t mv = vdupq_n_f32(m);
+	float64x2_t lo = vdupq_n_f64(0), hi = vdupq_n_f64(0);
+	int64_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + i), mv));
+		vst1q_f32(x + i, e);
+		lo = vaddq_f64(lo, vcvt_f64_f32(vget_low_f32(e)));
+		hi = vaddq_f64(hi, vcvt_high_f64_f32(e));
+	}
+	if (i < n) {
+		float pad[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+		int tail = (int)(n - i);
+		for (int j = 0; j < tail; j++) {
+			pad[j] = x[i + j] - m;
+		}
+		float32x4_t e = exp4(vld1q_f32(pad));
+		vst1q_f32(pad, e);
+		for (int j = 0; j < tail; j++) {
+			x[i + j] = pad[j];
+		}
+		lo = vaddq_f64(lo, vcvt_f64_f32(vget_low_f32(e)));
+		hi = vaddq_f64(hi, vcvt_high_f64_f32(e));
+	}
+	float64x2_t s = vaddq_f64(lo, hi);
+	return vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
+}
+
 // silu4 is SwiGLU for four elements: g / (1 + e^-g) · u.
 static inline float32x4_t silu4(float32x4_t g, float32x4_t u) {
 	return vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(g)))), u);

@@ -77,6 +77,30 @@ func Softmax(x []float32) {
 	}
 }
 
+// ExpSum sets x[i] = e^(x[i] − m) and returns the sum of the results in
+// float64: a softmax's exponentials, which over a vocabulary of tens of
+// thousands of tokens cost a sampler more than the rest of its work.
+// With m the maximum each result is in [0, 1]; the C kernels are within
+// 2 ULP of e^x, and flush results below float32's smallest normal to 0.
+// An element's result depends only on it, not on x's length.
+func ExpSum(x []float32, m float32) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	return backend.expSum(x, m)
+}
+
+// goExpSum is ExpSum's pure-Go twin.
+func goExpSum(x []float32, m float32) float64 {
+	var sum float64
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - m)))
+		x[i] = e
+		sum += float64(e)
+	}
+	return sum
+}
+
 // SiLUMul sets gate[i] = silu(gate[i]) · up[i], the SwiGLU activation.
 // Each element's result depends only on it, whatever the length, so a
 // token's activations do not depend on its batch.
