@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
 )
 
@@ -228,12 +229,8 @@ func softmaxInto(dst, logits []float32) []float32 {
 			m = v
 		}
 	}
-	var sum float64
-	for i, v := range logits {
-		e := math.Exp(float64(v - m))
-		dst[i] = float32(e)
-		sum += e
-	}
+	copy(dst, logits)
+	sum := kernels.ExpSum(dst, m)
 	for i := range dst {
 		dst[i] = float32(float64(dst[i]) / sum)
 	}
