@@ -173,9 +173,9 @@ func raceFlat(z []float32, inv, m float32, word uint64) int32 {
 }
 
 // Probs returns the distribution Sample draws from, after every transform
-// (one-hot on the greedy token when Temperature is 0). Speculative
-// sampling compares these distributions between draft and target. The
-// slice is newly allocated.
+// (one-hot on the greedy token when Temperature is 0), empty for empty
+// logits. Speculative sampling compares these distributions between
+// draft and target. The slice is newly allocated.
 func (s *Sampler) Probs(logits []float32, history []int32) []float32 {
 	return s.probs(make([]float32, 0, len(logits)), logits, history)
 }
@@ -289,6 +289,9 @@ func unit(word uint64, i int32) float64 {
 // probs appends the final distribution for logits to dst.
 func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
 	dst = append(dst[:0], logits...)
+	if len(dst) == 0 {
+		return dst // no tokens, no distribution (the transforms below read a first one)
+	}
 	for i, x := range dst {
 		if x != x { // NaN never wins and is never drawn
 			dst[i] = float32(math.Inf(-1))
@@ -461,6 +464,9 @@ func (s *Sampler) rank(v []float32, m int) {
 // every key. It returns the sorted keys and the other buffer. Sorting
 // 32000 keys by comparisons took 2 ms.
 func radixSort(keys, spare []uint64) (sorted, other []uint64) {
+	if len(keys) == 0 {
+		return keys, spare
+	}
 	spare = slices.Grow(spare[:0], len(keys))[:len(keys)]
 	for shift := 32; shift < 64; shift += 8 {
 		var at [257]int

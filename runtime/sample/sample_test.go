@@ -403,3 +403,17 @@ func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyLogits: no tokens draw -1 and have an empty distribution, in
+// every mode, without a panic (Probs of empty logits read a first token).
+func TestEmptyLogits(t *testing.T) {
+	for _, opt := range []Options{{}, {Temperature: 1}, {Temperature: 1, TopP: 0.9}, {Temperature: 1, TopK: 3, MinP: 0.1},
+		{Temperature: 0.7, RepeatPenalty: 1.2}} {
+		if p := New(opt).Probs(nil, []int32{1}); len(p) != 0 {
+			t.Errorf("%+v: Probs(nil) = %v, want none", opt, p)
+		}
+		if got := New(opt).Sample([]float32{}, []int32{1}); got != -1 {
+			t.Errorf("%+v: Sample(empty) = %d, want -1", opt, got)
+		}
+	}
+}
