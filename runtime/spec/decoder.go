@@ -250,6 +250,7 @@ type Decoder struct {
 	sampler  *sample.Sampler // the target's: picks and accepts tokens
 	proposer *sample.Sampler // the draft's sampling distribution (sampling only; it draws nothing)
 	race     []int32         // propose's buffer of the draft's race finishers
+	agree    agreement       // how often the target's draw follows the draft's first finisher (sampling)
 
 	filler   Filler // the trigger, when the tree fills free verification rows
 	tree     *tree

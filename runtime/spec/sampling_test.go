@@ -2,6 +2,8 @@ package spec
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -187,6 +189,90 @@ func TestSampledSpeculationIsTheTargetsText(t *testing.T) {
 			if m.name == "sd" && float64(emitted) < 2*float64(passes) {
 				t.Errorf("stream=%v sd: %.2f tokens a pass; the draft's chains missed the target's draws", stream, float64(emitted)/float64(passes))
 			}
+		}
+	}
+}
+
+// TestFirstFinishersChanceIsCalibrated: a sampled node's first child, the
+// first finisher of the draft's race for the target's word, is the
+// target's draw far more often than the draft's probability of it says,
+// and the chance its tree gives it (agreement) must say how often. Over
+// 20 seeds of 200 tokens from stories260K with llama2xs at T 0.8 and 1.0,
+// the mean chance of the verified first finishers must be within 0.04 of
+// the share the target drew, where their mean q falls more than 0.1
+// short of it (0.17-0.25 in practice), so the test tells the two apart.
+func TestFirstFinishersChanceIsCalibrated(t *testing.T) {
+	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
+	seeds := 20
+	if raceEnabled || testing.Short() {
+		seeds = 5
+	}
+	for _, temp := range []float32{0.8, 1} {
+		var all agreement
+		for seed := 1; seed <= seeds; seed++ {
+			d, err := New(p.draft, p.target, p.dcache, p.tcache, sample.New(sample.Options{Temperature: temp, Seed: uint64(seed)}),
+				Config{Method: Tree, Trigger: FixedSize{N: 16}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Speculate(context.Background(), d, []int32{1, 403, 407}, GenOptions{MaxTokens: 200, Stop: arIsBOS}); err != nil {
+				t.Fatal(err)
+			}
+			all.seen, all.hits = all.seen+d.agree.seen, all.hits+d.agree.hits
+			all.qs, all.chances = all.qs+d.agree.qs, all.chances+d.agree.chances
+		}
+		n := float64(all.seen)
+		hit, q, chance := float64(all.hits)/n, all.qs/n, all.chances/n
+		t.Logf("T %.1f: %d first finishers verified, %.3f drawn by the target, mean q %.3f, mean chance %.3f", temp, all.seen, hit, q, chance)
+		if all.seen < 200 {
+			t.Fatalf("T %.1f: only %d first finishers verified", temp, all.seen)
+		}
+		if hit-q < 0.1 {
+			t.Errorf("T %.1f: the target drew %.3f of the first finishers, their q says %.3f: q is not the understatement this corrects", temp, hit, q)
+		}
+		if math.Abs(chance-hit) > 0.04 {
+			t.Errorf("T %.1f: the first finishers' chance %.3f, the target drew %.3f of them", temp, chance, hit)
+		}
+	}
+}
+
+// TestAgreement: ρ starts at its prior, follows first finishers drawn
+// with probability q + (1 − q)·ρ for a ρ that changes midway, and stays
+// in [0, 1] when every one or none is drawn; chance lies between q and 1.
+func TestAgreement(t *testing.T) {
+	var a agreement
+	if got := a.rho(); math.Abs(got-agreementPrior) > 1e-12 {
+		t.Fatalf("ρ before any verification = %v, want the prior %v", got, agreementPrior)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, rho := range []float64{0.6, 0.15} {
+		var sum float64
+		for i := range 3000 {
+			q := rng.Float64()
+			a.observe(q, a.chance(q), rng.Float64() < q+(1-q)*rho)
+			if i >= 1000 {
+				sum += a.rho()
+			}
+		}
+		if got := sum / 2000; math.Abs(got-rho) > 0.05 {
+			t.Errorf("ρ %.2f: fitted %.3f on average", rho, got)
+		}
+	}
+	for _, hit := range []bool{true, false} {
+		var b agreement
+		for range 500 {
+			b.observe(0.3, b.chance(0.3), hit)
+		}
+		// The prior, worth a few verifications, holds ρ a little short
+		// of 1; below 0 it is clamped.
+		got := b.rho()
+		if hit && !(got > 0.9 && got <= 1) || !hit && got != 0 {
+			t.Errorf("every first finisher drawn: %v; ρ %v", hit, got)
+		}
+	}
+	for _, q := range []float64{0, 0.2, 0.9, 1} {
+		if c := a.chance(q); c < q || c > 1 {
+			t.Errorf("chance(%v) = %v, outside [q, 1]", q, c)
 		}
 	}
 }

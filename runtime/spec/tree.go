@@ -9,7 +9,7 @@ type node struct {
 	tok    int32
 	parent int     // node index; -1 for the root
 	depth  int     // tokens below the root (root 0)
-	conf   float64 // C: product of the draft probabilities down the path (root 1)
+	conf   float64 // C: product down the path of the chances the target takes each token (root 1; see addChild)
 	prob   float32 // the draft's probability of tok where it was proposed (root 1)
 	row    int     // the draft's tentative KV row for this node, -1 until it evaluates it
 

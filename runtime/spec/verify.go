@@ -254,6 +254,14 @@ func (d *Decoder) walk(snap snapshot, rows func(slot int) []float32) (path []int
 	hist := slices.Clip(d.history) // appends copy, leaving history as it is
 	for {
 		tok, y := d.choose(x, rows(snap.at(x)), hist, snap)
+		if ch := d.tree.nodes[x].children; len(ch) > 0 && snap.at(ch[0]) >= 0 && !d.sampler.Greedy() && d.cfg.Method != BiLD {
+			// Sampled: did the target draw the draft's first finisher?
+			first, chance := d.tree.nodes[ch[0]], 0.0
+			if c := d.tree.nodes[x].conf; c > 0 {
+				chance = first.conf / c
+			}
+			d.agree.observe(float64(first.prob), chance, y == ch[0])
+		}
 		if y < 0 || snap.at(y) < 0 {
 			return path, tok, y
 		}
