@@ -194,3 +194,25 @@ func FuzzProbsMatchReference(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRaceOnLogits compares Sample, which races the logits when there is
+// no top-k or top-p, with Draw on Probs for the same word, on any logits,
+// temperature, min-p, penalty and seed (raceVersusDraw).
+func FuzzRaceOnLogits(f *testing.F) {
+	f.Add([]byte{0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64}, float32(0.8), float32(0), float32(1), uint64(1))
+	f.Add([]byte{0, 0, 192, 127, 0, 0, 128, 255, 0, 0, 128, 127, 1, 2, 3, 4}, float32(1), float32(0.1), float32(1.2), uint64(7))
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 128, 191}, float32(1e-39), float32(0.5), float32(0), uint64(3))
+	f.Fuzz(func(t *testing.T, raw []byte, temp, minP, pen float32, seed uint64) {
+		logits := make([]float32, len(raw)/4)
+		for i := range logits {
+			logits[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		if len(logits) == 0 || !(temp > 0) {
+			return
+		}
+		opt := Options{Temperature: temp, MinP: minP, RepeatPenalty: pen, RepeatLastN: 8, Seed: seed}
+		if _, err := raceVersusDraw(opt, logits, []int32{0, int32(len(logits) - 1)}); err != nil {
+			t.Fatalf("on %v: %v", logits, err)
+		}
+	})
+}

@@ -373,29 +373,13 @@ func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 			for seed := range uint64(draws) {
 				opt := tc.opt
 				opt.Seed = seed
-				racing, drawing := New(opt), New(opt)
-				if !racing.racesLogits(len(tc.logits)) {
-					t.Fatalf("%+v: Sample does not race the logits", opt)
+				tie, err := raceVersusDraw(opt, tc.logits, tc.hist)
+				if err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
 				}
-				word := racing.ahead(0)
-				got := racing.Sample(tc.logits, tc.hist)
-				p := drawing.Probs(tc.logits, tc.hist)
-				want := drawing.Draw(p)
-				if a, b := racing.rng.Uint64(), drawing.rng.Uint64(); a != b {
-					t.Fatalf("seed %d: the streams part after the draw", seed)
+				if tie {
+					ties++
 				}
-				if got == want {
-					continue
-				}
-				if got < 0 || int(got) >= len(p) || !(p[got] > 0) {
-					t.Fatalf("seed %d: raced %d, which has probability %v; Draw picked %d", seed, got, p[max(got, 0)], want)
-				}
-				tg := -math.Log(unit(word, got)) / float64(p[got])
-				tw := -math.Log(unit(word, want)) / float64(p[want])
-				if math.Abs(tg-tw) > 1e-6*tw {
-					t.Fatalf("seed %d: raced %d (time %.9g), Draw picked %d (time %.9g): not a rounding tie", seed, got, tg, want, tw)
-				}
-				ties++
 			}
 			if ties > draws/100 {
 				t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
@@ -416,4 +400,59 @@ func TestEmptyLogits(t *testing.T) {
 			t.Errorf("%+v: Sample(empty) = %d, want -1", opt, got)
 		}
 	}
+}
+
+// raceVersusDraw samples logits with opt (no top-k or top-p) by Sample,
+// which races the logits, and by Draw on Probs, with the same word. It
+// reports an error when the two pick different tokens but for a rounding
+// tie, which it reports: the winners' times agree to float32 rounding, or
+// one of them sits on the min-p floor, which Probs compares after
+// rounding each probability and the race before.
+func raceVersusDraw(opt Options, logits []float32, hist []int32) (tie bool, err error) {
+	racing, drawing := New(opt), New(opt)
+	if !racing.racesLogits(len(logits)) {
+		return false, fmt.Errorf("%+v: Sample does not race the logits", opt)
+	}
+	word := racing.ahead(0)
+	got := racing.Sample(logits, hist)
+	p := drawing.Probs(logits, hist)
+	want := drawing.Draw(p)
+	if a, b := racing.rng.Uint64(), drawing.rng.Uint64(); a != b {
+		return false, fmt.Errorf("%+v: the streams part after the draw", opt)
+	}
+	if got == want {
+		return false, nil
+	}
+	if got < 0 || int(got) >= len(p) || want < 0 {
+		return false, fmt.Errorf("%+v: raced %d, Draw picked %d", opt, got, want)
+	}
+	if opt.MinP > 0 && (onFloor(opt, logits, hist, got) || onFloor(opt, logits, hist, want)) {
+		return true, nil
+	}
+	if !(p[got] > 0) {
+		return false, fmt.Errorf("%+v: raced %d, which has probability %v; Draw picked %d", opt, got, p[got], want)
+	}
+	tg := -math.Log(unit(word, got)) / float64(p[got])
+	tw := -math.Log(unit(word, want)) / float64(p[want])
+	if math.Abs(tg-tw) > 1e-6*tw {
+		return false, fmt.Errorf("%+v: raced %d (time %.9g), Draw picked %d (time %.9g): not a rounding tie", opt, got, tg, want, tw)
+	}
+	return true, nil
+}
+
+// onFloor reports whether token i's weight relative to the likeliest
+// token is min-p's floor to float32 rounding.
+func onFloor(opt Options, logits []float32, hist []int32, i int32) bool {
+	z := append([]float32(nil), logits...)
+	New(opt).penalize(z, hist)
+	inv := 1 / opt.Temperature
+	m := float32(math.Inf(-1))
+	for _, v := range z {
+		if x := v * inv; x > m { // NaN never is (max would give NaN)
+			m = x
+		}
+	}
+	w := math.Exp(float64(z[i]*inv) - float64(m))
+	floor := float64(min(opt.MinP, 1))
+	return math.Abs(w-floor) <= 1e-5*floor
 }
