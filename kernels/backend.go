@@ -8,8 +8,8 @@ import (
 
 // impl is one kernel backend: the matmul, its activation quantizer,
 // attention and SwiGLU (an exponential per hidden unit), where inference
-// time goes, and the exponentials of a sampler's softmax. The other vector ops are Go in both (a cgo call costs more
-// than they do).
+// time goes, and the exponentials of a sampler's softmax. The other
+// vector ops are Go in both (a cgo call costs more than they do).
 type impl struct {
 	attention    func(out, q, k, v []float32, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32)
 	attentionF16 func(out, q []float32, k, v []uint16, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32)

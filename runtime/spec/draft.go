@@ -183,7 +183,7 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 	left := 1.0 // the chance no earlier child is the target's draw
 	for r, id := range picks {
 		chance := float64(q[id])
-		if sampling {
+		if sampling && d.cfg.Method != BiLD { // BiLD accepts by its own rule (choose)
 			if r == 0 {
 				chance = d.agree.chance(chance)
 			}
