@@ -197,7 +197,7 @@ func FuzzProbsMatchReference(f *testing.F) {
 
 // FuzzRaceOnLogits compares Sample, which races the logits when there is
 // no top-k or top-p, with Draw on Probs for the same word, on any logits,
-// temperature, min-p, penalty and seed (raceVersusDraw).
+// temperature, min-p, penalty and seed (sampleVersusDraw).
 func FuzzRaceOnLogits(f *testing.F) {
 	f.Add([]byte{0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64}, float32(0.8), float32(0), float32(1), uint64(1))
 	f.Add([]byte{0, 0, 192, 127, 0, 0, 128, 255, 0, 0, 128, 127, 1, 2, 3, 4}, float32(1), float32(0.1), float32(1.2), uint64(7))
@@ -211,7 +211,27 @@ func FuzzRaceOnLogits(f *testing.F) {
 			return
 		}
 		opt := Options{Temperature: temp, MinP: minP, RepeatPenalty: pen, RepeatLastN: 8, Seed: seed}
-		if _, err := raceVersusDraw(opt, logits, []int32{0, int32(len(logits) - 1)}); err != nil {
+		if _, err := sampleVersusDraw(opt, logits, []int32{0, int32(len(logits) - 1)}); err != nil {
+			t.Fatalf("on %v: %v", logits, err)
+		}
+	})
+}
+
+// FuzzSampleIsTheDraw compares Sample with Draw on Probs for the same word
+// with every transform, top-k and top-p included (sampleVersusDraw).
+func FuzzSampleIsTheDraw(f *testing.F) {
+	f.Add([]byte{0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64}, float32(0.8), 2, float32(0.9), float32(0), float32(1), uint64(1))
+	f.Add([]byte{0, 0, 192, 127, 0, 0, 128, 255, 0, 0, 128, 127, 1, 2, 3, 4}, float32(1), 0, float32(0.5), float32(0.1), float32(1.2), uint64(7))
+	f.Fuzz(func(t *testing.T, raw []byte, temp float32, k int, p, minP, pen float32, seed uint64) {
+		logits := make([]float32, len(raw)/4)
+		for i := range logits {
+			logits[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		if len(logits) == 0 || !(temp > 0) {
+			return
+		}
+		opt := Options{Temperature: temp, TopK: k % 1000, TopP: p, MinP: minP, RepeatPenalty: pen, RepeatLastN: 8, Seed: seed}
+		if _, err := sampleVersusDraw(opt, logits, []int32{0, int32(len(logits) - 1)}); err != nil {
 			t.Fatalf("on %v: %v", logits, err)
 		}
 	})

@@ -83,11 +83,60 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 		}
 		return s.raceLogits(z)
 	}
-	s.buf = s.probs(s.buf[:0], logits, history)
 	if s.Greedy() {
+		s.buf = s.probs(s.buf[:0], logits, history)
 		return argmax(s.buf)
 	}
-	return s.Draw(s.buf)
+	var cut []int32
+	s.buf, cut = s.shape(s.buf[:0], logits, history)
+	return s.raceShaped(s.buf, cut)
+}
+
+// raceShaped is Draw(Probs(…)) on what shape returned: the race runs
+// over the ids top-p kept (all tokens without a cut) whose weight min-p
+// leaves, with the softmax's values, not renormalised. Cutting the rest,
+// applying min-p and renormalising each took a pass over the vocabulary,
+// and the race a third. It draws the token Draw would but where two
+// finishers' times agree to float32 rounding (Probs rounds once more).
+func (s *Sampler) raceShaped(p []float32, cut []int32) int32 {
+	best := int32(-1)
+	if cut != nil {
+		best = cut[0] // the most likely: rank's order
+	} else {
+		best = heaviest(p)
+	}
+	if best < 0 {
+		return -1
+	}
+	var floor float32
+	if s.opt.MinP > 0 {
+		floor = min(s.opt.MinP, 1) * p[best]
+	}
+	word := s.rng.Uint64()
+	win, b := best, -math.Log(unit(word, best))/float64(p[best])
+	try := func(i int32) {
+		x := p[i]
+		if !(x > 0) || x < floor || i == best {
+			return
+		}
+		u := unit(word, i)
+		if u <= 1-b*float64(x) {
+			return // as in race
+		}
+		if e := -math.Log(u) / float64(x); e < b {
+			win, b = i, e
+		}
+	}
+	if cut != nil {
+		for _, i := range cut {
+			try(i)
+		}
+	} else {
+		for i := range p {
+			try(int32(i))
+		}
+	}
+	return win
 }
 
 // racesLogits reports whether Sample draws by racing the logits in place
@@ -288,9 +337,35 @@ func unit(word uint64, i int32) float64 {
 
 // probs appends the final distribution for logits to dst.
 func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
+	dst, cut := s.shape(dst, logits, history)
+	if len(dst) == 0 || s.Greedy() {
+		return dst
+	}
+	if cut != nil {
+		s.keepOnly(dst, cut, 0)
+	}
+	if s.opt.MinP > 0 {
+		// At most 1: the most likely token always stays.
+		floor := min(s.opt.MinP, 1) * dst[argmax(dst)]
+		for i, p := range dst {
+			if p < floor {
+				dst[i] = 0
+			}
+		}
+	}
+	normalize(dst)
+	return dst
+}
+
+// shape appends to dst the distribution for logits before the last
+// transforms: it returns the softmax after the penalty, temperature and
+// top-k, and the ids top-p keeps, the most likely first (nil when it
+// keeps all), without cutting the rest, applying min-p or normalising
+// again. Greedy decoding's one-hot distribution is final.
+func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cut []int32) {
 	dst = append(dst[:0], logits...)
 	if len(dst) == 0 {
-		return dst // no tokens, no distribution (the transforms below read a first one)
+		return dst, nil // no tokens, no distribution (the transforms below read a first one)
 	}
 	for i, x := range dst {
 		if x != x { // NaN never wins and is never drawn
@@ -302,7 +377,7 @@ func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
 		best := argmax(dst)
 		clear(dst)
 		dst[best] = 1
-		return dst
+		return dst, nil
 	}
 	inv := 1 / s.opt.Temperature
 	for i := range dst {
@@ -350,22 +425,12 @@ func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
 			}
 			acc += float64(dst[s.idx[i]])
 			if acc >= float64(s.opt.TopP) {
-				s.keepOnly(dst, s.idx[:i+1], 0)
+				cut = s.idx[:i+1]
 				break
 			}
 		}
 	}
-	if s.opt.MinP > 0 {
-		// At most 1: the most likely token always stays.
-		floor := min(s.opt.MinP, 1) * dst[argmax(dst)]
-		for i, p := range dst {
-			if p < floor {
-				dst[i] = 0
-			}
-		}
-	}
-	normalize(dst)
-	return dst
+	return dst, cut
 }
 
 // penalize applies the repeat penalty to each distinct token of the window.

@@ -373,7 +373,10 @@ func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 			for seed := range uint64(draws) {
 				opt := tc.opt
 				opt.Seed = seed
-				tie, err := raceVersusDraw(opt, tc.logits, tc.hist)
+				if !New(opt).racesLogits(len(tc.logits)) {
+					t.Fatalf("%+v: Sample does not race the logits", opt)
+				}
+				tie, err := sampleVersusDraw(opt, tc.logits, tc.hist)
 				if err != nil {
 					t.Fatalf("seed %d: %v", seed, err)
 				}
@@ -402,17 +405,15 @@ func TestEmptyLogits(t *testing.T) {
 	}
 }
 
-// raceVersusDraw samples logits with opt (no top-k or top-p) by Sample,
-// which races the logits, and by Draw on Probs, with the same word. It
-// reports an error when the two pick different tokens but for a rounding
-// tie, which it reports: the winners' times agree to float32 rounding, or
-// one of them sits on the min-p floor, which Probs compares after
-// rounding each probability and the race before.
-func raceVersusDraw(opt Options, logits []float32, hist []int32) (tie bool, err error) {
+// sampleVersusDraw samples logits with opt (not greedy) by Sample, which
+// races the logits (raceLogits) or shape's softmax (raceShaped), and by
+// Draw on Probs, with the same word. It reports an error when the two
+// pick different tokens but for a rounding tie, which it reports: the
+// winners' times agree to float32 rounding, or one of them sits on the
+// min-p floor, which Probs compares after rounding each probability and
+// the race on logits before.
+func sampleVersusDraw(opt Options, logits []float32, hist []int32) (tie bool, err error) {
 	racing, drawing := New(opt), New(opt)
-	if !racing.racesLogits(len(logits)) {
-		return false, fmt.Errorf("%+v: Sample does not race the logits", opt)
-	}
 	word := racing.ahead(0)
 	got := racing.Sample(logits, hist)
 	p := drawing.Probs(logits, hist)
@@ -455,4 +456,57 @@ func onFloor(opt Options, logits []float32, hist []int32, i int32) bool {
 	w := math.Exp(float64(z[i]*inv) - float64(m))
 	floor := float64(min(opt.MinP, 1))
 	return math.Abs(w-floor) <= 1e-5*floor
+}
+
+// TestSampleIsTheDrawOnProbs: with top-k or top-p, Sample races shape's
+// softmax over the ids kept (raceShaped) instead of cutting, applying
+// min-p and renormalising the whole vocabulary. It must pick the token
+// Draw picks from Probs with the same word but at a rounding tie
+// (sampleVersusDraw), on model-shaped, flat and infinite logits.
+func TestSampleIsTheDrawOnProbs(t *testing.T) {
+	inf := float32(math.Inf(1))
+	history := []int32{3, 1, 4, 1, 5, 9, 2, 6}
+	flat := make([]float32, 32000)
+	for i := range flat {
+		flat[i] = float32(i%7) * 1e-3
+	}
+	cases := []struct {
+		name   string
+		logits []float32
+		opt    Options
+		hist   []int32
+	}{
+		{"lm32000 top-p", lmLogits(32000, 3), Options{Temperature: 0.8, TopP: 0.95}, nil},
+		{"lm32000 top-k top-p", lmLogits(32000, 4), Options{Temperature: 1, TopK: 40, TopP: 0.9}, nil},
+		{"lm512 top-k", lmLogits(512, 5), Options{Temperature: 0.7, TopK: 5}, nil},
+		{"lm512 top-p min-p penalty", lmLogits(512, 6), Options{Temperature: 1.2, TopP: 0.8, MinP: 0.05, RepeatPenalty: 1.3}, history},
+		{"lm512 top-k min-p", lmLogits(512, 7), Options{Temperature: 1, TopK: 50, MinP: 0.2}, nil},
+		{"flat top-p", flat, Options{Temperature: 1, TopP: 0.5}, nil},
+		{"top-p keeps all", []float32{1, 1, 1, 1}, Options{Temperature: 1, TopP: 0.99}, nil},
+		{"top-k of -Inf", []float32{-inf, -inf, -inf, 2}, Options{Temperature: 1, TopK: 2, TopP: 0.9}, nil},
+		{"+Inf top-p", []float32{1, inf, 3, inf}, Options{Temperature: 1, TopP: 0.6}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			const draws = 300
+			ties := 0
+			for seed := range uint64(draws) {
+				opt := tc.opt
+				opt.Seed = seed
+				if New(opt).racesLogits(len(tc.logits)) {
+					t.Fatalf("%+v: Sample races the logits, not shape's softmax", opt)
+				}
+				tie, err := sampleVersusDraw(opt, tc.logits, tc.hist)
+				if err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+				if tie {
+					ties++
+				}
+			}
+			if ties > draws/100 {
+				t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
+			}
+		})
+	}
 }
