@@ -367,27 +367,7 @@ func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 		{"far tail", []float32{0, -800, -60, -30, -745, -20}, Options{Temperature: 1}, nil},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			ties := 0
-			const draws = 300
-			for seed := range uint64(draws) {
-				opt := tc.opt
-				opt.Seed = seed
-				if !New(opt).racesLogits(len(tc.logits)) {
-					t.Fatalf("%+v: Sample does not race the logits", opt)
-				}
-				tie, err := sampleVersusDraw(opt, tc.logits, tc.hist)
-				if err != nil {
-					t.Fatalf("seed %d: %v", seed, err)
-				}
-				if tie {
-					ties++
-				}
-			}
-			if ties > draws/100 {
-				t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { drawsAgree(t, tc.opt, tc.logits, tc.hist, true) })
 	}
 }
 
@@ -487,26 +467,31 @@ func TestSampleIsTheDrawOnProbs(t *testing.T) {
 		{"+Inf top-p", []float32{1, inf, 3, inf}, Options{Temperature: 1, TopP: 0.6}, nil},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			const draws = 300
-			ties := 0
-			for seed := range uint64(draws) {
-				opt := tc.opt
-				opt.Seed = seed
-				if New(opt).racesLogits(len(tc.logits)) {
-					t.Fatalf("%+v: Sample races the logits, not shape's softmax", opt)
-				}
-				tie, err := sampleVersusDraw(opt, tc.logits, tc.hist)
-				if err != nil {
-					t.Fatalf("seed %d: %v", seed, err)
-				}
-				if tie {
-					ties++
-				}
-			}
-			if ties > draws/100 {
-				t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { drawsAgree(t, tc.opt, tc.logits, tc.hist, false) })
+	}
+}
+
+// drawsAgree runs sampleVersusDraw for seeds 0-299 of opt, whose Sample
+// must race the logits (onLogits) or shape's softmax: every draw the same
+// but for rounding ties, and those next to none.
+func drawsAgree(t *testing.T, opt Options, logits []float32, hist []int32, onLogits bool) {
+	t.Helper()
+	if got := New(opt).racesLogits(len(logits)); got != onLogits {
+		t.Fatalf("%+v: Sample races the logits: %v, want %v", opt, got, onLogits)
+	}
+	const draws = 300
+	ties := 0
+	for seed := range uint64(draws) {
+		opt.Seed = seed
+		tie, err := sampleVersusDraw(opt, logits, hist)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if tie {
+			ties++
+		}
+	}
+	if ties > draws/100 {
+		t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
 	}
 }
