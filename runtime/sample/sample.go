@@ -74,7 +74,11 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 		// (113 µs a token for 32000 tokens).
 		return argmaxValid(logits)
 	}
-	if !s.Greedy() && s.racesLogits(len(logits)) {
+	if s.Greedy() { // with the repeat penalty
+		s.buf = s.probs(s.buf[:0], logits, history)
+		return argmax(s.buf)
+	}
+	if s.racesLogits(len(logits)) {
 		z := logits
 		if s.penalizes(history) {
 			s.buf = append(s.buf[:0], logits...)
@@ -82,10 +86,6 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 			z = s.buf
 		}
 		return s.raceLogits(z)
-	}
-	if s.Greedy() {
-		s.buf = s.probs(s.buf[:0], logits, history)
-		return argmax(s.buf)
 	}
 	var cut []int32
 	s.buf, cut = s.shape(s.buf[:0], logits, history)
@@ -95,11 +95,11 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 // raceShaped is Draw(Probs(…)) on what shape returned: the race runs
 // over the ids top-p kept (all tokens without a cut) whose weight min-p
 // leaves, with the softmax's values, not renormalised. Cutting the rest,
-// applying min-p and renormalising each took a pass over the vocabulary,
-// and the race a third. It draws the token Draw would but where two
-// finishers' times agree to float32 rounding (Probs rounds once more).
+// applying min-p, renormalising and racing the whole vocabulary each took
+// a pass over it. It draws the token Draw would but where two finishers'
+// times agree to float32 rounding (Probs rounds once more).
 func (s *Sampler) raceShaped(p []float32, cut []int32) int32 {
-	best := int32(-1)
+	var best int32
 	if cut != nil {
 		best = cut[0] // the most likely: rank's order
 	} else {
