@@ -656,25 +656,32 @@ func (d *Decoder) step(ctx context.Context) ([]int32, error) {
 // grow drafts until the trigger says verify, and puts the tree in the
 // target's batch.
 func (d *Decoder) grow(ctx context.Context) (snapshot, error) {
-	d.handover = false
-	d.roundDraft, d.last = 0, stepInfo{}
-	if err := d.slide(); err != nil {
+	if err := d.startRound(); err != nil {
 		return snapshot{}, err
 	}
 	for !d.shouldVerify(d.cfg.MaxTree) {
 		if err := ctx.Err(); err != nil {
 			return snapshot{}, err
 		}
-		steps := d.stats.DraftSteps
-		if err := d.draftStep(d.cfg.MaxTree); err != nil {
+		stepped, err := d.draftStep(d.cfg.MaxTree)
+		if err != nil {
 			return snapshot{}, err
 		}
-		if d.stats.DraftSteps == steps {
+		if !stepped {
 			break // the pacer picked nothing
 		}
 		d.roundDraft += d.last.time
 	}
 	return d.snapshot(d.fill()), nil
+}
+
+// startRound clears the last round's draft accounting and slides the
+// draft's window if it needs room: the start of grow, alone or in a
+// Group.
+func (d *Decoder) startRound() error {
+	d.handover = false
+	d.roundDraft, d.last = 0, stepInfo{}
+	return d.slide()
 }
 
 // shouldVerify asks the trigger, after the hard limits: the tree is

@@ -15,22 +15,23 @@ import (
 // under its parent's, so no shared prefix is evaluated again) and its
 // children are proposed from the draft's distribution after it. Accepted
 // tokens the draft has not seen yet (pending) go first, as a chain under
-// the committed rows.
-func (d *Decoder) draftStep(cap int) error {
+// the committed rows. It reports whether it stepped: not when no leaf is
+// open or the pacer picks none.
+func (d *Decoder) draftStep(cap int) (stepped bool, err error) {
 	b := &d.db
 	b.Reset()
 	st := d.draftRows(b)
 	if st.picks == nil {
-		return nil
+		return false, nil // nothing to extend: the tree is as large as it gets this round
 	}
 	start := time.Now()
-	err := d.draft.Forward(b, d.dcache, &d.dout)
+	err = d.draft.Forward(b, d.dcache, &d.dout)
 	elapsed := time.Since(start)
 	if err != nil {
 		d.stats.DraftTime += elapsed
-		return fmt.Errorf("spec: draft step: %w", err)
+		return false, fmt.Errorf("spec: draft step: %w", err)
 	}
-	return d.draftTake(st, &d.dout, cap, elapsed)
+	return true, d.draftTake(st, &d.dout, cap, elapsed)
 }
 
 // draftRows adds to b the rows of the decoder's next draft step (pending
@@ -183,7 +184,7 @@ func (d *Decoder) propose(x int, logits []float32, cap int) {
 	left := 1.0 // the chance no earlier child is the target's draw
 	for r, id := range picks {
 		chance := float64(q[id])
-		if sampling && d.cfg.Method != BiLD { // BiLD accepts by its own rule (choose)
+		if d.raced() {
 			if r == 0 {
 				chance = d.agree.chance(chance)
 			}
@@ -255,6 +256,11 @@ func (a *agreement) observe(q, chance float64, hit bool) {
 	a.qs += q
 	a.chances += chance
 }
+
+// raced reports whether a node's children are the first finishers of
+// the draft's race that the target's own draw picks among (sampling, but
+// for BiLD, which accepts by its own rule: choose).
+func (d *Decoder) raced() bool { return !d.sampler.Greedy() && d.cfg.Method != BiLD }
 
 // maxProposals is how many of the draft's most likely tokens after a
 // node it considers: children first, then alternatives.

@@ -157,7 +157,7 @@ func TestAlternativesOnlyWithRowsToFill(t *testing.T) {
 			if _, err := d.Step(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := d.draftStep(d.cfg.MaxTree); err != nil {
+			if _, err := d.draftStep(d.cfg.MaxTree); err != nil {
 				t.Fatal(err)
 			}
 			for _, n := range d.tree.nodes {

@@ -44,8 +44,8 @@ func (g *Group) DraftPasses() int { return g.draftPasses }
 // Step runs one round of every decoder: each drafts its tree as Step
 // does, their draft steps sharing Forwards (the draft reads its weights
 // once a step for all of them), then one target pass verifies them all,
-// and each accepts its path. With the pipeline on, the decoders take turns drafting while the
-// pass waits for weights. The decoders must share the target and both
+// and each accepts its path. With the pipeline on, the decoders take
+// turns drafting while the pass waits for weights. The decoders must share the target and both
 // caches (and the Lane). out[i] gets decoder i's tokens and errs[i] its
 // error; a decoder that fails is left as a failed Step leaves it, with
 // its sequences freed, and the others go on (a failed pass fails them
@@ -97,9 +97,7 @@ func (g *Group) grow(ctx context.Context, decs []*Decoder, errs []error) {
 	g.growing = g.growing[:0]
 	for _, i := range g.live {
 		d := decs[i]
-		d.handover = false
-		d.roundDraft, d.last = 0, stepInfo{}
-		if err := d.slide(); err != nil {
+		if err := d.startRound(); err != nil {
 			errs[i] = d.fail(err)
 			continue
 		}
@@ -223,21 +221,21 @@ func (g *Group) verifyPipelined(ctx context.Context, decs []*Decoder, errs []err
 	first := decs[g.live[0]]
 	done := make(chan error, 1)
 	go func() { done <- first.target.Forward(&g.batch, first.tcache, &g.logits) }()
-	failed := map[*Decoder]error{}
+	stopped := map[*Decoder]error{} // nil: it had nothing to extend
 	turn := 0
 	next := func() *Decoder { // round robin over those with room left in their trees
 		for k := range g.live {
 			d := decs[g.live[(turn+k)%len(g.live)]]
-			if _, bad := failed[d]; !bad && !d.pipelineFull() {
+			if _, out := stopped[d]; !out && !d.pipelineFull() {
 				turn += k + 1
 				return d
 			}
 		}
 		return nil
 	}
-	err := draftDuringPass(ctx, first.cfg.Lane, done, next, func(d *Decoder, err error) { failed[d] = err })
+	err := draftDuringPass(ctx, first.cfg.Lane, done, next, func(d *Decoder, err error) { stopped[d] = err })
 	for _, i := range g.live {
-		if ferr, bad := failed[decs[i]]; bad {
+		if ferr := stopped[decs[i]]; ferr != nil {
 			errs[i] = decs[i].fail(ferr)
 		}
 	}

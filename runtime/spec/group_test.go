@@ -225,36 +225,46 @@ type idlePacer struct{}
 func (idlePacer) Pick(dst []int, _ *tree, _ []int, _, _ int) []int { return dst }
 
 // TestPacerThatPicksNothing: a pacer that picks no leaf ends the tree's
-// growth, alone and in a group: every round verifies the root alone and
-// the text is the target's. Both loops used to spin until the context
-// ended.
+// growth, alone and in a group, resident and streamed with the pipeline:
+// every round verifies the root alone, the text is the target's, and no
+// draft step is run or counted. The growth loops used to spin until the
+// context ended, and the pipeline's loop spun beside each pass, counting
+// a pipelined step a turn.
 func TestPacerThatPicksNothing(t *testing.T) {
 	r := arRecords(t, "stories260K.greedy.jsonl")[0]
-	p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", false)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cfg := Config{Method: Tree, Pacer: idlePacer{}, Trigger: FixedSize{N: 8}}
-	d := p.decoder(t, cfg)
-	res, err := Speculate(ctx, d, r.PromptIDs, GenOptions{MaxTokens: 12})
-	if err != nil || !slices.Equal(res.Ids, r.GeneratedIDs[:12]) {
-		t.Fatalf("alone: %v, %v; want %v", res.Ids, err, r.GeneratedIDs[:12])
-	}
-	decs := []*Decoder{p.decoder(t, cfg), p.decoder(t, cfg)}
-	for _, d := range decs {
-		if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
-			t.Fatal(err)
+	for _, stream := range []bool{false, true} {
+		p := loadPair(t, "llama2xs_model.bin", "stories260K.bin", stream)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cfg := Config{Method: Tree, Pacer: idlePacer{}, Trigger: FixedSize{N: 8}}
+		d := p.decoder(t, cfg)
+		res, err := Speculate(ctx, d, r.PromptIDs, GenOptions{MaxTokens: 12})
+		if err != nil || !slices.Equal(res.Ids, r.GeneratedIDs[:12]) {
+			t.Fatalf("stream=%v alone: %v, %v; want %v", stream, res.Ids, err, r.GeneratedIDs[:12])
 		}
-		defer d.Close()
-	}
-	var g Group
-	out, errs := make([][]int32, 2), make([]error, 2)
-	g.Step(ctx, decs, out, errs)
-	for i := range decs {
-		if errs[i] != nil || !slices.Equal(out[i], r.GeneratedIDs[:1]) {
-			t.Errorf("group member %d: %v, %v; want %v", i, out[i], errs[i], r.GeneratedIDs[:1])
+		if st := d.Stats(); st.DraftSteps != 0 || st.PipelineSteps != 0 {
+			t.Errorf("stream=%v alone: %d draft steps, %d pipelined, with nothing picked", stream, st.DraftSteps, st.PipelineSteps)
 		}
-	}
-	if g.DraftPasses() != 0 {
-		t.Errorf("%d draft Forwards with nothing picked", g.DraftPasses())
+		decs := []*Decoder{p.decoder(t, cfg), p.decoder(t, cfg)}
+		for _, d := range decs {
+			if err := d.Start(ctx, r.PromptIDs, 0); err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+		}
+		var g Group
+		out, errs := make([][]int32, 2), make([]error, 2)
+		g.Step(ctx, decs, out, errs)
+		for i, d := range decs {
+			if errs[i] != nil || !slices.Equal(out[i], r.GeneratedIDs[:1]) {
+				t.Errorf("stream=%v group member %d: %v, %v; want %v", stream, i, out[i], errs[i], r.GeneratedIDs[:1])
+			}
+			if st := d.Stats(); st.DraftSteps != 0 || st.PipelineSteps != 0 {
+				t.Errorf("stream=%v group member %d: %d draft steps, %d pipelined, with nothing picked", stream, i, st.DraftSteps, st.PipelineSteps)
+			}
+		}
+		if g.DraftPasses() != 0 {
+			t.Errorf("stream=%v: %d draft Forwards with nothing picked", stream, g.DraftPasses())
+		}
 	}
 }

@@ -85,13 +85,14 @@ func (d *Decoder) ioTimes() (wait, read time.Duration) {
 func (d *Decoder) verifyPipelined(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- d.verify() }()
+	var stopped bool
 	var draftErr error
 	err := draftDuringPass(ctx, d.cfg.Lane, done, func() *Decoder {
-		if draftErr != nil || d.pipelineFull() {
+		if stopped || d.pipelineFull() {
 			return nil
 		}
 		return d
-	}, func(_ *Decoder, err error) { draftErr = err })
+	}, func(_ *Decoder, err error) { stopped, draftErr = true, err })
 	if err == nil {
 		err = draftErr
 	}
@@ -103,9 +104,11 @@ func (d *Decoder) verifyPipelined(ctx context.Context) error {
 
 // draftDuringPass runs draft steps on the lane whenever the target pass
 // in flight lets go of it, until the pass ends (done) or next has no
-// decoder left to extend. A draft step that fails goes to failed; next
-// should not offer that decoder again. It returns the pass's error.
-func draftDuringPass(ctx context.Context, lane *Lane, done <-chan error, next func() *Decoder, failed func(*Decoder, error)) error {
+// decoder left to extend. A decoder whose step fails, or drafts nothing
+// (its pacer picked no leaf), goes to stop with the error or nil; next
+// should not offer it again this pass, or the loop would spin on it
+// beside the pass. It returns the pass's error.
+func draftDuringPass(ctx context.Context, lane *Lane, done <-chan error, next func() *Decoder, stop func(*Decoder, error)) error {
 	for ctx.Err() == nil {
 		d := next()
 		if d == nil {
@@ -120,11 +123,13 @@ func draftDuringPass(ctx context.Context, lane *Lane, done <-chan error, next fu
 			}
 			continue
 		}
-		err := d.draftStep(d.cfg.PipelineCap)
+		stepped, err := d.draftStep(d.cfg.PipelineCap)
 		lane.Unlock()
-		d.stats.PipelineSteps++
-		if err != nil {
-			failed(d, err)
+		if stepped {
+			d.stats.PipelineSteps++
+		}
+		if err != nil || !stepped {
+			stop(d, err)
 		}
 		select {
 		case err := <-done:
@@ -254,8 +259,8 @@ func (d *Decoder) walk(snap snapshot, rows func(slot int) []float32) (path []int
 	hist := slices.Clip(d.history) // appends copy, leaving history as it is
 	for {
 		tok, y := d.choose(x, rows(snap.at(x)), hist, snap)
-		if ch := d.tree.nodes[x].children; len(ch) > 0 && snap.at(ch[0]) >= 0 && !d.sampler.Greedy() && d.cfg.Method != BiLD {
-			// Sampled: did the target draw the draft's first finisher?
+		if ch := d.tree.nodes[x].children; len(ch) > 0 && snap.at(ch[0]) >= 0 && d.raced() {
+			// Did the target draw the draft's first finisher?
 			first, chance := d.tree.nodes[ch[0]], 0.0
 			if c := d.tree.nodes[x].conf; c > 0 {
 				chance = first.conf / c
