@@ -10,8 +10,8 @@ import (
 // probsRef is Probs as it was before ranking read only the head of the
 // order: it sorts the whole vocabulary. The fast path must give the same
 // bits for every input (TestProbsMatchReference, FuzzProbsMatchReference).
-// One line is newer than that: a NaN from scaling by an overflowing 1/T
-// reads as -Inf, as a NaN logit always did.
+// One part is newer than that: the temperature scales the logits'
+// distances from the largest, which no temperature overflows.
 func probsRef(opt Options, logits []float32, history []int32) []float32 {
 	s := New(opt)
 	dst := append([]float32(nil), logits...)
@@ -27,11 +27,15 @@ func probsRef(opt Options, logits []float32, history []int32) []float32 {
 		dst[best] = 1
 		return dst
 	}
-	inv := 1 / opt.Temperature
-	for i := range dst {
-		dst[i] *= inv
-		if dst[i] != dst[i] { // 0·Inf, when 1/T overflows
-			dst[i] = float32(math.Inf(-1))
+	// Distances from the largest, scaled: no temperature overflows them.
+	if m := slices.Max(dst); !math.IsInf(float64(m), 0) {
+		inv := 1 / opt.Temperature
+		for i, x := range dst {
+			if x == m {
+				dst[i] = 0
+			} else {
+				dst[i] = (x - m) * inv
+			}
 		}
 	}
 	n := len(dst)
@@ -127,6 +131,8 @@ func probeOptions(n int) []Options {
 		Options{Temperature: 0.8, TopP: 0.95, MinP: 0.05},
 		Options{Temperature: 0.8, TopP: 0.95, RepeatPenalty: 1.3, RepeatLastN: 16},
 		Options{RepeatPenalty: 1.3},
+		Options{Temperature: 0.8, RepeatPenalty: 0.5}, // below 1 a repeated token gains
+		Options{Temperature: 0.8, TopK: 3, RepeatPenalty: 1.3},
 	)
 }
 
@@ -148,20 +154,28 @@ func sameBits(a, b []float32) bool {
 func TestProbsMatchReference(t *testing.T) {
 	for _, n := range []int{1, 2, 7, 64, 65, 512, 600, 32000} {
 		for li, logits := range probeLogits(n, uint64(n)) {
-			history := []int32{0, int32(n / 2), int32(n - 1), int32(n / 2)}
+			// The second history holds the largest logit, which the
+			// penalty then lowers (or raises, below 1).
+			histories := [][]int32{{0, int32(n / 2), int32(n - 1), int32(n / 2)}, {int32(n / 3), argmax(logits)}}
 			for _, opt := range probeOptions(n) {
-				want := probsRef(opt, logits, history)
-				s := New(opt)
-				if got := s.Probs(logits, history); !sameBits(got, want) {
-					t.Fatalf("vocab %d, logits %d, %+v: Probs differs from the full sort's", n, li, opt)
+				hs := histories[:1]
+				if opt.RepeatPenalty != 0 {
+					hs = histories
 				}
-				// Twice on one sampler: its buffers carry nothing over.
-				if got := s.Probs(logits, history); !sameBits(got, want) {
-					t.Fatalf("vocab %d, logits %d, %+v: a second Probs differs", n, li, opt)
-				}
-				if opt.Temperature == 0 {
-					if got, want := s.Sample(logits, history), argmax(want); got != want {
-						t.Fatalf("vocab %d, logits %d, %+v: greedy Sample %d, want %d", n, li, opt, got, want)
+				for _, history := range hs {
+					want := probsRef(opt, logits, history)
+					s := New(opt)
+					if got := s.Probs(logits, history); !sameBits(got, want) {
+						t.Fatalf("vocab %d, logits %d, history %v, %+v: Probs differs from the full sort's", n, li, history, opt)
+					}
+					// Twice on one sampler: its buffers carry nothing over.
+					if got := s.Probs(logits, history); !sameBits(got, want) {
+						t.Fatalf("vocab %d, logits %d, history %v, %+v: a second Probs differs", n, li, history, opt)
+					}
+					if opt.Temperature == 0 {
+						if got, want := s.Sample(logits, history), argmax(want); got != want {
+							t.Fatalf("vocab %d, logits %d, history %v, %+v: greedy Sample %d, want %d", n, li, history, opt, got, want)
+						}
 					}
 				}
 			}

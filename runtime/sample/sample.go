@@ -141,22 +141,21 @@ func (s *Sampler) raceLogits(z []float32) int32 {
 	inv := 1 / s.opt.Temperature
 	best, m := -1, float32(math.Inf(-1))
 	for i, v := range z {
-		if x := v * inv; x > m { // a NaN (a NaN logit, or 0·Inf when 1/T overflows) never is
-			best, m = i, x
+		if v > m { // a NaN never is
+			best, m = i, v
 		}
 	}
 	word := s.rng.Uint64()
 	if best < 0 || math.IsInf(float64(m), 1) {
-		return raceFlat(z, inv, m, word)
+		return raceFlat(z, m, word)
 	}
 	floor := float64(min(s.opt.MinP, 1)) // min-p, against the heaviest's weight 1
 	win, b := int32(best), -math.Log(unit(word, int32(best)))
 	for i, v := range z {
-		x := v * inv
-		if !(x > float32(math.Inf(-1))) || i == best {
+		if !(v > float32(math.Inf(-1))) || i == best {
 			continue
 		}
-		d := float64(x) - float64(m) // ≤ 0
+		d := float64(fromTop(v, m, inv)) // ≤ 0, rounded as probs rounds it
 		y := d * math.Log2E
 		if y < -1022 {
 			// A weight below 2^-1022 times a time under 37 (−ln 2^-53)
@@ -182,14 +181,14 @@ func (s *Sampler) raceLogits(z []float32) int32 {
 	return win
 }
 
-// raceFlat is raceLogits when the scaled logits have no finite maximum:
-// the tokens at +Inf share the mass, or, when every one is −Inf or NaN,
-// all tokens do, as in probs. Equal weights finish in the order of their
+// raceFlat is raceLogits when the logits have no finite maximum m: the
+// tokens at +Inf share the mass, or, when every one is −Inf or NaN, all
+// tokens do, as in probs. Equal weights finish in the order of their
 // uniforms, the largest first.
-func raceFlat(z []float32, inv, m float32, word uint64) int32 {
+func raceFlat(z []float32, m float32, word uint64) int32 {
 	win, top := int32(-1), 0.0
 	for i, v := range z {
-		if m > 0 && !(v*inv == m) {
+		if m > 0 && !(v == m) {
 			continue
 		}
 		if u := unit(word, int32(i)); win < 0 || u > top {
@@ -376,25 +375,25 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 	if len(dst) == 0 {
 		return dst, nil // no tokens, no distribution (the transforms below read a first one)
 	}
+	best, m := -1, float32(math.Inf(-1)) // the largest
 	for i, x := range dst {
 		if x != x { // NaN never wins and is never drawn
 			dst[i] = float32(math.Inf(-1))
+		} else if x > m {
+			best, m = i, x
 		}
 	}
-	s.penalize(dst, history)
+	if s.penalizes(history) {
+		s.penalize(dst, history)
+		m = topAfterPenalty(dst, history, best, m)
+	}
 	if s.Greedy() {
 		best := argmax(dst)
 		clear(dst)
 		dst[best] = 1
 		return dst, nil
 	}
-	inv := 1 / s.opt.Temperature
-	for i := range dst {
-		dst[i] *= inv
-		if dst[i] != dst[i] { // 0·Inf, when 1/T overflows
-			dst[i] = float32(math.Inf(-1))
-		}
-	}
+	scaleFromTop(dst, m, 1/s.opt.Temperature)
 	n := len(dst)
 	k := min(s.opt.TopK, n)
 	topP := s.opt.TopP > 0 && s.opt.TopP < 1
@@ -411,7 +410,10 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 		s.pre = append(s.pre[:0], dst...)
 		s.rank(dst, min(n, rankHead))
 	}
-	softmax(dst)
+	if !math.IsInf(float64(m), 0) {
+		m = 0 // scaleFromTop's
+	}
+	softmaxFrom(dst, m) // top-k kept the largest
 	if topP {
 		// Walk the tokens from the most likely until the kept mass
 		// reaches TopP; the rest go. Ties keep the lower id first.
@@ -440,6 +442,51 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 		}
 	}
 	return dst, cut
+}
+
+// scaleFromTop divides each logit's distance from m, the largest, by the
+// temperature (multiplies it by inv = 1/T): the largest reads 0 and the
+// rest less, so no temperature overflows float32. Scaling the logits
+// themselves took every positive one to +Inf below T ≈ 1e-38, where the
+// draw spread over them all instead of nearing the greedy token. An
+// infinite m leaves x as it is: softmax gives the +Inf tokens all the
+// mass, or spreads it evenly when every token is −Inf.
+func scaleFromTop(x []float32, m, inv float32) {
+	switch {
+	case math.IsInf(float64(m), 0):
+	case math.IsInf(float64(inv), 1):
+		for i, v := range x {
+			x[i] = fromTop(v, m, inv)
+		}
+	default: // (m − m)·inv is 0: no test a token
+		for i, v := range x {
+			x[i] = (v - m) * inv
+		}
+	}
+}
+
+// fromTop is v's scaled distance from the largest logit m (finite).
+func fromTop(v, m, inv float32) float32 {
+	if v == m {
+		return 0 // not 0·Inf when 1/T overflows
+	}
+	return (v - m) * inv
+}
+
+// topAfterPenalty is the largest of x once penalize has changed the
+// history's tokens, m having been the largest before, at best (-1: none).
+// Only those tokens moved: unless the largest was one of them and moved,
+// it is the larger of m and theirs, without a pass over the vocabulary.
+func topAfterPenalty(x []float32, history []int32, best int, m float32) float32 {
+	if best < 0 || x[best] != m {
+		return x[argmax(x)]
+	}
+	for _, id := range history {
+		if id >= 0 && int(id) < len(x) && x[id] > m {
+			m = x[id]
+		}
+	}
+	return m
 }
 
 // penalize applies the repeat penalty to each distinct token of the window.
@@ -609,10 +656,13 @@ func argmaxValid(x []float32) int32 {
 
 // argmax returns the index of the largest value, the lowest index on ties.
 func argmax(x []float32) int32 {
-	best := 0
+	if len(x) == 0 {
+		return 0
+	}
+	best, top := 0, x[0] // the top in a register: reading x[best] each time cost a third more
 	for i, v := range x {
-		if v > x[best] {
-			best = i
+		if v > top {
+			best, top = i, v
 		}
 	}
 	return int32(best)
@@ -622,8 +672,10 @@ func argmax(x []float32) int32 {
 // sum so that a 32k vocabulary does not lose the tail. The exponentials
 // are the kernels' (eight at a time on AVX2): with math.Exp they were
 // two thirds of a top-p draw.
-func softmax(x []float32) {
-	m := x[argmax(x)]
+func softmax(x []float32) { softmaxFrom(x, x[argmax(x)]) }
+
+// softmaxFrom is softmax for x whose largest value is m.
+func softmaxFrom(x []float32, m float32) {
 	if math.IsInf(float64(m), 0) {
 		// All -Inf: nothing to prefer, so uniform. Some +Inf: they
 		// share all the mass.

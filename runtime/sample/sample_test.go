@@ -149,6 +149,36 @@ func TestInfiniteLogits(t *testing.T) {
 	}
 }
 
+// TestTinyTemperatureNearsGreedy: as T falls toward 0 the draw nears the
+// greedy token, down to temperatures whose 1/T overflows float32, where
+// scaling the logits themselves took every positive one to +Inf and drew
+// among them all. Tokens tied at the top keep sharing the mass.
+func TestTinyTemperatureNearsGreedy(t *testing.T) {
+	logits := lmLogits(512, 3)
+	best := argmax(logits)
+	tied := slices.Clone(logits)
+	other := (best + 7) % 512
+	tied[other] = tied[best]
+	for _, temp := range []float32{1e-30, 1e-38, 1e-40, 1e-45} {
+		for _, opt := range []Options{{Temperature: temp}, {Temperature: temp, TopP: 0.9}, {Temperature: temp, TopK: 5}, {Temperature: temp, RepeatPenalty: 1.3}} {
+			s := New(opt)
+			if p := s.Probs(logits, nil); p[best] != 1 {
+				t.Errorf("%+v: Probs gives the greedy token %d %g", opt, best, p[best])
+			}
+			if p := s.Probs(tied, nil); !near(float64(p[best]), 0.5, 1e-6) || !near(float64(p[other]), 0.5, 1e-6) {
+				t.Errorf("%+v: two tokens tied at the top get %g and %g", opt, p[best], p[other])
+			}
+			drawn := map[int32]int{}
+			for range 200 {
+				drawn[s.Sample(logits, nil)]++
+			}
+			if drawn[best] != 200 {
+				t.Errorf("%+v: 200 draws gave %v, want the greedy token %d every time", opt, drawn, best)
+			}
+		}
+	}
+}
+
 func TestSeedReproducible(t *testing.T) {
 	logits := []float32{0.3, 1.2, -0.4, 0.9, 0.0, 1.1, 0.5, -1}
 	run := func(seed uint64) []int32 {
