@@ -40,6 +40,11 @@ type ResumeParams struct {
 // DefaultTemperature is OpenAI's default; 0 is greedy decoding.
 const DefaultTemperature = 1.0
 
+// MinRepeatPenalty is the least repeat penalty a request may set: it
+// multiplies a repeated token's positive logit by at most 100, which no
+// model's logits overflow.
+const MinRepeatPenalty = 0.01
+
 // FieldError says which field of a request's JSON is wrong and why. It
 // matches ErrInvalid.
 type FieldError struct {
@@ -87,7 +92,9 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 		if !(*p.TopP > 0 && *p.TopP <= 1) {
 			return fieldErr("top_p", "top_p=%s: must be in (0, 1]", decimal(*p.TopP))
 		}
-		req.Sampling.TopP = float32(*p.TopP)
+		// A mass below float32's least keeps the top token, as any tiny
+		// mass does: rounded to 0 it would read as top-p off.
+		req.Sampling.TopP = max(float32(*p.TopP), math.SmallestNonzeroFloat32)
 	}
 	if p.TopK != nil {
 		if *p.TopK < 0 {
@@ -102,8 +109,11 @@ func (p *Params) Apply(req *Request, defaultMaxTokens int) error {
 		req.Sampling.MinP = float32(*p.MinP)
 	}
 	if p.RepeatPenalty != nil {
-		if !(*p.RepeatPenalty > 0 && *p.RepeatPenalty <= 10) {
-			return fieldErr("repeat_penalty", "repeat_penalty=%s: must be in (0, 10]", decimal(*p.RepeatPenalty))
+		// Below MinRepeatPenalty, a repeated token's logit divided by it
+		// overflows float32 to +Inf on real logits, and the repeated
+		// tokens would tie instead of keeping their order.
+		if !(*p.RepeatPenalty >= MinRepeatPenalty && *p.RepeatPenalty <= 10) {
+			return fieldErr("repeat_penalty", "repeat_penalty=%s: must be between %s and 10 (1 is off; below 1 favours repeats)", decimal(*p.RepeatPenalty), decimal(MinRepeatPenalty))
 		}
 		req.Sampling.RepeatPenalty = float32(*p.RepeatPenalty)
 	}

@@ -48,6 +48,7 @@ func TestParamsApply(t *testing.T) {
 		{`{"top_k": -1}`, "top_k"},
 		{`{"min_p": 1}`, "min_p"},
 		{`{"repeat_penalty": 0}`, "repeat_penalty"},
+		{`{"repeat_penalty": 1e-39}`, "repeat_penalty"}, // overflowed a repeated token's logit to +Inf
 		{`{"deadline_ms": 1e15}`, "deadline_ms"},
 		{`{"priority": 11}`, "priority"},
 		{`{"segment": "paragraph"}`, "segment"},
@@ -63,6 +64,15 @@ func TestParamsApply(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, ErrInvalid) || !strings.Contains(fe.Msg, strings.Split(tc.field, ".")[0]) {
 			t.Errorf("%s: %v (%#v), want a FieldError for %s", tc.json, err, fe, tc.field)
 		}
+	}
+}
+
+func TestTinyTopPKeepsTheTopToken(t *testing.T) {
+	// Rounded to float32 1e-46 is 0, which the sampler reads as top-p off.
+	top := 1e-46
+	var req Request
+	if err := (&Params{TopP: &top}).Apply(&req, 16); err != nil || !(req.Sampling.TopP > 0) {
+		t.Errorf("top_p=%v: %v, sampler's top-p %v; want a positive mass", top, err, req.Sampling.TopP)
 	}
 }
 
