@@ -14,17 +14,26 @@ import (
 // magic, otherwise a llama2.c .bin checked against its header. Tensor data
 // are zero-copy views of the mapping until Close.
 func Open(path string) (*File, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open model: %w", err)
-	}
-	defer fh.Close() // the mapping stays valid after the descriptor closes
-	st, err := fh.Stat()
+	// Stat before opening: opening a named pipe blocks until a writer
+	// comes, and a pipe or a device cannot be mapped.
+	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("open model: %w", err)
 	}
 	if st.IsDir() {
 		return nil, fmt.Errorf("open model: %s is a directory, want a .gguf or llama2.c .bin file", path)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("open model: %s is not a regular file (%v), want a .gguf or llama2.c .bin file", path, st.Mode().Type())
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open model: %w", err)
+	}
+	defer fh.Close() // the mapping stays valid after the descriptor closes
+	// The size of the file opened, should the path have changed since.
+	if st, err = fh.Stat(); err != nil {
+		return nil, fmt.Errorf("open model: %w", err)
 	}
 	if st.Size() == 0 {
 		return nil, fmt.Errorf("open model: %s is empty", path)

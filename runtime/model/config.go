@@ -111,6 +111,9 @@ func ConfigFrom(f *weights.File) (Config, error) {
 
 	emb, ok := f.Tensor("token_embd.weight")
 	if !ok {
+		if len(f.Tensors) == 0 {
+			return c, fmt.Errorf("%s has no tensors, only metadata (a vocabulary-only GGUF?): it can be a --tokenizer, not a model", f.Path)
+		}
 		return c, fmt.Errorf("%s: tensor token_embd.weight is missing", f.Path)
 	}
 	if len(emb.Shape) != 2 || emb.Shape[0] != uint64(c.Dim) {

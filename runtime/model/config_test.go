@@ -102,6 +102,22 @@ func TestLoadBadFile(t *testing.T) {
 	}
 }
 
+// TestLoadVocabularyOnly: a vocabulary-only GGUF given as a model is
+// named as such, not as a model missing its first tensor.
+func TestLoadVocabularyOnly(t *testing.T) {
+	f, err := weights.Open(testutil.Model(t, "ggml-vocab-llama-spm.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if m, err := Load(f, Options{Threads: 1}); err == nil || !strings.Contains(err.Error(), "vocabulary-only") {
+		if m != nil {
+			m.Close()
+		}
+		t.Errorf("Load of a vocabulary: %v, want it named vocabulary-only", err)
+	}
+}
+
 // TestLoadBadThreads: a thread count outside 0..kernels.MaxThreads is an
 // error, not a pool of 100000 spinning workers.
 func TestLoadBadThreads(t *testing.T) {
