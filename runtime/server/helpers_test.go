@@ -127,16 +127,7 @@ func (fx *fixture) reference(t testing.TB, prompt string, maxTokens int) (string
 	if res.Reason == spec.StopToken {
 		gen = gen[:len(gen)-1]
 	}
-	dec := fx.tok.NewDecoder()
-	for _, id := range ids {
-		dec.Next(id)
-	}
-	var b strings.Builder
-	for _, id := range gen {
-		b.WriteString(dec.Next(id))
-	}
-	b.WriteString(dec.Flush())
-	return b.String(), len(gen)
+	return fx.tok.DecodeAfter(ids, gen), len(gen)
 }
 
 // post sends a JSON body and returns the status, headers and body.

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -66,6 +67,24 @@ type Decoder struct {
 	t       *Tokenizer
 	pending []byte
 	started bool
+}
+
+// DecodeAfter returns the text ids add to a sequence that begins with
+// prompt: a generation's answer as a stream of it shows, the first piece's
+// leading space kept (Decode of ids alone drops it, as at a text's start),
+// and a character split across the boundary in the answer. Unknown ids
+// are skipped, as Decoder.Next skips them.
+func (t *Tokenizer) DecodeAfter(prompt, ids []int32) string {
+	d := t.NewDecoder()
+	for _, id := range prompt {
+		d.Next(id)
+	}
+	var sb strings.Builder
+	for _, id := range ids {
+		sb.WriteString(d.Next(id))
+	}
+	sb.WriteString(d.Flush())
+	return sb.String()
 }
 
 // NewDecoder starts decoding a sequence from its first token.

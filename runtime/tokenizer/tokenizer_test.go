@@ -314,6 +314,38 @@ func TestDecoderStreaming(t *testing.T) {
 	}
 }
 
+// TestDecodeAfter: an answer's text is what Decode of the whole sequence
+// adds after the prompt's, whose first piece keeps its leading space.
+func TestDecodeAfter(t *testing.T) {
+	for _, file := range []string{"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "tok512.bin"} {
+		t.Run(file, func(t *testing.T) {
+			tk := load(t, file)
+			for _, s := range sampleTexts(t) {
+				ids, err := tk.Encode(s, EncodeOptions{AddBOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for cut := 1; cut < len(ids); cut++ {
+					whole, _ := tk.Decode(ids)
+					head, _ := tk.Decode(ids[:cut])
+					if !strings.HasPrefix(whole, head) {
+						continue // a character split at the cut: U+FFFD in head alone
+					}
+					if got := tk.DecodeAfter(ids[:cut], ids[cut:]); got != whole[len(head):] {
+						t.Fatalf("%q cut at %d: DecodeAfter %q, want %q", s, cut, got, whole[len(head):])
+					}
+				}
+			}
+		})
+	}
+	tk := load(t, "tok512.bin")
+	prompt, _ := tk.Encode("Lily and Tom went to the park.", EncodeOptions{AddBOS: true})
+	answer, _ := tk.Encode("They saw a dog.", EncodeOptions{})
+	if got := tk.DecodeAfter(prompt, answer); got != " They saw a dog." {
+		t.Errorf("DecodeAfter %q, want the answer's leading space kept", got)
+	}
+}
+
 func TestDecoderHoldsPartialRune(t *testing.T) {
 	tk := load(t, "ggml-vocab-llama-spm.gguf")
 	// "▁" is E2 96 81: three byte-fallback tokens.
