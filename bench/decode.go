@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -169,10 +171,20 @@ func DecodeTable(rs []DecodeResult, bw map[int]float64, peak map[PeakKey]float64
 	for _, r := range rs {
 		mb, mp := bound(bw[r.Threads], r)
 		cb, cp := bound(peak[PeakKey{r.Type, r.Threads}], r)
-		dm, dsd := MeanSD(r.Decode)
-		pm, psd := MeanSD(r.Prefill)
-		fmt.Fprintf(&sb, "| %s | %d | %.1f | %.2f ± %.2f | %s | %s | %s | %s | %.1f ± %.1f | %.1fx |\n", r.Type, r.Threads,
-			float64(r.WeightBytesPerToken)/(1<<20), dm, dsd, mb, mp, cb, cp, pm, psd, r.PrefillSpeedup())
+		fmt.Fprintf(&sb, "| %s | %d | %.1f | %s | %s | %s | %s | %s | %s | %.1fx |\n", r.Type, r.Threads,
+			float64(r.WeightBytesPerToken)/(1<<20), medianRange(r.DecodeTokPerS, r.Decode, 2), mb, mp, cb, cp,
+			medianRange(r.PrefillTokPerS, r.Prefill, 1), r.PrefillSpeedup())
 	}
 	return sb.String()
+}
+
+// medianRange writes a median with the range of the runs it came from,
+// "10.00 (9.00-14.00)", or the median alone for one run: the ratios
+// beside it are the median's, and a mean would let one run slowed by
+// the host move the figure.
+func medianRange(median float64, runs []float64, prec int) string {
+	if len(runs) < 2 {
+		return strconv.FormatFloat(median, 'f', prec, 64)
+	}
+	return fmt.Sprintf("%.*f (%.*f-%.*f)", prec, median, prec, slices.Min(runs), prec, slices.Max(runs))
 }
