@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/kernels"
+	"github.com/tandem-llm/tandem/runtime/model"
 	"github.com/tandem-llm/tandem/weights"
 )
 
@@ -45,11 +46,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	defer interrupt.Handle(stderr, "tandem bench")() // Ctrl-C removes the models made for the run
 	fs := newFlags("bench decode", "[--model FILE | --shape NAME --types T,...] [--threads N,...] [flags]",
 		"Measures prefill of a random --prompt-token prompt and greedy single-sequence\n"+
-			"decode, --runs times, and prints a markdown table (mean ± sd) with each\n"+
-			"decode figure next to two bounds measured in the same run: memory, read\n"+
-			"bandwidth (a buffer far larger than cache) ÷ weight bytes read per token,\n"+
-			"and compute, tandem's own matrix-vector kernel on a cache-resident matrix\n"+
-			"÷ the same bytes. Whichever bound is lower is the wall decode runs into.\n"+
+			"decode, --runs times, and prints a markdown table (medians, the runs' range\n"+
+			"in brackets) with each decode figure next to two bounds measured in the\n"+
+			"same run: memory, read bandwidth (a buffer far larger than cache) ÷ weight\n"+
+			"bytes read per token, and compute, tandem's own matrix-vector kernel on a\n"+
+			"cache-resident matrix ÷ the same bytes. Whichever bound is lower is the\n"+
+			"wall decode runs into.\n"+
 			"Without --model it synthesizes a model of --shape for each of --types in\n"+
 			"a temporary directory (removed afterwards; --dir keeps them).", stdout, stderr,
 		"tandem bench decode --shape tinyllama-1.1b --types q4_0,q8_0,f16 --threads 1,2",
@@ -60,7 +62,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	threads := fs.String("threads", "1,2", "thread counts to measure")
 	prompt := fs.Int("prompt", 512, "prefill prompt tokens")
 	gen := fs.Int("gen", 32, "decoded tokens per run")
-	runs := fs.Int("runs", 5, "runs per measurement (medians are reported)")
+	runs := fs.Int("runs", 5, "runs per measurement (medians are reported, with the runs' range)")
 	dir := fs.String("dir", "", "where synthetic models go (default: a new temporary directory)")
 	backend := fs.String("kernels", "", "kernel backend: c or go")
 	if _, err := parse(fs, args[1:], 0, 0); err != nil {
@@ -94,7 +96,14 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		mc, err := model.ConfigFrom(f)
 		f.Close()
+		if err != nil {
+			return err
+		}
+		if need := *prompt + *gen; need > mc.Context {
+			return fmt.Errorf("%w: --prompt %d + --gen %d tokens exceed the model's context of %d: lower --prompt (e.g. --prompt %d)", errUsage, *prompt, *gen, mc.Context, max(1, mc.Context-*gen))
+		}
 	} else {
 		var err error
 		if sh, err = shapeOrDims("--shape", *shape); err != nil {
@@ -176,7 +185,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		f.Close()
 	}
-	fmt.Fprintf(stdout, "\nkernels: %s (%s); %d-token prefill, %d decoded tokens, %d runs (mean ± sd)\n\n", kernels.Backend(), kernels.Level(), *prompt, *gen, *runs)
+	fmt.Fprintf(stdout, "\nkernels: %s (%s); %d-token prefill, %d decoded tokens, %d runs (medians, the runs' range in brackets)\n\n", kernels.Backend(), kernels.Level(), *prompt, *gen, *runs)
 	fmt.Fprint(stdout, bench.DecodeTable(results, bw, peak))
 	return nil
 }

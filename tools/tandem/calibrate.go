@@ -45,7 +45,7 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "model file (default: the embedded model)")
 	tokPath := fs.String("tokenizer", "", "tokenizer.bin or GGUF vocabulary (default: the model's own)")
 	promptsPath := fs.String("prompts", "", "prompt file: text lines or JSON lines (default: the built-in corpus)")
-	n := fs.Int("n", 400, "prompts from the built-in corpus (at most 100000)")
+	n := fs.Int("n", 400, "prompts to generate from: drawn from the built-in corpus, or the first N of --prompts (all of them when --n is not given); at most 100000")
 	maxTokens := fs.Int("max-tokens", 448, "cap on every generation")
 	temp := fs.Float64("temperature", 0.8, "sampling temperature of the generations (0: greedy)")
 	seed := fs.Uint64("seed", 1, "corpus, sampling and training seed")
@@ -55,8 +55,11 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 || !(*temp >= 0) {
-		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive, --temperature >= 0", errUsage)
+	if *n <= 0 || *maxTokens <= 0 || *epochs <= 0 {
+		return fmt.Errorf("%w: --n, --max-tokens and --epochs must be positive", errUsage)
+	}
+	if _, err := checkSampling(*maxTokens, *temp, 0, 0, 0, 1); err != nil { // the temperature's range is generate's
+		return err
 	}
 	// Two billion prompts ran out of memory building the corpus.
 	if *n > maxCalibrationPrompts {
@@ -83,6 +86,9 @@ func runCalibrate(args []string, stdout, stderr io.Writer) error {
 	if *promptsPath != "" {
 		if prompts, err = readPrompts(*promptsPath, *maxTokens); err != nil {
 			return err
+		}
+		if flagSet(fs, "n") && *n < len(prompts) {
+			prompts = prompts[:*n]
 		}
 	} else {
 		prompts = bench.CalibrationPrompts(*n, bench.VarianceNormal, *maxTokens, *seed)

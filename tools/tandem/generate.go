@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/model"
@@ -70,8 +72,16 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	if err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat); err != nil {
+	sampling, err := checkSampling(*maxTokens, *temp, *topP, *topK, *minP, *repeat)
+	if err != nil {
 		return err
+	}
+	sampling.Seed = *seed
+	if err := checkGreedyFlags(fs, *temp); err != nil {
+		return err
+	}
+	if !utf8.ValidString(*prompt) {
+		return fmt.Errorf("%w: --prompt is not valid UTF-8 (a shell in another encoding?)", errUsage)
 	}
 	if _, err := sf.config(spec.Tree, nil); err != nil { // the speculative flags, with or without a draft
 		return err
@@ -157,9 +167,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	}
 	opt := spec.GenOptions{
 		MaxTokens: *maxTokens,
-		Sampler: sample.New(sample.Options{Temperature: float32(*temp), TopP: float32(*topP), TopK: *topK,
-			MinP: float32(*minP), RepeatPenalty: float32(*repeat), Seed: *seed}),
-		Stop: func(id int32) bool { return id == tok.EOS() || id == tok.BOS() },
+		Sampler:   sample.New(sampling),
+		Stop:      func(id int32) bool { return id == tok.EOS() || id == tok.BOS() },
 	}
 	generate := func() (spec.Result, error) { return spec.Generate(ctx, m, cache, ids, opt) }
 	var pair *draftPair
@@ -205,7 +214,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if res.Reason == spec.StopToken {
 		gen = gen[:len(gen)-1] // the stop id is not text
 	}
-	text, _ := tok.Decode(gen)
+	// The text continues the prompt, as the stream and the server's
+	// answers do: its first piece keeps its leading space.
+	text := tok.DecodeAfter(ids, gen)
 	st := stats{
 		Model:          f.Path,
 		PromptTokens:   len(ids),
@@ -319,20 +330,36 @@ func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.T
 // before a model is loaded: out of range they used to switch a transform
 // off silently, or fail mid-generation. The sampling ranges are the HTTP
 // API's (sched.Params), except that a top-p of 0 turns it off here.
-func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64) error {
+// checkGreedyFlags refuses the flags that shape or seed sampling when the
+// run decodes greedily: they would change nothing (the repeat penalty
+// does change a greedy run, so it stays).
+func checkGreedyFlags(fs *flag.FlagSet, temp float64) error {
+	if temp > 0 {
+		return nil
+	}
+	for _, name := range []string{"top-k", "top-p", "min-p", "seed"} {
+		if flagSet(fs, name) {
+			return fmt.Errorf("%w: --%s only matters when sampling, and --temperature 0 (the default) decodes greedily: add --temperature (0.8 is common)", errUsage, name)
+		}
+	}
+	return nil
+}
+
+func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64) (sample.Options, error) {
 	switch {
 	case maxTokens < 0:
-		return fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
+		return sample.Options{}, fmt.Errorf("%w: --max-tokens %d: want 0 (until EOS or the context is full) or more", errUsage, maxTokens)
 	}
 	p := sched.Params{Temperature: &temp, TopK: &topK, MinP: &minP, RepeatPenalty: &repeat}
 	if topP != 0 {
 		p.TopP = &topP
 	}
+	var req sched.Request
 	var fe *sched.FieldError
-	if err := p.Apply(&sched.Request{}, 1); errors.As(err, &fe) {
-		return fmt.Errorf("%w: --%s: %s", errUsage, strings.ReplaceAll(fe.Field, "_", "-"), fe.Msg)
+	if err := p.Apply(&req, 1); errors.As(err, &fe) {
+		return sample.Options{}, fmt.Errorf("%w: --%s: %s", errUsage, strings.ReplaceAll(fe.Field, "_", "-"), fe.Msg)
 	} else if err != nil {
-		return err
+		return sample.Options{}, err
 	}
-	return nil
+	return req.Sampling, nil // the server's reading of each value, as a request's
 }

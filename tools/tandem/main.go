@@ -238,7 +238,14 @@ func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, err
 	}
 	switch {
 	case len(pos) < minArgs:
-		return nil, fmt.Errorf("%w: want %d argument(s), got %d (see tandem %s --help)", errUsage, minArgs, len(pos), fs.Name())
+		want := fmt.Sprint(minArgs)
+		switch {
+		case maxArgs < 0:
+			want = fmt.Sprintf("at least %d", minArgs)
+		case maxArgs > minArgs:
+			want = fmt.Sprintf("%d to %d", minArgs, maxArgs)
+		}
+		return nil, fmt.Errorf("%w: want %s argument(s), got %d (see tandem %s --help)", errUsage, want, len(pos), fs.Name())
 	case maxArgs == 0 && len(pos) > 0:
 		hint := ""
 		if fs.Lookup("prompt") != nil {

@@ -108,6 +108,8 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"inflate", "--from", gguf, "--shape", "stories110m", "--ctx", "2000000000", filepath.Join(t.TempDir(), "i.gguf")},
 		{"serve", "--ctx", "-5"},
 		{"serve", "--ctx", "2"},
+		{"serve", "--model", gguf, "--ctx", "100000"}, // said after listening, with exit 1
+		{"serve", "--ctx", "100000"},
 		{"serve", "--drain-timeout", "-5s"},
 		{"serve", "--park-ttl", "0s"},
 		{"serve", "--prefix-cache", "-5MiB"},
@@ -127,6 +129,13 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"generate", "--mode", "sd", "--max-tree", "3", "--model", gguf, "--draft", gguf},
 		{"generate", "--mode", "bild", "--rollback", "-1", "--model", gguf, "--draft", gguf},
 		{"generate", "--mode", "bild", "--fallback", "5", "--model", gguf, "--draft", gguf},
+		{"generate", "--model", gguf, "--top-k", "5"}, // greedy: sampling's flags change nothing
+		{"generate", "--top-p", "0.5"},
+		{"generate", "--min-p", "0.1", "--temperature", "0"},
+		{"generate", "--seed", "9"},
+		{"generate", "--prompt", "a\xffb"}, // failed at encoding, exit 1
+		{"calibrate", "--model", gguf, "--temperature", "50"},
+		{"bench", "decode", "--model", testutil.Model(t, "llama2xs_model.bin")}, // 512 + 32 tokens, a context of 256
 		{"generate", "--ctx", "-5"},
 		{"generate", "--ctx", "100000"},
 		{"generate", "--device", "tpu"},
@@ -370,6 +379,15 @@ func TestGenerateStreamsAndStops(t *testing.T) {
 	// With no limit the story runs until the model emits BOS.
 	if !strings.HasPrefix(out, "Once upon a time, there was a little girl named Lily.") || !strings.Contains(errOut, "stop token") {
 		t.Errorf("output %q, stats %q", out, errOut)
+	}
+	// --json's text is what the stream printed after the prompt, its
+	// first piece's leading space kept (decoding the ids alone drops it).
+	prompt := "Lily and Tom went to the park."
+	_, streamed, _ := tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", prompt, "--max-tokens", "5")
+	_, out, _ = tandem(t, "generate", "--model", bin, "--tokenizer", tok, "--prompt", prompt, "--max-tokens", "5", "--json")
+	var res struct{ Text string }
+	if err := json.Unmarshal([]byte(out), &res); err != nil || prompt+res.Text+"\n" != streamed || !strings.HasPrefix(res.Text, " ") {
+		t.Errorf("--json text %q (%v), streamed %q", res.Text, err, streamed)
 	}
 	// A tokenizer of another model is refused before any work, by every
 	// verb that runs the model (serve: TestServeRefusesAWrongTokenizer).

@@ -65,6 +65,18 @@ func TestCalibrate(t *testing.T) {
 	if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", filepath.Join(dir, "long.txt"), "--out", filepath.Join(dir, "c.json")); code != 1 || !strings.Contains(stderr, "long.txt:13: a line over 1 MiB") {
 		t.Errorf("a 2 MiB line: exit %d: %s", code, stderr)
 	}
+	// --n takes the first N of a prompt file (its help's example), not
+	// only of the built-in corpus.
+	lines := filepath.Join(dir, "fourteen.txt")
+	os.WriteFile(lines, []byte(strings.Repeat("Tell me a story about a cat.\n", 14)), 0o644)
+	out := filepath.Join(dir, "n.json")
+	if code, _, stderr := tandem(t, "calibrate", "--model", testutil.Model(t, "stories260K.gguf"), "--prompts", lines, "--n", "11",
+		"--max-tokens", "8", "--epochs", "10", "--lanes", "1", "--out", out); code != 0 {
+		t.Fatalf("--n 11 of 14 prompts: exit %d: %s", code, stderr)
+	}
+	if c, err := sched.LoadCalibration(out); err != nil || c.Samples != 11 {
+		t.Errorf("--n 11 of 14 prompts: calibration on %d generations (%v), want 11", c.Samples, err)
+	}
 	if code, _, _ := tandem(t, "calibrate", "--n", "0"); code != 2 {
 		t.Errorf("--n 0: exit %d, want 2", code)
 	}

@@ -99,7 +99,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	} else if flagSet(fs, "mode") {
 		return fmt.Errorf("%w: --mode %s needs a draft model: add --draft FILE", errUsage, *modeFlag)
 	}
-	if err := sf.check(fs, *sf.draft != "", specCfg.Method, *modeFlag); err != nil {
+	mode := *modeFlag
+	if *sf.draft == "" {
+		mode = "no --draft" // --mode names the method a draft would use
+	}
+	if err := sf.check(fs, *sf.draft != "", specCfg.Method, mode); err != nil {
 		return err
 	}
 	if *backend != "" {
@@ -162,8 +166,18 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
 
-	// Listen first: a busy port fails at once, and /healthz answers
-	// (503, loading) while the model loads.
+	// The file's header first (a wrong path or a context the model lacks
+	// is bad usage, said before listening), then listen: a busy port
+	// fails at once, and /healthz answers (503, loading) while the lanes
+	// load the weights.
+	f, err := openModel(*modelPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if mc, err := model.ConfigFrom(f); err == nil && *ctxLen > mc.Context {
+		return fmt.Errorf("%w: --ctx %d: the model takes at most %d", errUsage, *ctxLen, mc.Context)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
@@ -177,12 +191,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	go func() { serveErr <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "tandem serve: listening on http://%s, loading %s\n", ln.Addr(), *name)
 
-	f, err := openModel(*modelPath)
-	if err != nil {
-		hs.Close()
-		return err
-	}
-	defer f.Close()
 	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		hs.Close()
