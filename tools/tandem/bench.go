@@ -59,7 +59,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "benchmark this model instead of synthetic ones")
 	shape := fs.String("shape", "tinyllama-1.1b", "shape of the synthetic models: a name (stories15m, stories110m, tinyllama-1.1b, llama2-7b) or dims D,H,L,HEADS,KV,VOCAB[,CTX]")
 	types := fs.String("types", "q4_0,q8_0,f16", "weight types of the synthetic models")
-	threads := fs.String("threads", "1,2", "thread counts to measure")
+	threads := fs.String("threads", "1,2", "thread counts to measure, comma separated (0: a thread per physical core, as elsewhere)")
 	prompt := fs.Int("prompt", 512, "prefill prompt tokens")
 	gen := fs.Int("gen", 32, "decoded tokens per run")
 	runs := fs.Int("runs", 5, "runs per measurement (medians are reported, with the runs' range)")
@@ -79,8 +79,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	var thr []int
 	for _, s := range strings.Split(*threads, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 || n > kernels.MaxThreads {
-			return fmt.Errorf("%w: --threads %q: want integers from 1 to %d separated by commas", errUsage, *threads, kernels.MaxThreads)
+		if err != nil || n < 0 || n > kernels.MaxThreads {
+			return fmt.Errorf("%w: --threads %q: want integers from 0 (a thread per physical core) to %d separated by commas", errUsage, *threads, kernels.MaxThreads)
+		}
+		if n == 0 {
+			n = kernels.DefaultThreads()
 		}
 		thr = append(thr, n)
 	}

@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode"
 
 	"github.com/tandem-llm/tandem/internal/testutil"
+	"github.com/tandem-llm/tandem/kernels"
 	"github.com/tandem-llm/tandem/runtime/corpus"
 	"github.com/tandem-llm/tandem/runtime/tokenizer"
 	"github.com/tandem-llm/tandem/tools/tandem/defaultmodel"
@@ -182,6 +184,21 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.gguf")
 	if code, out, errOut := tandem(t, "bench", "decode", "--model", missing); code != 1 || out != "" || !strings.Contains(errOut, "missing.gguf") {
 		t.Errorf("bench decode of a missing model: exit %d (%q), output %q; want 1 naming the file, no output", code, errOut, out)
+	}
+}
+
+// TestBenchDecode measures a real model: a row per thread count, 0 being
+// a thread per core, with the medians the help promises.
+func TestBenchDecode(t *testing.T) {
+	code, out, errOut := tandem(t, "bench", "decode", "--model", testutil.Model(t, "stories260K.gguf"), "--threads", "0,1",
+		"--runs", "3", "--prompt", "16", "--gen", "4")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	row := regexp.MustCompile(`(?m)^\| F32 \| (\d+) \| [0-9.]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|`)
+	rows := row.FindAllStringSubmatch(out, -1)
+	if len(rows) != 2 || rows[0][1] != strconv.Itoa(kernels.DefaultThreads()) || rows[1][1] != "1" || !strings.Contains(out, "3 runs (medians") {
+		t.Errorf("want rows for %d and 1 threads, medians with their range:\n%s", kernels.DefaultThreads(), out)
 	}
 }
 
