@@ -36,7 +36,7 @@ func ShapeNames() []string {
 func LookupShape(name string) (Shape, error) {
 	s, ok := Shapes[strings.ToLower(name)]
 	if !ok {
-		return Shape{}, fmt.Errorf("unknown shape %q (known: %s; or give --dims)", name, strings.Join(ShapeNames(), ", "))
+		return Shape{}, fmt.Errorf("unknown shape %q (known: %s)", name, strings.Join(ShapeNames(), ", "))
 	}
 	return s, nil
 }

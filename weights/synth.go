@@ -37,6 +37,9 @@ func Synth(path string, opt SynthOptions) error {
 	}
 	vocab := opt.Vocab
 	if vocab == nil {
+		if s.Vocab < MinByteVocab {
+			return fmt.Errorf("synth: a vocabulary of %d tokens: the byte vocabulary made without a real one needs at least %d (3 special, 256 bytes and ▁); give a larger one, or a real vocabulary", s.Vocab, MinByteVocab)
+		}
 		vocab = ByteVocab(s.Vocab)
 	}
 	toks, err := vocab.Strings("tokenizer.ggml.tokens")
@@ -131,6 +134,10 @@ func fillUniform(f []float32, seed, tensor, chunk uint64) {
 		}
 	}
 }
+
+// MinByteVocab is the smallest ByteVocab that holds its fixed tokens:
+// fewer lose bytes, and with them text they can encode.
+const MinByteVocab = 3 + 256 + 1
 
 // ByteVocab is a SentencePiece-style vocabulary of n tokens that can
 // encode any text: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>,

@@ -36,6 +36,10 @@ const (
 	byteBase = 3
 )
 
+// TrainReserved is the tokens a trained vocabulary holds before its first
+// piece: <unk>, <s>, </s> and the 256 bytes. A vocabulary needs more.
+const TrainReserved = byteBase + 256
+
 // Train learns a SentencePiece-style BPE vocabulary with byte fallback
 // from documents and returns it as GGUF tokenizer.ggml.* keys, which
 // FromMetadata loads: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>
@@ -51,9 +55,8 @@ func Train(docs []string, o TrainOptions) (*weights.Metadata, error) {
 	if o.MinPairCount <= 0 {
 		o.MinPairCount = 2
 	}
-	const fixed = byteBase + 256
-	if o.Vocab <= fixed {
-		return nil, fmt.Errorf("tokenizer: train: a vocabulary of %d has no room for pieces; it needs more than %d (3 special and 256 byte tokens)", o.Vocab, fixed)
+	if o.Vocab <= TrainReserved {
+		return nil, fmt.Errorf("tokenizer: train: a vocabulary of %d has no room for pieces; it needs more than %d (3 special and 256 byte tokens)", o.Vocab, TrainReserved)
 	}
 	words := map[string]int{}
 	for i, d := range docs {
@@ -82,12 +85,12 @@ func Train(docs []string, o TrainOptions) (*weights.Metadata, error) {
 		a, b := alphabet[i], alphabet[j]
 		return chars[a] > chars[b] || chars[a] == chars[b] && a < b
 	})
-	if keep := (o.Vocab - fixed) / 2; len(alphabet) > keep {
+	if keep := (o.Vocab - TrainReserved) / 2; len(alphabet) > keep {
 		alphabet = alphabet[:keep]
 	}
 
 	t := &bpeTrainer{ids: map[string]int32{}}
-	for range fixed {
+	for range TrainReserved {
 		t.pieces = append(t.pieces, "")
 	}
 	for _, r := range alphabet {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -43,16 +44,45 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 	if (*from == "") != (len(pos) == 1) {
 		return fmt.Errorf("%w: give the output file OUT.txt, or --from TEXT without one (see tandem corpus --help)", errUsage)
 	}
-	if *vocab < 0 {
+	switch {
+	case *vocab < 0:
 		return fmt.Errorf("%w: --vocab %d: want a vocabulary size, or 0 for none", errUsage, *vocab)
+	case *vocab > 0 && *vocab <= tokenizer.TrainReserved:
+		return fmt.Errorf("%w: --vocab %d: a vocabulary needs more than %d tokens (3 special and 256 byte tokens)", errUsage, *vocab, tokenizer.TrainReserved)
+	case *vocab == 0 && *vocabOut != "":
+		return fmt.Errorf("%w: --vocab-out names where a learned vocabulary goes: add --vocab N", errUsage)
+	case *first < 0:
+		return fmt.Errorf("%w: --first %d: want a story index, 0 or more", errUsage, *first)
 	}
+	if *from != "" {
+		for _, name := range []string{"size", "stories", "seed", "first"} {
+			if flagSet(fs, name) {
+				return fmt.Errorf("%w: --%s shapes generated stories, and --from reads a text instead", errUsage, name)
+			}
+		}
+	}
+	textPath := *from
 	if len(pos) == 1 {
-		if err := checkOutput("output", pos[0]); err != nil {
+		textPath = pos[0]
+		if err := checkOutput("output", textPath); err != nil {
+			return err
+		}
+	}
+	vocabPath := *vocabOut
+	if vocabPath == "" {
+		vocabPath = strings.TrimSuffix(textPath, ".txt") + ".vocab.gguf"
+	}
+	if *vocab > 0 {
+		// Checked now, not after the text is written: and neither the
+		// text read nor the one just written may be replaced by it.
+		if filepath.Clean(vocabPath) == filepath.Clean(textPath) {
+			return fmt.Errorf("%w: --vocab-out %s is the text; choose another name", errUsage, vocabPath)
+		}
+		if err := checkOutput("--vocab-out", vocabPath, *from); err != nil {
 			return err
 		}
 	}
 	var docs []string
-	textPath := *from
 	if *from == "" {
 		var nbytes int64
 		if *size != "" {
@@ -71,7 +101,6 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		if nbytes > 0 && *stories > 0 {
 			return fmt.Errorf("%w: give --size or --stories, not both", errUsage)
 		}
-		textPath = pos[0]
 		start := time.Now()
 		bar := progress.New(stderr, "corpus", uint64(nbytes))
 		f, err := os.Create(textPath)
@@ -102,10 +131,7 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 	if *vocabDocs > 0 && len(docs) > *vocabDocs {
 		docs = docs[:*vocabDocs]
 	}
-	out := *vocabOut
-	if out == "" {
-		out = strings.TrimSuffix(textPath, ".txt") + ".vocab.gguf"
-	}
+	out := vocabPath
 	start := time.Now()
 	md, err := tokenizer.Train(docs, tokenizer.TrainOptions{Vocab: *vocab})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -49,18 +48,22 @@ func runDistill(args []string, stdout, stderr io.Writer) error {
 	if *targetPath == "" || *out == "" {
 		return fmt.Errorf("%w: --target and --out are required", errUsage)
 	}
-	// The output's folder is made if need be (checkpoints go beside it).
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+	if err := tf.check(fs); err != nil {
 		return err
 	}
-	if err := checkOutput("--out", *out); err != nil {
+	if err := tf.checkOutputs(*out, *targetPath, *tokPath, *promptsPath, *tf.init); err != nil {
 		return err
 	}
 	if *gen < 0 {
 		return fmt.Errorf("%w: --gen %d: want the tokens to generate per held-out prompt, 0 or more", errUsage, *gen)
 	}
-	if !(*temp >= 0 && *temp <= 2) {
-		return fmt.Errorf("%w: --temperature %v: want 0 (greedy) to 2: the target's sampling of the training text", errUsage, *temp)
+	// Greedy text would repeat one continuation of each start, and 0 read
+	// as the default 1 further down: refused, not silently changed.
+	if !(*temp > 0 && *temp <= 2) {
+		return fmt.Errorf("%w: --temperature %v: want above 0 (the target samples the training text) up to 2", errUsage, *temp)
+	}
+	if *seqLen < 2 {
+		return fmt.Errorf("%w: --seq %d: a training sequence needs at least 2 tokens (an input and its next)", errUsage, *seqLen)
 	}
 	dt, err := tf.outType()
 	if err != nil {

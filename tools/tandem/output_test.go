@@ -64,11 +64,28 @@ func TestOutputThatMustNotBeReplaced(t *testing.T) {
 	if err := os.WriteFile(readOnly, []byte("keep me"), 0o444); err != nil {
 		t.Fatal(err)
 	}
+	text := filepath.Join(dir, "c.txt")
+	story := "Once upon a time there was a cat. It sat in the sun all day.\n"
+	if err := os.WriteFile(text, []byte(story), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shape := []string{"--shape", "32,64,2,4,2,64", "--steps", "2"}
 	for _, tc := range []struct {
 		args []string
 		says string
 	}{
 		{[]string{"convert", gguf, gguf}, "is the input"},
+		// Each of these replaced its input with the model or vocabulary
+		// it wrote, and said nothing.
+		{append([]string{"train", "--data", text, "--vocab", gguf, "--out", text}, shape...), "is the input"},
+		{append([]string{"train", "--data", text, "--vocab", gguf, "--out", filepath.Join(dir, "m.gguf"), "--ckpt", gguf}, shape...), "is the input"},
+		{append([]string{"train", "--data", text, "--vocab", gguf, "--out", filepath.Join(dir, "m.gguf"), "--ckpt", dir}, shape...), "is a directory"},
+		{append([]string{"train", "--data", text, "--vocab", gguf, "--out", filepath.Join(dir, "m.gguf"), "--ckpt", filepath.Join(dir, "m.gguf")}, shape...), "is --out"},
+		{[]string{"distill", "--target", gguf, "--out", filepath.Join(dir, "d.gguf"), "--ckpt", gguf, "--steps", "1"}, "is the input"},
+		{[]string{"corpus", "--from", text, "--vocab", "300", "--vocab-out", text}, "is the text"},
+		{[]string{"corpus", "--stories", "3", "--vocab", "300", "--vocab-out", filepath.Join(dir, "s.txt"), filepath.Join(dir, "s.txt")}, "is the text"},
+		{[]string{"corpus", "--stories", "3", "--vocab", "300", "--vocab-out", dir, filepath.Join(dir, "s.txt")}, "is a directory"},
+		{[]string{"synth", "--dims", "64,172,4,8,4,512", "--vocab", gguf, gguf}, "is the input"},
 		{[]string{"inflate", "--from", gguf, "--dims", "128,384,6,8,4,512", gguf}, "is the input"},
 		{[]string{"convert", gguf, readOnly}, "read-only"},
 		{[]string{"inflate", "--from", gguf, "--dims", "128,384,6,8,4,512", readOnly}, "read-only"},
@@ -84,6 +101,12 @@ func TestOutputThatMustNotBeReplaced(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(gguf); string(b) != string(data) {
 		t.Error("the input was replaced")
+	}
+	if b, _ := os.ReadFile(text); string(b) != story {
+		t.Error("the training text was replaced")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "s.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("corpus wrote its text before finding its vocabulary's path wrong (%v)", err)
 	}
 	if b, _ := os.ReadFile(readOnly); string(b) != "keep me" {
 		t.Error("the read-only file was replaced")

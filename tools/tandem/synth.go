@@ -48,7 +48,10 @@ func runSynth(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --type: %v", errUsage, err)
 	}
-	if err := checkOutput("output", pos[0]); err != nil {
+	if *vocabPath == "" && sh.Vocab < weights.MinByteVocab {
+		return fmt.Errorf("%w: a vocabulary of %d tokens: without --vocab, the byte vocabulary synth makes needs at least %d (3 special, 256 bytes and ▁)", errUsage, sh.Vocab, weights.MinByteVocab)
+	}
+	if err := checkOutput("output", pos[0], *vocabPath); err != nil {
 		return err
 	}
 	opt := weights.SynthOptions{Shape: sh, Type: dt, Seed: *seed}
@@ -103,7 +106,9 @@ func shapeFlags(shape, dims string) (weights.Shape, error) {
 	case shape != "" && dims != "":
 		return sh, fmt.Errorf("%w: give --shape or --dims, not both", errUsage)
 	case shape != "":
-		sh, err = weights.LookupShape(shape)
+		if sh, err = weights.LookupShape(shape); err != nil {
+			err = fmt.Errorf("%v; or give --dims", err)
+		}
 	case dims != "":
 		sh, err = weights.ParseDims(dims)
 	default:

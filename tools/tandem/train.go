@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -49,13 +50,62 @@ func addTrainFlags(fs interface {
 		threads:   threadsFlag(fs),
 		typ:       fs.String("type", "f32", "weight type of the output file: f32, f16, q8_0 or q4_0"),
 		ckpt:      fs.String("ckpt", "", "checkpoint file (default: OUT.ckpt.gguf; its optimizer state goes beside it as .state)"),
-		ckptEvery: fs.Int("ckpt-every", 100, "write a checkpoint every N steps (and at the end and on Ctrl-C)"),
+		ckptEvery: fs.Int("ckpt-every", 100, "write a checkpoint every N steps (and at the end and on Ctrl-C; 0: only then)"),
 		resume:    fs.Bool("resume", false, "continue from the checkpoint when there is one"),
 		evalEvery: fs.Int("eval-every", 0, "held-out loss every N steps (default: 10 times per run)"),
 		logEvery:  fs.Int("log-every", 10, "print progress every N steps"),
 		init:      fs.String("init", "", "start from this model's weights instead of random ones (same shape)"),
 		name:      fs.String("name", "", "general.name written into the model"),
 	}
+}
+
+// check refuses, before any data is read or sampled, the training flags
+// that are wrong on their own or together: the trainer found the numbers
+// only after tokenizing the corpus (or sampling the target), with exit 1.
+func (tf trainFlags) check(fs *flag.FlagSet) error {
+	switch {
+	case *tf.batch <= 0:
+		return fmt.Errorf("%w: --batch %d must be positive", errUsage, *tf.batch)
+	case *tf.steps < 0 || *tf.tokens < 0:
+		return fmt.Errorf("%w: --steps %d and --tokens %d: want a positive count", errUsage, *tf.steps, *tf.tokens)
+	case flagSet(fs, "steps") && flagSet(fs, "tokens"):
+		return fmt.Errorf("%w: --steps and --tokens both set the run's length: give one", errUsage)
+	case !(*tf.lr > 0 && *tf.lr < math.Inf(1)):
+		return fmt.Errorf("%w: --lr %g: want a positive learning rate", errUsage, *tf.lr)
+	case !(*tf.minLR >= 0 && *tf.minLR <= *tf.lr):
+		return fmt.Errorf("%w: --min-lr %g: want 0 (lr/10) up to --lr %g", errUsage, *tf.minLR, *tf.lr)
+	case *tf.warmup < 0:
+		return fmt.Errorf("%w: --warmup %d: want 0 (the default) or more steps", errUsage, *tf.warmup)
+	case !(*tf.clip >= 0 && *tf.clip < math.Inf(1)):
+		return fmt.Errorf("%w: --clip %g: want a norm, or 0 for off", errUsage, *tf.clip)
+	case *tf.ckptEvery < 0 || *tf.evalEvery < 0 || *tf.logEvery < 0:
+		return fmt.Errorf("%w: --ckpt-every %d, --eval-every %d, --log-every %d: want step counts, not negative", errUsage, *tf.ckptEvery, *tf.evalEvery, *tf.logEvery)
+	}
+	return nil
+}
+
+// checkOutputs refuses, before any work, a model or checkpoint path that
+// is one of the inputs (training text, vocabulary, --init: each was
+// replaced by the model and lost), the other output, or one that could
+// not be written (a checkpoint path that is a directory failed after the
+// whole run). The folders are made first, as go build -o does.
+func (tf trainFlags) checkOutputs(out string, inputs ...string) error {
+	ckpt := *tf.ckpt
+	if ckpt == "" {
+		ckpt = out + ".ckpt.gguf"
+	}
+	for _, p := range []string{out, ckpt} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("cannot create the folder for %s: %w", p, err)
+		}
+	}
+	if filepath.Clean(ckpt) == filepath.Clean(out) {
+		return fmt.Errorf("%w: --ckpt %s is --out: the checkpoint goes beside the model, not over it", errUsage, ckpt)
+	}
+	if err := checkOutput("--out", out, inputs...); err != nil {
+		return err
+	}
+	return checkOutput("--ckpt", ckpt, inputs...)
 }
 
 // options turns the flags into train.Options for sequences of seq tokens.
@@ -86,14 +136,7 @@ func (tf trainFlags) options(seq int, out string) (train.Options, error) {
 	if o.Checkpoint == "" {
 		o.Checkpoint = out + ".ckpt.gguf"
 	}
-	// Create the output folders now, as go build -o does: finding out at
-	// the first checkpoint would cost the minutes trained before it.
-	for _, p := range []string{out, o.Checkpoint} {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return o, fmt.Errorf("cannot create the folder for %s: %w", p, err)
-		}
-	}
-	return o, nil
+	return o, nil // checkOutputs made the folders and checked the paths
 }
 
 func (tf trainFlags) outType() (weights.DType, error) {
@@ -135,11 +178,13 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if *data == "" || *out == "" {
 		return fmt.Errorf("%w: --data and --out are required", errUsage)
 	}
-	// The output's folder is made if need be (checkpoints go beside it).
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+	if err := tf.check(fs); err != nil {
 		return err
 	}
-	if err := checkOutput("--out", *out); err != nil {
+	if flagSet(fs, "valid") && flagSet(fs, "valid-frac") {
+		return fmt.Errorf("%w: --valid-frac holds out part of --data, and --valid gives the held-out text: give one", errUsage)
+	}
+	if err := tf.checkOutputs(*out, *data, *vocabPath, *valid, *tf.init); err != nil {
 		return err
 	}
 	if *vocabPath == "" && *tf.init == "" {
