@@ -83,6 +83,21 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	if _, err := parse(fs, args, 0, 0); err != nil {
 		return err
 	}
+	// Flags of a part the run skips: bad usage, as elsewhere.
+	if !*real {
+		for _, name := range []string{"model", "tokenizer", "calibration", "requests", "repeat", "prefix-reuse"} {
+			if flagSet(fs, name) {
+				return fmt.Errorf("%w: --%s sets the real engine's runs, and --real=false skips them", errUsage, name)
+			}
+		}
+	}
+	if *simCosts != "" {
+		for _, name := range []string{"sim-shape", "sim-type", "sim-threads"} {
+			if flagSet(fs, name) {
+				return fmt.Errorf("%w: --%s sets how the simulator's costs are measured, and --sim-costs gives them", errUsage, name)
+			}
+		}
+	}
 	pols, err := parsePolicies(*policies)
 	if err != nil {
 		return err
@@ -122,8 +137,20 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		return fmt.Errorf("%w: --requests %d, --sim-requests %d: at most %d per run; use --repeat for more runs", errUsage, *requests, *simRequests, maxBenchRequests)
 	}
 	if *outDir != "" {
+		_, statErr := os.Stat(*outDir)
 		if err := os.MkdirAll(*outDir, 0o755); err != nil {
 			return err
+		}
+		if os.IsNotExist(statErr) {
+			// Made for this run: an interrupted or failed run leaves
+			// no empty folder behind.
+			untrack := interrupt.Track(*outDir)
+			defer func() {
+				untrack()
+				if retErr != nil {
+					os.RemoveAll(*outDir)
+				}
+			}()
 		}
 		if err := checkWritable("--out", *outDir); err != nil {
 			return err
@@ -134,21 +161,33 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	cfg := schedBench{policies: pols, loads: loadList, adversarial: advList, variances: vars, maxBatch: *maxBatch,
 		repeat: *repeat, seed: *seed, noPrefixReuse: !*prefixReuse, stderr: stderr}
 	if *outcomes != "" {
-		// Created before the runs, so a path that cannot be written fails
-		// at once rather than after them.
-		f, err := os.Create(*outcomes)
+		// Checked before the runs, so a path that cannot be written fails
+		// at once rather than after them. The lines go to a temporary
+		// file beside it, renamed over it when every run is done: an
+		// interrupted run left thousands of lines of an unfinished file.
+		if err := checkOutput("--outcomes", *outcomes); err != nil {
+			return err
+		}
+		f, untrack, err := interrupt.CreateTemp(filepath.Dir(*outcomes), ".tandem-outcomes-*")
 		if err != nil {
 			return fmt.Errorf("--outcomes: %w", err)
 		}
 		w := bufio.NewWriter(f)
 		cfg.outcomes = w
 		defer func() {
+			defer untrack()
 			err := w.Flush()
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
+			if err == nil && retErr == nil {
+				err = os.Rename(f.Name(), *outcomes)
+			}
 			if err != nil && retErr == nil {
 				retErr = fmt.Errorf("--outcomes: %w", err)
+			}
+			if retErr != nil {
+				os.Remove(f.Name())
 			}
 		}()
 	}
@@ -182,7 +221,7 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		return fmt.Errorf("%w: nothing to run: --real=false and no simulator shape or costs", errUsage)
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "Scheduler benchmark (tandem bench sched %s)\n\n", strings.Join(args, " "))
+	fmt.Fprintf(&md, "Scheduler benchmark (tandem bench sched %s)\n\n", shellLine(args))
 	for _, n := range notes {
 		fmt.Fprintf(&md, "- %s\n", n)
 	}
@@ -806,4 +845,19 @@ func simEstimator(ctx context.Context, v bench.Variance, seed uint64) (*sched.Es
 		scores = append(scores, m.Predict(x))
 	}
 	return sched.NewEstimator(&sched.Calibration{MLP: m, Scores: sched.Percentiles(scores)}), nil
+}
+
+// shellLine writes args as a shell reads them back: an empty argument
+// (an empty --sim-shape) or one with spaces or quotes in single quotes, so the
+// report's command line can be pasted to run again.
+func shellLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && !strings.ContainsAny(a, " \t\n'\"$`\\;&|<>*?()[]{}!#~") {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
 }

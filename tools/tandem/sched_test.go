@@ -261,8 +261,19 @@ func TestBenchSchedSmall(t *testing.T) {
 	if code, _, _ := tandem(t, "bench", "sched", "--repeat", "0"); code != 2 {
 		t.Errorf("--repeat 0: exit %d", code)
 	}
-	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1", "--outcomes", filepath.Join(out, "no", "such", "dir")); code != 1 || !strings.Contains(stderr, "--outcomes") {
+	// An output that cannot be written is bad usage, said before the runs.
+	if code, _, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1", "--outcomes", filepath.Join(out, "no", "such", "dir")); code != 2 || !strings.Contains(stderr, "--outcomes") {
 		t.Errorf("--outcomes in a missing directory: exit %d, %q", code, stderr)
+	}
+	// Flags of a part the run skips.
+	for _, args := range [][]string{
+		{"--real=false", "--sim-costs", "50,10,1", "--model", "nosuch.gguf"},
+		{"--real=false", "--sim-costs", "50,10,1", "--repeat", "7"},
+		{"--real=false", "--sim-costs", "50,10,1", "--sim-shape", "stories15m"},
+	} {
+		if code, _, stderr := tandem(t, append([]string{"bench", "sched"}, args...)...); code != 2 || !strings.Contains(stderr, "--") {
+			t.Errorf("%v: exit %d, %q; want 2", args, code, stderr)
+		}
 	}
 }
 
@@ -429,5 +440,14 @@ func TestCalibrateEmbeddedForANewUser(t *testing.T) {
 	}
 	if _, err := sched.LoadCalibration(want); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestShellLine: the report's command line pastes back as it was given,
+// an empty --sim-shape included.
+func TestShellLine(t *testing.T) {
+	got := shellLine([]string{"--sim-shape", "", "--loads", "1.6", "--model", "my model.gguf", "--x", "it's"})
+	if want := `--sim-shape '' --loads 1.6 --model 'my model.gguf' --x 'it'\''s'`; got != want {
+		t.Errorf("shellLine = %s, want %s", got, want)
 	}
 }
