@@ -49,8 +49,8 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if *windows < 0 {
 		return fmt.Errorf("%w: --windows %d: want 0 (all) or more", errUsage, *windows)
 	}
-	if *gen < 0 {
-		return fmt.Errorf("%w: --gen %d: want the tokens to generate per prompt, 0 or more", errUsage, *gen)
+	if *gen < 1 {
+		return fmt.Errorf("%w: --gen %d: want the tokens to generate per prompt, 1 or more", errUsage, *gen)
 	}
 	if *data == "" && *prompts == "" {
 		return fmt.Errorf("%w: give --data, --prompts or both", errUsage)

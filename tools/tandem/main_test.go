@@ -136,6 +136,21 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"generate", "--min-p", "0.1", "--temperature", "0"},
 		{"generate", "--seed", "9"},
 		{"generate", "--prompt", "a\xffb"}, // failed at encoding, exit 1
+		// distill panicked on --seq 0 and read --temperature 0 as 1; the
+		// training numbers failed only after the data was read, exit 1.
+		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--seq", "0", "--steps", "1"},
+		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--temperature", "0", "--steps", "1"},
+		{"distill", "--target", gguf, "--out", filepath.Join(t.TempDir(), "d.gguf"), "--lr", "0", "--steps", "1"},
+		{"train", "--data", gguf, "--vocab", gguf, "--out", filepath.Join(t.TempDir(), "m.gguf"), "--steps", "1", "--min-lr", "1"},
+		{"train", "--data", gguf, "--vocab", gguf, "--out", filepath.Join(t.TempDir(), "m.gguf"), "--steps", "1", "--clip", "NaN"},
+		{"train", "--data", gguf, "--vocab", gguf, "--out", filepath.Join(t.TempDir(), "m.gguf"), "--steps", "1", "--warmup", "-1"},
+		{"train", "--data", gguf, "--vocab", gguf, "--out", filepath.Join(t.TempDir(), "m.gguf"), "--steps", "1", "--tokens", "1000"},
+		{"train", "--data", gguf, "--vocab", gguf, "--out", filepath.Join(t.TempDir(), "m.gguf"), "--steps", "1", "--valid", gguf, "--valid-frac", "0.5"},
+		{"corpus", "--stories", "3", "--vocab", "10", filepath.Join(t.TempDir(), "c.txt")},
+		{"corpus", "--stories", "3", "--vocab-out", filepath.Join(t.TempDir(), "v.gguf"), filepath.Join(t.TempDir(), "c.txt")},
+		{"corpus", "--from", gguf, "--stories", "3", "--vocab", "300"},
+		{"corpus", "--stories", "3", "--first", "-1", filepath.Join(t.TempDir(), "c.txt")},
+		{"synth", "--dims", "64,172,4,8,4,100", filepath.Join(t.TempDir(), "s.gguf")}, // no room for 256 byte tokens
 		{"calibrate", "--model", gguf, "--temperature", "50"},
 		{"bench", "decode", "--model", testutil.Model(t, "llama2xs_model.bin")}, // 512 + 32 tokens, a context of 256
 		{"generate", "--ctx", "-5"},
@@ -151,6 +166,7 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", farPrompt, "--shape", "stories15m"},
 		{"eval", "--data", gguf, "--ctx", "0"},
 		{"eval", "--data", gguf, "--windows", "-1"},
+		{"eval", "--prompts", gguf, "--draft", gguf, "--gen", "0"}, // measured one token, saying "up to 0"
 		// NaN passes a check written as x < lo || x > hi.
 		{"bench", "sched", "--real=false", "--loads", "NaN"},
 		{"bench", "sched", "--real=false", "--sim-requests", "2000000000"},

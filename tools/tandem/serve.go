@@ -236,8 +236,17 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	srv.Ready(sc, tok)
 	if floor > 0 && *prefixReuse {
 		wctx, stopWatch := context.WithCancel(context.Background())
-		defer stopWatch()
-		go watchMemory(wctx, sc, floor, memoryCheckEvery, sysmem.Available, stderr)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			watchMemory(wctx, sc, floor, memoryCheckEvery, sysmem.Available, stderr)
+		}()
+		// Waited for: a trim that finished as serve stopped said so
+		// after serve had returned, or never (TestServeTrimBelow).
+		defer func() {
+			stopWatch()
+			<-watched
+		}()
 	}
 	estimator := "prompt length (uncalibrated: run tandem calibrate)"
 	if calPath != "" {
