@@ -275,6 +275,12 @@ func TestSegmenters(t *testing.T) {
 		{stmt, "Move 3.5 m. Then", 11},
 		{stmt, "Stop!\n", 5},
 		{stmt, "Done.", -1}, // a sentence counts once the next character shows it ended
+		// Closing quotes and brackets belong to the sentence they close.
+		{stmt, `Mom said, "Let's go to the park." Lily`, 33},
+		{stmt, "(Then stop.) Go", 12},
+		{stmt, "He said “Hi.” Then", 17},
+		{stmt, `"Done."`, -1},
+		{stmt, `Wait." `, 6},
 		{re, "a = 1; b", 7},
 		{re, "a = 1", -1},
 	} {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/tandem-llm/tandem/runtime/sample"
@@ -169,7 +170,7 @@ type SegmentKind int
 
 const (
 	SegmentLine      SegmentKind = iota + 1 // one non-empty line, up to and including its newline
-	SegmentStatement                        // one sentence or statement: up to . ! ? or ; followed by a space or newline
+	SegmentStatement                        // one sentence or statement: up to . ! ? or ; (and the quotes or brackets closing after it) followed by a space or newline
 	SegmentRegex                            // up to the end of the first match of a regular expression
 )
 
@@ -243,8 +244,20 @@ func (s *Segmenter) Cut(text string) int {
 		for i := 0; i+1 < len(text); i++ {
 			switch text[i] {
 			case '.', '!', '?', ';':
-				if c := text[i+1]; c == ' ' || c == '\n' || c == '\t' || c == '\r' {
-					return i + 1
+				// A quotation or an aside ends with the sentence inside
+				// it: `"Let's go to the park." Lily` cuts after the quote.
+				end := i + 1
+				for end < len(text) {
+					n := closerLen(text[end:])
+					if n == 0 {
+						break
+					}
+					end += n
+				}
+				if end < len(text) {
+					if c := text[end]; c == ' ' || c == '\n' || c == '\t' || c == '\r' {
+						return end
+					}
 				}
 			}
 		}
@@ -254,6 +267,21 @@ func (s *Segmenter) Cut(text string) int {
 		}
 	}
 	return -1
+}
+
+// closerLen is the length of the closing quote or bracket text starts
+// with, 0 if none: " ' ) ] and the typographic ” ’ ».
+func closerLen(text string) int {
+	switch text[0] {
+	case '"', '\'', ')', ']':
+		return 1
+	}
+	for _, c := range []string{"”", "’", "»"} {
+		if strings.HasPrefix(text, c) {
+			return len(c)
+		}
+	}
+	return 0
 }
 
 // Reason says why a stream ended.

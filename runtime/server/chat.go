@@ -27,7 +27,7 @@ const (
 // assistant (and developer, OpenAI's newer name for system) are refused.
 func renderChat(msgs []chatMessage) (string, *apiError) {
 	if len(msgs) == 0 {
-		return "", badRequest("messages", "messages is empty; send at least one user message")
+		return "", badRequest("messages", "messages is empty; send at least one message")
 	}
 	if len(msgs) > maxMessages {
 		return "", badRequest("messages", "%d messages, at most %d", len(msgs), maxMessages)

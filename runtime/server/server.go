@@ -75,7 +75,7 @@ func New(cfg Config) *Server {
 	s.handle("/v1/chat/completions", http.MethodPost, s.chat)
 	s.handle("/v1/models", http.MethodGet, s.models)
 	s.handle("/v1/models/{id...}", http.MethodGet, s.model)
-	s.handle("/v1/resume/{id}", http.MethodPost, s.resume)
+	s.handle("/v1/resume/{id}", http.MethodPost, s.resume, "DELETE")
 	s.mux.HandleFunc("DELETE /v1/resume/{id}", s.discard)
 	s.handle("/metrics", http.MethodGet, s.metrics)
 	s.handle("/healthz", http.MethodGet, s.health)
@@ -86,14 +86,20 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// handle registers path for one method; other methods get a 405 in
-// OpenAI's error shape.
-func (s *Server) handle(path, method string, h http.HandlerFunc) {
+// handle registers path for method; other methods get a 405 in OpenAI's
+// error shape, whose Allow header lists method (with HEAD for GET) and
+// others, the methods registered for path on their own.
+func (s *Server) handle(path, method string, h http.HandlerFunc, others ...string) {
+	allowed := append([]string{method}, others...)
+	if method == http.MethodGet {
+		allowed = append(allowed, http.MethodHead)
+	}
+	allow := strings.Join(allowed, ", ")
 	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
-			w.Header().Set("Allow", method)
+			w.Header().Set("Allow", allow)
 			writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
-				Message: r.Method + " " + r.URL.Path + ": use " + method})
+				Message: r.Method + " " + r.URL.Path + ": use " + allow})
 			return
 		}
 		h(w, r)

@@ -436,6 +436,19 @@ func TestBadRequests(t *testing.T) {
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
 		t.Errorf("GET /v1/completions: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
 	}
+	// Allow lists every method the route takes: DELETE discards a parked
+	// request, HEAD reads what GET would.
+	for path, allow := range map[string]string{"/v1/resume/x": "POST, DELETE", "/metrics": "GET, HEAD", "/v1/models": "GET, HEAD"} {
+		req, _ := http.NewRequest(http.MethodPut, fx.http.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != allow {
+			t.Errorf("PUT %s: %d, Allow %q; want 405, %q", path, resp.StatusCode, resp.Header.Get("Allow"), allow)
+		}
+	}
 	// Nothing leaked from the refused requests.
 	if n := fx.live(); n != 0 {
 		t.Errorf("%d sequences live", n)
