@@ -31,9 +31,11 @@ func probsRef(opt Options, logits []float32, history []int32) []float32 {
 	if m := slices.Max(dst); !math.IsInf(float64(m), 0) {
 		inv := 1 / opt.Temperature
 		for i, x := range dst {
-			if x == m {
+			switch {
+			case x == m:
 				dst[i] = 0
-			} else {
+			case math.IsInf(float64(x), -1):
+			default:
 				dst[i] = (x - m) * inv
 			}
 		}

@@ -454,21 +454,25 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 func scaleFromTop(x []float32, m, inv float32) {
 	switch {
 	case math.IsInf(float64(m), 0):
-	case math.IsInf(float64(inv), 1):
+	case inv == 0 || math.IsInf(float64(inv), 1):
 		for i, v := range x {
 			x[i] = fromTop(v, m, inv)
 		}
-	default: // (m − m)·inv is 0: no test a token
+	default: // (m − m)·inv is 0 and −Inf·inv −Inf: no test a token
 		for i, v := range x {
 			x[i] = (v - m) * inv
 		}
 	}
 }
 
-// fromTop is v's scaled distance from the largest logit m (finite).
+// fromTop is v's scaled distance from the largest logit m (finite), for
+// any inv: an overflowing 1/T (T below 3e-39) or an infinite T.
 func fromTop(v, m, inv float32) float32 {
-	if v == m {
-		return 0 // not 0·Inf when 1/T overflows
+	switch {
+	case v == m:
+		return 0 // not 0·Inf
+	case math.IsInf(float64(v), -1):
+		return v // not −Inf·0
 	}
 	return (v - m) * inv
 }

@@ -177,6 +177,19 @@ func TestTinyTemperatureNearsGreedy(t *testing.T) {
 			}
 		}
 	}
+	// An infinite temperature spreads the mass evenly over the finite
+	// logits; a −Inf one keeps none (−Inf·0 is NaN).
+	withInf := slices.Clone(logits[:8])
+	withInf[3] = float32(math.Inf(-1))
+	for _, opt := range []Options{{Temperature: float32(math.Inf(1))}, {Temperature: float32(math.Inf(1)), TopP: 0.9}} {
+		p := New(opt).Probs(withInf, nil)
+		for i, x := range p {
+			if want := float32(1.0 / 7); i == 3 && x != 0 || i != 3 && !near(float64(x), float64(want), 1e-6) {
+				t.Errorf("%+v: Probs %v, want 1/7 on every finite logit", opt, p)
+				break
+			}
+		}
+	}
 }
 
 func TestSeedReproducible(t *testing.T) {
