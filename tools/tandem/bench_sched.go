@@ -172,6 +172,12 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		if err != nil {
 			return fmt.Errorf("--outcomes: %w", err)
 		}
+		if err := f.Chmod(0o644); err != nil { // CreateTemp makes it 0600
+			f.Close()
+			os.Remove(f.Name())
+			untrack()
+			return fmt.Errorf("--outcomes: %w", err)
+		}
 		w := bufio.NewWriter(f)
 		cfg.outcomes = w
 		defer func() {

@@ -288,6 +288,16 @@ func checkOutcomes(t *testing.T, path string, rows []map[string]any) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Written to a temporary file (0600) and renamed: readable as a file
+	// the command wrote itself would be.
+	if fi, err := os.Stat(path); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm() != 0o644 {
+		t.Errorf("%s: mode %v, want -rw-r--r--", path, fi.Mode())
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".tandem-outcomes-*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
 	type key struct {
 		engine, policy string
 		run            int
