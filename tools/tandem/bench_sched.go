@@ -231,7 +231,12 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	for _, n := range notes {
 		fmt.Fprintf(&md, "- %s\n", n)
 	}
-	md.WriteString("\n" + bench.SchedTable(rows) + "\nAt the highest load, tandem against FIFO:\n\n" + bench.GoalTable(bench.Goals(rows)))
+	md.WriteString("\n" + bench.SchedTable(rows))
+	if goals := bench.Goals(rows); len(goals) > 0 {
+		md.WriteString("\nAt the highest load, tandem against FIFO:\n\n" + bench.GoalTable(goals))
+	} else {
+		md.WriteString("\nNo goal table: it compares tandem with FIFO, and --policies runs " + *policies + ".\n")
+	}
 	fmt.Fprint(stdout, md.String())
 	if *outDir != "" {
 		data, _ := json.MarshalIndent(rows, "", "  ")
@@ -291,12 +296,23 @@ const maxBenchRequests = 100_000
 
 func parsePolicies(s string) ([]policyVariant, error) {
 	var out []policyVariant
+	add := func(v policyVariant) error {
+		for _, o := range out {
+			if o.name == v.name {
+				return fmt.Errorf("%w: --policies names %s twice: each policy runs once a setting", errUsage, v.name)
+			}
+		}
+		out = append(out, v)
+		return nil
+	}
 next:
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		for _, a := range ablations {
 			if strings.EqualFold(p, strings.ReplaceAll(a.name, " -", "-")) {
-				out = append(out, a)
+				if err := add(a); err != nil {
+					return nil, err
+				}
 				continue next
 			}
 		}
@@ -304,7 +320,9 @@ next:
 		if err != nil {
 			return nil, fmt.Errorf("%w: --policies: %v, or tandem-shed, tandem-admit, tandem-route (tandem without that part)", errUsage, err)
 		}
-		out = append(out, policyVariant{name: pol.String(), policy: pol})
+		if err := add(policyVariant{name: pol.String(), policy: pol}); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

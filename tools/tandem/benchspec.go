@@ -78,6 +78,21 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 			want[m] = true
 		}
 	}
+	if len(want) > 0 {
+		// Flags that tune modes the run leaves out: bad usage, as elsewhere.
+		trees := false
+		for m := range want {
+			trees = trees || strings.HasPrefix(m, "tree")
+		}
+		for _, name := range []string{"max-tree", "max-branches", "branch-threshold"} {
+			if !trees && flagSet(fs, name) {
+				return fmt.Errorf("%w: --%s shapes the tree modes, and --modes %s has none", errUsage, name, *modes)
+			}
+		}
+		if !want["sd"] && flagSet(fs, "sd-lens") {
+			return fmt.Errorf("%w: --sd-lens sets sd's draft lengths, and --modes %s leaves sd out", errUsage, *modes)
+		}
+	}
 	if *maxTree < 1 || *maxBranches < 1 || *maxTree > maxTreeSize || *maxBranches > maxTreeSize || !(*threshold > 0 && *threshold < 1) {
 		return fmt.Errorf("%w: --max-tree %d, --max-branches %d, --branch-threshold %g: want sizes from 1 to %d and a threshold in (0,1)", errUsage, *maxTree, *maxBranches, *threshold, maxTreeSize)
 	}

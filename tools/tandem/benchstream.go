@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,6 +88,14 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%w: --modes: %q is not resident, std or stdpl", errUsage, m)
 		}
 		modeList = append(modeList, m)
+	}
+	if !slices.Contains(modeList, "std") && !slices.Contains(modeList, "stdpl") {
+		// A resident model streams nothing: these would be ignored.
+		for _, name := range []string{"budgets", "storage", "io"} {
+			if flagSet(fs, name) {
+				return fmt.Errorf("%w: --%s sets how std and stdpl stream, and --modes %s runs neither", errUsage, name, *modes)
+			}
+		}
 	}
 	method := weights.IOPread
 	switch *ioMethod {

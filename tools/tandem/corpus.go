@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/interrupt"
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/internal/units"
 	"github.com/tandem-llm/tandem/runtime/corpus"
@@ -29,7 +30,7 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		"tandem corpus --size 20MiB --seed 1 --vocab 1024 stories.txt",
 		"tandem corpus --stories 2000 --seed 1 --first 10000000 held-out.txt",
 		"tandem corpus --from my-text.txt --vocab 2048 --vocab-out my-vocab.gguf")
-	size := fs.String("size", "", "corpus size, e.g. 500KB, 20MiB (KB, MB: powers of 1000; KiB, MiB: powers of 1024)")
+	size := fs.String("size", "", "corpus size, e.g. 500KB, 20MiB (KB, MB: powers of 1000; KiB, MiB: powers of 1024), in whole stories: the last may run past it")
 	stories := fs.Int("stories", 0, "number of stories (alternative to --size)")
 	seed := fs.Uint64("seed", 1, "random seed (same seed, same text)")
 	first := fs.Int("first", 0, "index of the first story")
@@ -103,16 +104,28 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		}
 		start := time.Now()
 		bar := progress.New(stderr, "corpus", uint64(nbytes))
-		f, err := os.Create(textPath)
+		// Written beside the output and renamed over it when complete:
+		// Ctrl-C (or a full disk) leaves no text cut mid-story that a
+		// later train would read as a whole corpus.
+		defer interrupt.Handle(stderr, "tandem corpus")()
+		f, untrack, err := interrupt.CreateTemp(filepath.Dir(textPath), ".tandem-corpus-*")
 		if err != nil {
 			return err
 		}
+		defer untrack()
 		n, written, err := corpus.Write(f, corpus.Options{Seed: *seed, Stories: *stories, Bytes: nbytes, First: *first,
 			Progress: func(w int64) { bar.Set(uint64(w)) }})
+		if err == nil {
+			err = f.Chmod(0o644) // CreateTemp makes it 0600
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
+		if err == nil {
+			err = os.Rename(f.Name(), textPath)
+		}
 		if err != nil {
+			os.Remove(f.Name())
 			return err
 		}
 		bar.Done()

@@ -99,6 +99,23 @@ func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
 	}
 }
 
+// TestCtrlCRemovesUnfinishedCorpus interrupts corpus while it writes
+// 2 GiB of stories: the text cut mid-story used to stay, as if whole.
+func TestCtrlCRemovesUnfinishedCorpus(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"corpus", "--size", "2GiB", filepath.Join(dir, "c.txt")}
+	code, _, stderr := interruptCLI(t, args, func(string, string) bool {
+		tmps, _ := filepath.Glob(filepath.Join(dir, ".tandem-corpus-*"))
+		return len(tmps) > 0
+	})
+	if code != 130 || !strings.Contains(stderr, "tandem corpus: interrupted (interrupt): removed 1 unfinished file(s)") {
+		t.Errorf("corpus ended with %d, stderr %q; want 130 and a note", code, stderr)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("left after the interrupt: %v", left)
+	}
+}
+
 // TestCtrlCEndsGenerateCleanly interrupts generate mid-text (its weights
 // streamed from emulated 1 MB/s storage, so tokens come slowly): the text
 // ends its line, stderr says interrupted, and the status is 130.

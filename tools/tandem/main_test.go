@@ -159,6 +159,9 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"serve", "--max-tree", "4"}, // no draft
 		{"serve", "--draft", gguf, "--mode", "sd", "--max-tree", "4"},
 		{"bench", "stream", "--model", gguf, "--types", "f16"},
+		{"bench", "stream", "--model", gguf, "--modes", "resident", "--budgets", "50"}, // nothing streams
+		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--modes", "std,sd", "--max-tree", "4"},
+		{"bench", "spec", "--from", gguf, "--draft", gguf, "--prompts", "p.jsonl", "--modes", "tree", "--sd-lens", "3"},
 		{"bench", "stream", "--model", gguf, "--shape", "stories15m"},
 		{"bench", "decode", "--model", gguf, "--types", "q8_0"},
 		// bench spec found these after measuring the target alone.

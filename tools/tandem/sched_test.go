@@ -270,6 +270,7 @@ func TestBenchSchedSmall(t *testing.T) {
 		{"--real=false", "--sim-costs", "50,10,1", "--model", "nosuch.gguf"},
 		{"--real=false", "--sim-costs", "50,10,1", "--repeat", "7"},
 		{"--real=false", "--sim-costs", "50,10,1", "--sim-shape", "stories15m"},
+		{"--real=false", "--sim-costs", "50,10,1", "--policies", "tandem,fifo,tandem"},
 	} {
 		if code, _, stderr := tandem(t, append([]string{"bench", "sched"}, args...)...); code != 2 || !strings.Contains(stderr, "--") {
 			t.Errorf("%v: exit %d, %q; want 2", args, code, stderr)
@@ -450,6 +451,16 @@ func TestCalibrateEmbeddedForANewUser(t *testing.T) {
 	}
 	if _, err := sched.LoadCalibration(want); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestBenchSchedWithoutFIFO: the goal table compares tandem with FIFO; a
+// run without FIFO says why it has none instead of printing it empty.
+func TestBenchSchedWithoutFIFO(t *testing.T) {
+	code, stdout, stderr := tandem(t, "bench", "sched", "--real=false", "--sim-costs", "50,10,1", "--sim-requests", "40",
+		"--loads", "1", "--adversarial", "0", "--policies", "tandem,edf", "--ablate=false")
+	if code != 0 || !strings.Contains(stdout, "No goal table") || strings.Contains(stdout, "tandem against FIFO") {
+		t.Errorf("exit %d, %s\n%s", code, stderr, stdout)
 	}
 }
 
