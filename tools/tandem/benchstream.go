@@ -267,7 +267,18 @@ func plotsDir(dir string) error {
 	if dir == "" {
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	made := func() (string, error) { return dir, os.MkdirAll(dir, 0o755) }
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		// Made for this run and tracked to its end (the plots come
+		// last): Ctrl-C removes it, not leaving an empty folder. One that
+		// was there before (the default ".") is never tracked.
+		_, _, err = interrupt.Create(made)
+		if err != nil {
+			return fmt.Errorf("--plots: %w", err)
+		}
+		return nil
+	}
+	if _, err := made(); err != nil {
 		return fmt.Errorf("--plots: %w", err)
 	}
 	return nil

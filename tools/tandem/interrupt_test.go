@@ -116,6 +116,25 @@ func TestCtrlCRemovesUnfinishedCorpus(t *testing.T) {
 	}
 }
 
+// TestCtrlCRemovesAPlotsFolderItMade interrupts bench stream while it
+// measures: the --plots folder it made for the plots goes too, where an
+// empty one stayed.
+func TestCtrlCRemovesAPlotsFolderItMade(t *testing.T) {
+	plots := filepath.Join(t.TempDir(), "plots")
+	args := []string{"bench", "stream", "--model", testutil.Model(t, "stories260K.gguf"), "--modes", "std", "--budgets", "50",
+		"--storage", "1MB/s", "--runs", "1000", "--plots", plots}
+	code, _, stderr := interruptCLI(t, args, func(string, string) bool {
+		_, err := os.Stat(plots)
+		return err == nil
+	})
+	if code != 130 || !strings.Contains(stderr, "interrupted") {
+		t.Errorf("bench stream ended with %d, stderr %q; want 130", code, stderr)
+	}
+	if _, err := os.Stat(plots); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the plots folder stayed (%v)", err)
+	}
+}
+
 // TestCtrlCEndsGenerateCleanly interrupts generate mid-text (its weights
 // streamed from emulated 1 MB/s storage, so tokens come slowly): the text
 // ends its line, stderr says interrupted, and the status is 130.
