@@ -210,17 +210,11 @@ func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int,
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return fmt.Errorf("write gguf: %s is a directory; give a file name", path)
 	}
-	tmp, untrack, err := interrupt.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*") // a Ctrl-C leaves no half file
+	tmp, err := interrupt.CreateOutput(path) // a Ctrl-C leaves no half file
 	if err != nil {
 		return fmt.Errorf("write gguf: %w", err)
 	}
-	defer untrack() // after the removal below: tracked until it is gone
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
+	defer tmp.Discard() // nothing after the Commit
 	g, err := NewGGUFWriter(tmp, md, tensors)
 	if err != nil {
 		return err
@@ -241,13 +235,7 @@ func WriteGGUF(path string, md *Metadata, tensors []TensorInfo, data func(i int,
 	if err := g.Close(); err != nil {
 		return err
 	}
-	if err := tmp.Chmod(0o644); err != nil { // CreateTemp makes it 0600
-		return fmt.Errorf("write gguf: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write gguf: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := tmp.Commit(); err != nil {
 		return fmt.Errorf("write gguf: %w", err)
 	}
 	return nil

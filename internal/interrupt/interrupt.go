@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 )
@@ -54,6 +55,61 @@ func CreateTemp(dir, pattern string) (f *os.File, untrack func(), err error) {
 		return f.Name(), nil
 	})
 	return f, untrack, err
+}
+
+// Output is a file written beside its destination and renamed over it by
+// Commit: a failed write leaves neither a half file under the path nor a
+// temporary one, and while a Handle is active Ctrl-C removes it. convert,
+// the GGUF writer, corpus and bench sched's outcomes all write this way.
+type Output struct {
+	*os.File
+	path    string
+	untrack func()
+	done    bool
+}
+
+// CreateOutput starts writing path: a tracked temporary file in its folder,
+// named after it (path's base + ".tmp" and a random suffix).
+func CreateOutput(path string) (*Output, error) {
+	f, untrack, err := CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
+		return nil, err
+	}
+	return &Output{File: f, path: path, untrack: untrack}, nil
+}
+
+// Commit gives the file os.Create's mode (CreateTemp makes it 0600),
+// closes it and renames it to its path. On an error the temporary file is
+// removed and the path left as it was.
+func (o *Output) Commit() error {
+	if o.done {
+		return fmt.Errorf("%s: already committed or discarded", o.path)
+	}
+	err := o.Chmod(0o644)
+	if cerr := o.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(o.Name(), o.path)
+	}
+	if err != nil {
+		os.Remove(o.Name())
+	}
+	o.done = true
+	o.untrack() // after the removal: tracked until it is gone
+	return err
+}
+
+// Discard closes and removes the temporary file; after Commit it does
+// nothing, so a deferred Discard guards every early return.
+func (o *Output) Discard() {
+	if o.done {
+		return
+	}
+	o.Close()
+	os.Remove(o.Name())
+	o.done = true
+	o.untrack()
 }
 
 // trackLocked is Track with mu held.

@@ -168,32 +168,24 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		if err := checkOutput("--outcomes", *outcomes); err != nil {
 			return err
 		}
-		f, untrack, err := interrupt.CreateTemp(filepath.Dir(*outcomes), ".tandem-outcomes-*")
+		f, err := interrupt.CreateOutput(*outcomes)
 		if err != nil {
-			return fmt.Errorf("--outcomes: %w", err)
-		}
-		if err := f.Chmod(0o644); err != nil { // CreateTemp makes it 0600
-			f.Close()
-			os.Remove(f.Name())
-			untrack()
 			return fmt.Errorf("--outcomes: %w", err)
 		}
 		w := bufio.NewWriter(f)
 		cfg.outcomes = w
 		defer func() {
-			defer untrack()
-			err := w.Flush()
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err == nil && retErr == nil {
-				err = os.Rename(f.Name(), *outcomes)
-			}
-			if err != nil && retErr == nil {
-				retErr = fmt.Errorf("--outcomes: %w", err)
-			}
 			if retErr != nil {
-				os.Remove(f.Name())
+				f.Discard()
+				return
+			}
+			err := w.Flush()
+			if err == nil {
+				err = f.Commit()
+			}
+			if err != nil {
+				f.Discard()
+				retErr = fmt.Errorf("--outcomes: %w", err)
 			}
 		}()
 	}

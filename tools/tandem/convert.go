@@ -6,7 +6,6 @@ import (
 	"io"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/tandem-llm/tandem/internal/interrupt"
@@ -69,7 +68,7 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 	}
 
 	out := pos[1]
-	tmp, untrack, err := interrupt.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	tmp, err := interrupt.CreateOutput(out)
 	if err != nil {
 		cause := err // the temporary name means nothing to the user
 		if u := errors.Unwrap(err); u != nil {
@@ -77,25 +76,17 @@ func runConvert(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("cannot write %s: %w", out, cause)
 	}
-	defer untrack()             // after the removal: tracked until it is gone
-	defer os.Remove(tmp.Name()) // no-op after the rename
+	defer tmp.Discard() // nothing after the Commit
 	bar := progress.New(stderr, "convert", 0)
 	opt.Progress = func(done, total uint64) {
 		bar.SetTotal(total)
 		bar.Set(done)
 	}
 	if err := weights.Convert(src, tmp, opt); err != nil {
-		tmp.Close()
 		return err
 	}
 	bar.Done()
-	if err := tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), out); err != nil {
+	if err := tmp.Commit(); err != nil {
 		return err
 	}
 	st, _ := os.Stat(out)

@@ -108,24 +108,17 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		// Ctrl-C (or a full disk) leaves no text cut mid-story that a
 		// later train would read as a whole corpus.
 		defer interrupt.Handle(stderr, "tandem corpus")()
-		f, untrack, err := interrupt.CreateTemp(filepath.Dir(textPath), ".tandem-corpus-*")
+		f, err := interrupt.CreateOutput(textPath)
 		if err != nil {
 			return err
 		}
-		defer untrack()
+		defer f.Discard() // nothing after the Commit
 		n, written, err := corpus.Write(f, corpus.Options{Seed: *seed, Stories: *stories, Bytes: nbytes, First: *first,
 			Progress: func(w int64) { bar.Set(uint64(w)) }})
 		if err == nil {
-			err = f.Chmod(0o644) // CreateTemp makes it 0600
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Rename(f.Name(), textPath)
+			err = f.Commit()
 		}
 		if err != nil {
-			os.Remove(f.Name())
 			return err
 		}
 		bar.Done()

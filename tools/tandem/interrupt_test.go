@@ -82,36 +82,33 @@ func interruptCLI(t *testing.T, args []string, ready func(stdout, stderr string)
 // large model: the temporary output must go, no output may appear, and
 // the exit status must be 130.
 func TestCtrlCRemovesUnfinishedOutput(t *testing.T) {
-	dir := t.TempDir()
-	out := filepath.Join(dir, "big.gguf")
+	out := filepath.Join(t.TempDir(), "big.gguf")
 	// About 1.5 GiB of F32 weights: seconds to write, so the interrupt
 	// lands mid-way, once the temporary file exists.
-	args := []string{"inflate", "--from", testutil.Model(t, "stories260K.gguf"), "--dims", "2048,8192,22,32,4,512", "--type", "f32", out}
-	code, _, stderr := interruptCLI(t, args, func(string, string) bool {
-		tmps, _ := filepath.Glob(out + ".tmp*")
-		return len(tmps) > 0
-	})
-	if code != 130 || !strings.Contains(stderr, "tandem inflate: interrupted (interrupt): removed 1 unfinished file(s)") {
-		t.Errorf("inflate ended with %d, stderr %q; want 130 and a note", code, stderr)
-	}
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
-		t.Errorf("left after the interrupt: %v", left)
-	}
+	interruptWhileWriting(t, "inflate", out, "inflate", "--from", testutil.Model(t, "stories260K.gguf"),
+		"--dims", "2048,8192,22,32,4,512", "--type", "f32", out)
 }
 
 // TestCtrlCRemovesUnfinishedCorpus interrupts corpus while it writes
 // 2 GiB of stories: the text cut mid-story used to stay, as if whole.
 func TestCtrlCRemovesUnfinishedCorpus(t *testing.T) {
-	dir := t.TempDir()
-	args := []string{"corpus", "--size", "2GiB", filepath.Join(dir, "c.txt")}
+	out := filepath.Join(t.TempDir(), "c.txt")
+	interruptWhileWriting(t, "corpus", out, "corpus", "--size", "2GiB", out)
+}
+
+// interruptWhileWriting runs tandem with args and interrupts it once the
+// temporary file it writes out through exists: it must exit 130, say it
+// removed that file, and leave out's folder empty.
+func interruptWhileWriting(t *testing.T, command, out string, args ...string) {
+	t.Helper()
 	code, _, stderr := interruptCLI(t, args, func(string, string) bool {
-		tmps, _ := filepath.Glob(filepath.Join(dir, ".tandem-corpus-*"))
+		tmps, _ := filepath.Glob(out + ".tmp*")
 		return len(tmps) > 0
 	})
-	if code != 130 || !strings.Contains(stderr, "tandem corpus: interrupted (interrupt): removed 1 unfinished file(s)") {
-		t.Errorf("corpus ended with %d, stderr %q; want 130 and a note", code, stderr)
+	if want := "tandem " + command + ": interrupted (interrupt): removed 1 unfinished file(s)"; code != 130 || !strings.Contains(stderr, want) {
+		t.Errorf("%s ended with %d, stderr %q; want 130 and %q", command, code, stderr, want)
 	}
-	if left, _ := os.ReadDir(dir); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Dir(out)); len(left) != 0 {
 		t.Errorf("left after the interrupt: %v", left)
 	}
 }

@@ -296,7 +296,7 @@ func checkOutcomes(t *testing.T, path string, rows []map[string]any) {
 	} else if fi.Mode().Perm() != 0o644 {
 		t.Errorf("%s: mode %v, want -rw-r--r--", path, fi.Mode())
 	}
-	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".tandem-outcomes-*")); len(left) != 0 {
+	if left, _ := filepath.Glob(path + ".tmp*"); len(left) != 0 {
 		t.Errorf("temporary files left: %v", left)
 	}
 	type key struct {
