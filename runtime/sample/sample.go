@@ -73,7 +73,7 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 			// The most likely token, read in place: building the one-hot
 			// distribution first took four passes over the vocabulary
 			// (113 µs a token for 32000 tokens).
-			return argmaxValid(logits)
+			return argmax(logits)
 		}
 		s.buf = s.probs(s.buf[:0], logits, history)
 		return argmax(s.buf)
@@ -385,15 +385,14 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 	}
 	if s.penalizes(history) {
 		s.penalize(dst, history)
-		m = topAfterPenalty(dst, history, best, m)
+		best, m = topAfterPenalty(dst, history, best, m)
 	}
 	if s.Greedy() {
-		best := argmax(dst)
 		clear(dst)
-		dst[best] = 1
+		dst[max(best, 0)] = 1 // all -Inf: the first, as argmax
 		return dst, nil
 	}
-	scaleFromTop(dst, m, 1/s.opt.Temperature)
+	m = scaleFromTop(dst, m, 1/s.opt.Temperature)
 	n := len(dst)
 	k := min(s.opt.TopK, n)
 	topP := s.opt.TopP > 0 && s.opt.TopP < 1
@@ -409,9 +408,6 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 		// case the head ranked now is not enough.
 		s.pre = append(s.pre[:0], dst...)
 		s.rank(dst, min(n, rankHead))
-	}
-	if !math.IsInf(float64(m), 0) {
-		m = 0 // scaleFromTop's
 	}
 	softmaxFrom(dst, m) // top-k kept the largest
 	if topP {
@@ -450,10 +446,12 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 // themselves took every positive one to +Inf below T ≈ 1e-38, where the
 // draw spread over them all instead of nearing the greedy token. An
 // infinite m leaves x as it is: softmax gives the +Inf tokens all the
-// mass, or spreads it evenly when every token is −Inf.
-func scaleFromTop(x []float32, m, inv float32) {
+// mass, or spreads it evenly when every token is −Inf. It returns the
+// largest value after: 0, or m when infinite.
+func scaleFromTop(x []float32, m, inv float32) float32 {
 	switch {
 	case math.IsInf(float64(m), 0):
+		return m
 	case inv == 0 || math.IsInf(float64(inv), 1):
 		for i, v := range x {
 			x[i] = fromTop(v, m, inv)
@@ -463,6 +461,7 @@ func scaleFromTop(x []float32, m, inv float32) {
 			x[i] = (v - m) * inv
 		}
 	}
+	return 0
 }
 
 // fromTop is v's scaled distance from the largest logit m (finite), for
@@ -477,20 +476,22 @@ func fromTop(v, m, inv float32) float32 {
 	return (v - m) * inv
 }
 
-// topAfterPenalty is the largest of x once penalize has changed the
-// history's tokens, m having been the largest before, at best (-1: none).
-// Only those tokens moved: unless the largest was one of them and moved,
-// it is the larger of m and theirs, without a pass over the vocabulary.
-func topAfterPenalty(x []float32, history []int32, best int, m float32) float32 {
+// topAfterPenalty is argmax of x and its value once penalize has changed
+// the history's tokens, m having been the largest before, at best (-1:
+// none). Only those tokens moved: unless the largest was one of them and
+// moved, the answer is it or one of theirs, without a pass over the
+// vocabulary.
+func topAfterPenalty(x []float32, history []int32, best int, m float32) (int, float32) {
 	if best < 0 || x[best] != m {
-		return x[argmax(x)]
+		best = int(argmax(x))
+		return best, x[best]
 	}
 	for _, id := range history {
-		if id >= 0 && int(id) < len(x) && x[id] > m {
-			m = x[id]
+		if i := int(id); i >= 0 && i < len(x) && (x[i] > m || x[i] == m && i < best) {
+			best, m = i, x[i] // ties to the lowest index, as argmax
 		}
 	}
-	return m
+	return best, m
 }
 
 // penalize applies the repeat penalty to each distinct token of the window.
@@ -647,23 +648,12 @@ func (s *Sampler) penalizes(history []int32) bool {
 	return pen > 0 && pen != 1 && len(history) > 0
 }
 
-// argmaxValid is argmax of x with NaN read as -Inf, without copying x.
-func argmaxValid(x []float32) int32 {
-	best, top := 0, float32(math.Inf(-1))
-	for i, v := range x {
-		if v > top {
-			best, top = i, v
-		}
-	}
-	return int32(best)
-}
-
-// argmax returns the index of the largest value, the lowest index on ties.
+// argmax returns the index of the largest value, the lowest index on
+// ties, reading NaN as -Inf (so logits need no copy to clear them); 0 when
+// there is none. The top stays in a register: reading x[best] each time
+// cost a third more.
 func argmax(x []float32) int32 {
-	if len(x) == 0 {
-		return 0
-	}
-	best, top := 0, x[0] // the top in a register: reading x[best] each time cost a third more
+	best, top := 0, float32(math.Inf(-1))
 	for i, v := range x {
 		if v > top {
 			best, top = i, v

@@ -87,6 +87,22 @@ func TestRepeatPenaltySign(t *testing.T) {
 	}
 }
 
+// TestPenaltyTiesGoToTheLowerId: a repeated token that a penalty below 1
+// raises to the largest logit ties with it, and greedy decoding takes the
+// lower id, as argmax over the whole vocabulary does.
+func TestPenaltyTiesGoToTheLowerId(t *testing.T) {
+	logits := []float32{2, 4, 1}
+	for _, history := range [][]int32{{0}, {2, 0}} {
+		s := New(Options{RepeatPenalty: 0.5}) // 2 / 0.5 = 4
+		if got := s.Sample(logits, history); got != 0 {
+			t.Errorf("history %v: greedy Sample %d, want 0 (tied at 4 with 1)", history, got)
+		}
+		if p := s.Probs(logits, history); p[0] != 1 {
+			t.Errorf("history %v: Probs %v, want one-hot on 0", history, p)
+		}
+	}
+}
+
 func TestTransforms(t *testing.T) {
 	logits := []float32{1, 3, 2, 0, 2.5, -1}
 	for _, tc := range []struct {
