@@ -45,11 +45,12 @@ func (g *Group) DraftPasses() int { return g.draftPasses }
 // does, their draft steps sharing Forwards (the draft reads its weights
 // once a step for all of them), then one target pass verifies them all,
 // and each accepts its path. With the pipeline on, the decoders take
-// turns drafting while the pass waits for weights. The decoders must share the target and both
-// caches (and the Lane). out[i] gets decoder i's tokens and errs[i] its
-// error; a decoder that fails is left as a failed Step leaves it, with
-// its sequences freed, and the others go on (a failed pass fails them
-// all). One decoder alone takes the same path as several.
+// turns drafting while the pass waits for weights. The decoders must
+// share the target and both caches (and the Lane). out[i] gets decoder
+// i's tokens and errs[i] its error; a decoder that fails is left as a
+// failed Step leaves it, with its sequences freed, and the others go on
+// (a failed pass fails them all). One decoder alone takes the same path
+// as several.
 func (g *Group) Step(ctx context.Context, decs []*Decoder, out [][]int32, errs []error) {
 	if len(out) < len(decs) || len(errs) < len(decs) {
 		panic(fmt.Sprintf("spec: Group.Step with %d decoders, %d outputs and %d errors", len(decs), len(out), len(errs)))

@@ -329,22 +329,8 @@ func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.T
 // checkSampling refuses generate's numeric flags outside their ranges
 // before a model is loaded: out of range they used to switch a transform
 // off silently, or fail mid-generation. The sampling ranges are the HTTP
-// API's (sched.Params), except that a top-p of 0 turns it off here.
-// checkGreedyFlags refuses the flags that shape or seed sampling when the
-// run decodes greedily: they would change nothing (the repeat penalty
-// does change a greedy run, so it stays).
-func checkGreedyFlags(fs *flag.FlagSet, temp float64) error {
-	if temp > 0 {
-		return nil
-	}
-	for _, name := range []string{"top-k", "top-p", "min-p", "seed"} {
-		if flagSet(fs, name) {
-			return fmt.Errorf("%w: --%s only matters when sampling, and --temperature 0 (the default) decodes greedily: add --temperature (0.8 is common)", errUsage, name)
-		}
-	}
-	return nil
-}
-
+// API's (sched.Params), except that a top-p of 0 turns it off here. It
+// returns the options as the server reads a request's.
 func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat float64) (sample.Options, error) {
 	switch {
 	case maxTokens < 0:
@@ -361,5 +347,20 @@ func checkSampling(maxTokens int, temp, topP float64, topK int, minP, repeat flo
 	} else if err != nil {
 		return sample.Options{}, err
 	}
-	return req.Sampling, nil // the server's reading of each value, as a request's
+	return req.Sampling, nil
+}
+
+// checkGreedyFlags refuses the flags that shape or seed sampling when the
+// run decodes greedily: they would change nothing (the repeat penalty
+// does change a greedy run, so it stays).
+func checkGreedyFlags(fs *flag.FlagSet, temp float64) error {
+	if temp > 0 {
+		return nil
+	}
+	for _, name := range []string{"top-k", "top-p", "min-p", "seed"} {
+		if flagSet(fs, name) {
+			return fmt.Errorf("%w: --%s only matters when sampling, and --temperature 0 (the default) decodes greedily: add --temperature (0.8 is common)", errUsage, name)
+		}
+	}
+	return nil
 }
