@@ -229,10 +229,5 @@ func writeTypes(list string) ([]weights.DType, error) {
 // benchmark's models (which --model replaces): they were ignored, and
 // `--model M --types f16` measured M's own types as asked.
 func modelMakes(fs *flag.FlagSet, names ...string) error {
-	for _, n := range names {
-		if flagSet(fs, n) {
-			return fmt.Errorf("%w: --%s says how to make the benchmark's models, and --model gives the model: leave one out", errUsage, n)
-		}
-	}
-	return nil
+	return unusedFlags(fs, "says how to make the benchmark's models, and --model gives the model: leave one out", names...)
 }

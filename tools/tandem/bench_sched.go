@@ -85,17 +85,15 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 	}
 	// Flags of a part the run skips: bad usage, as elsewhere.
 	if !*real {
-		for _, name := range []string{"model", "tokenizer", "calibration", "requests", "repeat", "prefix-reuse"} {
-			if flagSet(fs, name) {
-				return fmt.Errorf("%w: --%s sets the real engine's runs, and --real=false skips them", errUsage, name)
-			}
+		if err := unusedFlags(fs, "sets the real engine's runs, and --real=false skips them",
+			"model", "tokenizer", "calibration", "requests", "repeat", "prefix-reuse"); err != nil {
+			return err
 		}
 	}
 	if *simCosts != "" {
-		for _, name := range []string{"sim-shape", "sim-type", "sim-threads"} {
-			if flagSet(fs, name) {
-				return fmt.Errorf("%w: --%s sets how the simulator's costs are measured, and --sim-costs gives them", errUsage, name)
-			}
+		if err := unusedFlags(fs, "sets how the simulator's costs are measured, and --sim-costs gives them",
+			"sim-shape", "sim-type", "sim-threads"); err != nil {
+			return err
 		}
 	}
 	pols, err := parsePolicies(*policies)
@@ -137,21 +135,16 @@ func runBenchSched(args []string, stdout, stderr io.Writer) (retErr error) {
 		return fmt.Errorf("%w: --requests %d, --sim-requests %d: at most %d per run; use --repeat for more runs", errUsage, *requests, *simRequests, maxBenchRequests)
 	}
 	if *outDir != "" {
-		_, statErr := os.Stat(*outDir)
-		if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		// A folder made for this run goes if it fails or is interrupted.
+		discard, err := reportDir("--out", *outDir)
+		if err != nil {
 			return err
 		}
-		if os.IsNotExist(statErr) {
-			// Made for this run: an interrupted or failed run leaves
-			// no empty folder behind.
-			untrack := interrupt.Track(*outDir)
-			defer func() {
-				untrack()
-				if retErr != nil {
-					os.RemoveAll(*outDir)
-				}
-			}()
-		}
+		defer func() {
+			if retErr != nil {
+				discard()
+			}
+		}()
 		if err := checkWritable("--out", *outDir); err != nil {
 			return err
 		}

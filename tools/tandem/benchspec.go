@@ -84,13 +84,15 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 		for m := range want {
 			trees = trees || strings.HasPrefix(m, "tree")
 		}
-		for _, name := range []string{"max-tree", "max-branches", "branch-threshold"} {
-			if !trees && flagSet(fs, name) {
-				return fmt.Errorf("%w: --%s shapes the tree modes, and --modes %s has none", errUsage, name, *modes)
+		if !trees {
+			if err := unusedFlags(fs, "shapes the tree modes, and --modes "+*modes+" has none", "max-tree", "max-branches", "branch-threshold"); err != nil {
+				return err
 			}
 		}
-		if !want["sd"] && flagSet(fs, "sd-lens") {
-			return fmt.Errorf("%w: --sd-lens sets sd's draft lengths, and --modes %s leaves sd out", errUsage, *modes)
+		if !want["sd"] {
+			if err := unusedFlags(fs, "sets sd's draft lengths, and --modes "+*modes+" leaves sd out", "sd-lens"); err != nil {
+				return err
+			}
 		}
 	}
 	if *maxTree < 1 || *maxBranches < 1 || *maxTree > maxTreeSize || *maxBranches > maxTreeSize || !(*threshold > 0 && *threshold < 1) {

@@ -91,10 +91,8 @@ func runBenchStream(args []string, stdout, stderr io.Writer) error {
 	}
 	if !slices.Contains(modeList, "std") && !slices.Contains(modeList, "stdpl") {
 		// A resident model streams nothing: these would be ignored.
-		for _, name := range []string{"budgets", "storage", "io"} {
-			if flagSet(fs, name) {
-				return fmt.Errorf("%w: --%s sets how std and stdpl stream, and --modes %s runs neither", errUsage, name, *modes)
-			}
+		if err := unusedFlags(fs, "sets how std and stdpl stream, and --modes "+*modes+" runs neither", "budgets", "storage", "io"); err != nil {
+			return err
 		}
 	}
 	method := weights.IOPread
@@ -262,24 +260,12 @@ func modelPlan(f *weights.File) (total uint64, groups []weights.Group, err error
 }
 
 // plotsDir creates the --plots folder before a benchmark starts: finding
-// it missing when the plot is written would lose the run's minutes.
+// it missing when the plot is written would lose the run's minutes. A
+// folder it makes goes if the run is interrupted; the plots come last.
 func plotsDir(dir string) error {
 	if dir == "" {
 		return nil
 	}
-	made := func() (string, error) { return dir, os.MkdirAll(dir, 0o755) }
-	if _, err := os.Stat(dir); os.IsNotExist(err) {
-		// Made for this run and tracked to its end (the plots come
-		// last): Ctrl-C removes it, not leaving an empty folder. One that
-		// was there before (the default ".") is never tracked.
-		_, _, err = interrupt.Create(made)
-		if err != nil {
-			return fmt.Errorf("--plots: %w", err)
-		}
-		return nil
-	}
-	if _, err := made(); err != nil {
-		return fmt.Errorf("--plots: %w", err)
-	}
-	return nil
+	_, err := reportDir("--plots", dir)
+	return err
 }

@@ -56,10 +56,8 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --first %d: want a story index, 0 or more", errUsage, *first)
 	}
 	if *from != "" {
-		for _, name := range []string{"size", "stories", "seed", "first"} {
-			if flagSet(fs, name) {
-				return fmt.Errorf("%w: --%s shapes generated stories, and --from reads a text instead", errUsage, name)
-			}
+		if err := unusedFlags(fs, "shapes generated stories, and --from reads a text instead", "size", "stories", "seed", "first"); err != nil {
+			return err
 		}
 	}
 	textPath := *from

@@ -357,10 +357,6 @@ func checkGreedyFlags(fs *flag.FlagSet, temp float64) error {
 	if temp > 0 {
 		return nil
 	}
-	for _, name := range []string{"top-k", "top-p", "min-p", "seed"} {
-		if flagSet(fs, name) {
-			return fmt.Errorf("%w: --%s only matters when sampling, and --temperature 0 (the default) decodes greedily: add --temperature (0.8 is common)", errUsage, name)
-		}
-	}
-	return nil
+	return unusedFlags(fs, "only matters when sampling, and --temperature 0 (the default) decodes greedily: add --temperature (0.8 is common)",
+		"top-k", "top-p", "min-p", "seed")
 }

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/tandem-llm/tandem/internal/interrupt"
 )
 
 // checkOutput refuses, before any work, an output file the command could
@@ -50,6 +52,28 @@ func checkWritable(name, dir string) error {
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+// reportDir makes dir, a folder for a run's reports (--out, --plots),
+// before the run. A folder it makes is the run's: tracked, so Ctrl-C
+// removes it, and discard removes it after a run that failed. One that
+// was there before (--plots' default ".") is never touched.
+func reportDir(name, dir string) (discard func(), err error) {
+	discard = func() {}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		if err := os.MkdirAll(dir, 0o755); err != nil { // a file there says so
+			return discard, fmt.Errorf("%s: %w", name, err)
+		}
+		return discard, nil
+	}
+	_, untrack, err := interrupt.Create(func() (string, error) { return dir, os.MkdirAll(dir, 0o755) })
+	if err != nil {
+		return discard, fmt.Errorf("%s: %w", name, err)
+	}
+	return func() {
+		untrack()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // keepDir makes dir, the folder a benchmark keeps its models in (--dir),

@@ -477,6 +477,18 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
+// unusedFlags refuses the first of names given on the command line: the
+// run would ignore it, which README makes bad usage. why follows the
+// flag in the error: "--top-k only matters when sampling, ...".
+func unusedFlags(fs *flag.FlagSet, why string, names ...string) error {
+	for _, n := range names {
+		if flagSet(fs, n) {
+			return fmt.Errorf("%w: --%s %s", errUsage, n, why)
+		}
+	}
+	return nil
+}
+
 // printSpecStats says how much the draft saved, lane by lane.
 func printSpecStats(w io.Writer, lanes []sched.Lane) {
 	for _, l := range lanes {
