@@ -72,6 +72,15 @@ func TestSynthErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "512 tokens") || !strings.Contains(err.Error(), "32000") {
 		t.Errorf("vocab mismatch: %v", err)
 	}
+	// Without a real vocabulary the byte vocabulary needs its 260 tokens:
+	// fewer lost bytes, and with them text it could encode.
+	small, err := ParseDims("64,172,4,8,4,100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Synth(filepath.Join(dir, "s.gguf"), SynthOptions{Shape: small, Type: F32}); err == nil || !strings.Contains(err.Error(), "260") {
+		t.Errorf("a byte vocabulary of 100 tokens: %v", err)
+	}
 	if _, err := ParseDims("64,96,2,3,1,300"); err == nil {
 		t.Error("heads not dividing dim accepted")
 	}
