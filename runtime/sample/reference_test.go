@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -174,6 +175,9 @@ func TestProbsMatchReference(t *testing.T) {
 					if got := s.Probs(logits, history); !sameBits(got, want) {
 						t.Fatalf("vocab %d, logits %d, history %v, %+v: a second Probs differs", n, li, history, opt)
 					}
+					if err := drawReadsProbs(opt, logits, history); err != nil {
+						t.Fatalf("vocab %d, logits %d, history %v, %+v: %v", n, li, history, opt, err)
+					}
 					if opt.Temperature == 0 {
 						if got, want := s.Sample(logits, history), argmax(want); got != want {
 							t.Fatalf("vocab %d, logits %d, history %v, %+v: greedy Sample %d, want %d", n, li, history, opt, got, want)
@@ -183,6 +187,29 @@ func TestProbsMatchReference(t *testing.T) {
 			}
 		}
 	}
+}
+
+// drawReadsProbs checks that the shape Sample draws from, which writes
+// only the cut's probabilities, has the cut and the bits at it that
+// Probs's full shape has.
+func drawReadsProbs(opt Options, logits []float32, history []int32) error {
+	full, cut := New(opt).shape(nil, logits, history, true)
+	part, partCut := New(opt).shape(nil, logits, history, false)
+	if !slices.Equal(cut, partCut) {
+		return fmt.Errorf("the draw's shape cuts at %v, Probs's at %v", partCut, cut)
+	}
+	ids := cut
+	if ids == nil {
+		for i := range full {
+			ids = append(ids, int32(i))
+		}
+	}
+	for _, i := range ids {
+		if math.Float32bits(part[i]) != math.Float32bits(full[i]) {
+			return fmt.Errorf("token %d: the draw's shape has %g, Probs's %g", i, part[i], full[i])
+		}
+	}
+	return nil
 }
 
 // FuzzProbsMatchReference compares Probs with the full sort's on any
@@ -202,6 +229,9 @@ func FuzzProbsMatchReference(f *testing.F) {
 		history := []int32{0, int32(len(logits) - 1)}
 		if got, want := New(opt).Probs(logits, history), probsRef(opt, logits, history); !sameBits(got, want) {
 			t.Fatalf("%+v on %v: Probs %v, the full sort's %v", opt, logits, got, want)
+		}
+		if err := drawReadsProbs(opt, logits, history); err != nil {
+			t.Fatalf("%+v on %v: %v", opt, logits, err)
 		}
 		if temp <= 0 || temp != temp {
 			if got, want := New(opt).Sample(logits, history), argmax(probsRef(opt, logits, history)); got != want {

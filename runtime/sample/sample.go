@@ -41,7 +41,7 @@ type Sampler struct {
 	rng   *rand.Rand
 	buf   []float32 // working logits / probabilities of Sample
 	idx   []int32   // the most likely token ids in order, for top-k and top-p
-	pre   []float32 // the scaled logits top-p ranks by, once softmax has run
+	pre   []float32 // the scaled logits, made again when top-p ranks past its head
 	kept  []float32 // the values keepOnly keeps
 	keys  []uint64  // rank's sort keys: value order, then id
 	spare []uint64  // radixSort's other buffer
@@ -88,7 +88,7 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 		return s.raceLogits(z)
 	}
 	var cut []int32
-	s.buf, cut = s.shape(s.buf[:0], logits, history)
+	s.buf, cut = s.shape(s.buf[:0], logits, history, false)
 	return s.raceShaped(s.buf, cut)
 }
 
@@ -345,7 +345,7 @@ func unit(word uint64, i int32) float64 {
 
 // probs appends the final distribution for logits to dst.
 func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
-	dst, cut := s.shape(dst, logits, history)
+	dst, cut := s.shape(dst, logits, history, true)
 	if len(dst) == 0 || s.Greedy() {
 		return dst
 	}
@@ -369,47 +369,28 @@ func (s *Sampler) probs(dst, logits []float32, history []int32) []float32 {
 // transforms: it returns the softmax after the penalty, temperature and
 // top-k, and the ids top-p keeps, the most likely first (nil when it
 // keeps all), without cutting the rest, applying min-p or normalising
-// again. Greedy decoding's one-hot distribution is final.
-func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cut []int32) {
-	dst = append(dst[:0], logits...)
+// again. Greedy decoding's one-hot distribution is final. With all unset
+// and a cut returned, only the cut's probabilities are written, the rest
+// holding unnormalised weights: the draw reads no others, and
+// normalising a 32000-token vocabulary was a sixth of its top-p draw.
+func (s *Sampler) shape(dst, logits []float32, history []int32, all bool) (_ []float32, cut []int32) {
+	dst, best, m := s.penalized(dst, logits, history)
 	if len(dst) == 0 {
 		return dst, nil // no tokens, no distribution (the transforms below read a first one)
-	}
-	best, m := -1, float32(math.Inf(-1)) // the largest
-	for i, x := range dst {
-		if x != x { // NaN never wins and is never drawn
-			dst[i] = float32(math.Inf(-1))
-		} else if x > m {
-			best, m = i, x
-		}
-	}
-	if s.penalizes(history) {
-		s.penalize(dst, history)
-		best, m = topAfterPenalty(dst, history, best, m)
 	}
 	if s.Greedy() {
 		clear(dst)
 		dst[max(best, 0)] = 1 // all -Inf: the first, as argmax
 		return dst, nil
 	}
-	m = scaleFromTop(dst, m, 1/s.opt.Temperature)
+	m, whole := s.scale(dst, m)
 	n := len(dst)
-	k := min(s.opt.TopK, n)
 	topP := s.opt.TopP > 0 && s.opt.TopP < 1
-	if k > 0 && k < n {
-		s.rank(dst, k)
-		s.keepOnly(dst, s.idx, float32(math.Inf(-1)))
-	}
-	// s.idx holds every token with any mass, unless every logit is -Inf
-	// and softmax spreads the mass over all of them.
-	whole := k > 0 && k < n && dst[s.idx[0]] > float32(math.Inf(-1))
 	if topP && !whole {
-		// The walk below follows the order before softmax; keep it in
-		// case the head ranked now is not enough.
-		s.pre = append(s.pre[:0], dst...)
 		s.rank(dst, min(n, rankHead))
 	}
-	softmaxFrom(dst, m) // top-k kept the largest
+	inv := weights(dst, m)
+	prob := func(id int32) float32 { return float32(float64(dst[id]) * inv) }
 	if topP {
 		// Walk the tokens from the most likely until the kept mass
 		// reaches TopP; the rest go. Ties keep the lower id first.
@@ -423,21 +404,70 @@ func (s *Sampler) shape(dst, logits []float32, history []int32) (_ []float32, cu
 				// (its first i ids are the same, in the same order), or
 				// at once as many as the mass left needs at least, none
 				// of the rest being likelier than the last: a flat
-				// distribution then sorts once, not four times.
+				// distribution then sorts once, not four times. The
+				// order is the scaled logits', made again: keeping a
+				// copy for this seldom walk cost every draw a pass.
 				need := float64(i)
-				if last := float64(dst[s.idx[i-1]]); last > 0 {
+				if last := float64(prob(s.idx[i-1])); last > 0 {
 					need += (float64(s.opt.TopP) - acc) / last
 				}
+				var pm float32
+				s.pre, _, pm = s.penalized(s.pre[:0], logits, history)
+				s.scale(s.pre, pm)
 				s.rank(s.pre, int(min(float64(n), max(float64(8*i), need))))
 			}
-			acc += float64(dst[s.idx[i]])
+			acc += float64(prob(s.idx[i]))
 			if acc >= float64(s.opt.TopP) {
 				cut = s.idx[:i+1]
 				break
 			}
 		}
 	}
+	if all || cut == nil {
+		for i := range dst {
+			dst[i] = prob(int32(i))
+		}
+	} else {
+		for _, id := range cut {
+			dst[id] = prob(id)
+		}
+	}
 	return dst, cut
+}
+
+// penalized appends logits to dst with NaN read as −Inf and the repeat
+// penalty applied, and returns the largest (best −1 when every one is
+// −Inf).
+func (s *Sampler) penalized(dst, logits []float32, history []int32) (_ []float32, best int, m float32) {
+	dst = append(dst[:0], logits...)
+	best, m = -1, float32(math.Inf(-1))
+	for i, x := range dst {
+		if x != x { // NaN never wins and is never drawn
+			dst[i] = float32(math.Inf(-1))
+		} else if x > m {
+			best, m = i, x
+		}
+	}
+	if len(dst) > 0 && s.penalizes(history) {
+		s.penalize(dst, history)
+		best, m = topAfterPenalty(dst, history, best, m)
+	}
+	return dst, best, m
+}
+
+// scale applies the temperature and top-k to penalised logits x whose
+// largest is m, and returns the largest after and whether top-k ranked
+// every token with mass into s.idx (all of them −Inf is not that: softmax
+// then spreads the mass over every token).
+func (s *Sampler) scale(x []float32, m float32) (top float32, whole bool) {
+	m = scaleFromTop(x, m, 1/s.opt.Temperature)
+	n := len(x)
+	if k := min(s.opt.TopK, n); k > 0 && k < n {
+		s.rank(x, k)
+		s.keepOnly(x, s.idx, float32(math.Inf(-1)))
+		whole = x[s.idx[0]] > float32(math.Inf(-1))
+	}
+	return m, whole // top-k kept the largest
 }
 
 // scaleFromTop divides each logit's distance from m, the largest, by the
@@ -535,50 +565,57 @@ const rankHead = 64
 func (s *Sampler) rank(v []float32, m int) {
 	n := len(v)
 	h := s.keys[:0]
-	if m*4 >= n {
+	switch {
+	case m <= 0:
+	case m*4 >= n:
 		for i, x := range v {
 			h = append(h, rankKey(x, i))
 		}
 		h, s.spare = radixSort(h, s.spare)
-	} else {
+	default:
 		// A max-heap of the best m keys so far, the worst of them at
 		// h[0]. Ids come in increasing order, so a newcomer that ties the
-		// worst has the larger key and stays out.
-		for i, x := range v {
-			k := rankKey(x, i)
-			switch {
-			case len(h) < m:
-				h = append(h, k)
-				for c := len(h) - 1; c > 0; {
-					p := (c - 1) / 2
-					if h[c] < h[p] {
-						break
-					}
-					h[c], h[p] = h[p], h[c]
-					c = p
+		// worst has the larger key and stays out: once the heap is full,
+		// only a value above the worst's enters, and a float compare
+		// turns the rest away before their key is built (keys and
+		// compares were a third of a 32000-token top-p draw).
+		for i, x := range v[:m] {
+			h = append(h, rankKey(x, i))
+			for c := len(h) - 1; c > 0; {
+				p := (c - 1) / 2
+				if h[c] < h[p] {
+					break
 				}
-			case k < h[0]:
-				h[0] = k
-				for p := 0; ; {
-					c := 2*p + 1
-					if c >= m {
-						break
-					}
-					if c+1 < m && h[c+1] > h[c] {
-						c++ // the worse child
-					}
-					if h[c] < h[p] {
-						break
-					}
-					h[c], h[p] = h[p], h[c]
-					p = c
-				}
+				h[c], h[p] = h[p], h[c]
+				c = p
 			}
+		}
+		worst := keyValue(h[0])
+		for i := m; i < n; i++ {
+			if !(v[i] > worst) {
+				continue
+			}
+			h[0] = rankKey(v[i], i)
+			for p := 0; ; {
+				c := 2*p + 1
+				if c >= m {
+					break
+				}
+				if c+1 < m && h[c+1] > h[c] {
+					c++ // the worse child
+				}
+				if h[c] < h[p] {
+					break
+				}
+				h[c], h[p] = h[p], h[c]
+				p = c
+			}
+			worst = keyValue(h[0])
 		}
 		slices.Sort(h)
 	}
 	s.idx = s.idx[:0]
-	for _, k := range h[:m] {
+	for _, k := range h[:max(m, 0)] {
 		s.idx = append(s.idx, int32(uint32(k)))
 	}
 	s.keys = h
@@ -627,6 +664,15 @@ func rankKey(x float32, i int) uint64 {
 	return uint64(^b)<<32 | uint64(i)
 }
 
+// keyValue is the value a rankKey was made from (+0 for ±0).
+func keyValue(k uint64) float32 {
+	b := ^uint32(k >> 32)
+	if b>>31 == 1 {
+		return math.Float32frombits(b &^ (1 << 31))
+	}
+	return math.Float32frombits(^b)
+}
+
 // keepOnly sets every entry of p but those at ids to drop.
 func (s *Sampler) keepOnly(p []float32, ids []int32, drop float32) {
 	s.kept = s.kept[:0]
@@ -663,30 +709,36 @@ func argmax(x []float32) int32 {
 }
 
 // softmax turns logits into probabilities in place, in float64 for the
-// sum so that a 32k vocabulary does not lose the tail. The exponentials
-// are the kernels' (eight at a time on AVX2): with math.Exp they were
-// two thirds of a top-p draw.
-func softmax(x []float32) { softmaxFrom(x, x[argmax(x)]) }
-
-// softmaxFrom is softmax for x whose largest value is m.
-func softmaxFrom(x []float32, m float32) {
-	if math.IsInf(float64(m), 0) {
-		// All -Inf: nothing to prefer, so uniform. Some +Inf: they
-		// share all the mass.
-		for i, v := range x {
-			if v == m || m < 0 {
-				x[i] = 1
-			} else {
-				x[i] = 0
-			}
-		}
-		normalize(x)
-		return
-	}
-	inv := 1 / kernels.ExpSum(x, m)
+// sum so that a 32k vocabulary does not lose the tail.
+func softmax(x []float32) {
+	inv := weights(x, x[argmax(x)])
 	for i := range x {
-		x[i] = float32(float64(x[i]) * inv) // a division cost as much as the exponentials
+		x[i] = float32(float64(x[i]) * inv)
 	}
+}
+
+// weights sets x, whose largest value is m, to softmax's unnormalised
+// weights and returns the factor that normalises them: p_i is
+// float32(float64(x_i) · inv). The exponentials are the kernels' (eight
+// at a time on AVX2): with math.Exp they were two thirds of a top-p
+// draw. A multiply by the inverse, not a division: a division cost as
+// much as the exponentials.
+func weights(x []float32, m float32) (inv float64) {
+	if !math.IsInf(float64(m), 0) {
+		return 1 / kernels.ExpSum(x, m)
+	}
+	// All -Inf: nothing to prefer, so uniform. Some +Inf: they share
+	// all the mass.
+	var sum float64
+	for i, v := range x {
+		if v == m || m < 0 {
+			x[i] = 1
+			sum++
+		} else {
+			x[i] = 0
+		}
+	}
+	return 1 / sum
 }
 
 func normalize(p []float32) {

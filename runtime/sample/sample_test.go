@@ -554,3 +554,50 @@ func drawsAgree(t *testing.T, opt Options, logits []float32, hist []int32, onLog
 		t.Errorf("%d of %d draws differ by rounding ties; expected next to none", ties, draws)
 	}
 }
+
+// TestRankIsTheSortOrder: rank's heap, with its float compare turning
+// tokens away, and its radix sort both give the head of the stable sort
+// by value, largest first, ±0 alike, for every head length.
+func TestRankIsTheSortOrder(t *testing.T) {
+	inf := float32(math.Inf(1))
+	r := rand.New(rand.NewPCG(9, 9))
+	for trial := range 60 {
+		n := 1 + r.IntN(700)
+		v := make([]float32, n)
+		for i := range v {
+			switch r.IntN(8) {
+			case 0:
+				v[i] = float32(math.Copysign(0, float64(r.IntN(2)-1)))
+			case 1:
+				v[i] = -inf
+			case 2:
+				v[i] = inf
+			case 3:
+				v[i] = float32(r.IntN(3)) // ties
+			default:
+				v[i] = float32(r.NormFloat64())
+			}
+		}
+		want := make([]int32, n)
+		for i := range want {
+			want[i] = int32(i)
+		}
+		slices.SortStableFunc(want, func(a, b int32) int { return cmp.Compare(v[b]+0, v[a]+0) })
+		s := New(Options{})
+		for _, m := range []int{0, 1, 2, 63, 64, n/4 - 1, n / 4, n/4 + 1, n - 1, n} {
+			if m < 0 || m > n {
+				continue
+			}
+			s.rank(v, m)
+			if !slices.Equal(s.idx, want[:m]) {
+				t.Fatalf("trial %d: rank(%d of %d) = %v, want %v", trial, m, n, s.idx, want[:m])
+			}
+		}
+	}
+	for _, x := range []float32{0, float32(math.Copysign(0, -1)), 1, -1, inf, -inf, math.SmallestNonzeroFloat32, -math.MaxFloat32} {
+		want := x + 0 // -0 reads +0
+		if got := keyValue(rankKey(x, 7)); got != want || math.Signbit(float64(got)) != math.Signbit(float64(want)) {
+			t.Errorf("keyValue(rankKey(%g)) = %g, want %g", x, got, want)
+		}
+	}
+}
