@@ -250,6 +250,8 @@ func openTokenizer(f *weights.File, path string) (*tokenizer.Tokenizer, error) {
 	switch {
 	case errors.Is(err, tokenizer.ErrNoVocabulary):
 		return nil, fmt.Errorf("%v: set tokenizer", err)
+	case errors.Is(err, tokenizer.ErrWrongVocabulary):
+		return nil, fmt.Errorf("%v: set tokenizer to the model's own, or leave it out for a GGUF's own vocabulary", err)
 	case err != nil && path != "":
 		return nil, fmt.Errorf("tokenizer %q: %w", path, err)
 	}

@@ -333,6 +333,8 @@ func TestBadConfig(t *testing.T) {
 		{"not a model", fmt.Sprintf(`{"model": %q}`, testutil.Testdata(t, "README.md")), "README.md"},
 		{"llama2c without tokenizer", fmt.Sprintf(`{"model": %q}`, testutil.Model(t, "llama2xs_model.bin")), "set tokenizer"},
 		{"missing tokenizer", `{"tokenizer": "/nowhere/tok.bin"}`, `tokenizer "/nowhere/tok.bin"`},
+		{"another model's tokenizer", fmt.Sprintf(`{"model": %q, "tokenizer": %q}`, stories, testutil.Model(t, "tokenizer.bin")), "do not belong together"},
+		{"a smaller tokenizer", fmt.Sprintf(`{"model": %q, "tokenizer": %q}`, testutil.Model(t, "llama-2-tiny-random.gguf"), testutil.Model(t, "tok512.bin")), "set tokenizer to the model's own"},
 		{"threads and lanes", `{"threads": 2, "lanes": [1, 1]}`, "not both"},
 		{"bad lane", `{"lanes": [1, 0]}`, "lanes[1] = 0"},
 		{"negative threads", `{"threads": -1}`, "threads -1"},

@@ -245,8 +245,11 @@ func open(modelPath, tokPath string) (*weights.File, *tokenizer.Tokenizer, error
 	tok, err := tokenizer.ForModel(f, tokPath)
 	if err != nil {
 		f.Close()
-		if errors.Is(err, tokenizer.ErrNoVocabulary) {
+		switch {
+		case errors.Is(err, tokenizer.ErrNoVocabulary):
 			err = fmt.Errorf("%v: pass --tokenizer", err)
+		case errors.Is(err, tokenizer.ErrWrongVocabulary):
+			err = fmt.Errorf("%v: pass the model's own with --tokenizer", err)
 		}
 		return nil, nil, err
 	}

@@ -75,6 +75,7 @@ func TestPlannerErrors(t *testing.T) {
 		{[]string{"--cpus", "0", "--threads", "2"}, "take turns"},
 		{[]string{"--model", "/nowhere/model.gguf"}, "/nowhere/model.gguf"},
 		{[]string{"--model", testutil.Model(t, "llama2xs_model.bin")}, "pass --tokenizer"},
+		{[]string{"--model", testutil.Model(t, "stories260K.gguf"), "--tokenizer", testutil.Model(t, "tokenizer.bin")}, "pass the model's own with --tokenizer"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), tc.args, &out, &out)

@@ -438,7 +438,9 @@ func TestSpeculateBadPairs(t *testing.T) {
 
 // TestCheckDraftFile: a llama2.c draft is checked with its own tokenizer
 // file, or else the target's; without either it is ErrNoVocabulary; a
-// GGUF draft of another vocabulary is ErrVocab naming both files.
+// tokenizer file of another size than the draft's vocabulary is
+// tokenizer.ErrWrongVocabulary; a GGUF draft of another vocabulary is
+// ErrVocab naming both files.
 func TestCheckDraftFile(t *testing.T) {
 	tokPath := testutil.Model(t, "tok512.bin")
 	target, err := tokenizer.Load(tokPath)
@@ -465,7 +467,8 @@ func TestCheckDraftFile(t *testing.T) {
 		{"own vocabulary", gguf, "", "", nil},
 		{"no vocabulary", bin, "", "", tokenizer.ErrNoVocabulary},
 		{"another vocabulary", random, "", tokPath, ErrVocab},
-		{"another tokenizer file", bin, testutil.Model(t, "tokenizer.bin"), tokPath, ErrVocab},
+		{"another tokenizer file", bin, testutil.Model(t, "tokenizer.bin"), tokPath, tokenizer.ErrWrongVocabulary},
+		{"another target's tokenizer file", bin, "", testutil.Model(t, "tokenizer.bin"), tokenizer.ErrWrongVocabulary},
 	} {
 		err := CheckDraftFile(tc.draft, tc.draftTok, tc.targetTok, target, "target.bin")
 		if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {

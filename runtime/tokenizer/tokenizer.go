@@ -79,16 +79,34 @@ type bpeMerge struct{ rank, id int32 }
 // ErrNoVocabulary says a model file carries no vocabulary.
 var ErrNoVocabulary = errors.New("no vocabulary in the model file (llama2.c models keep it in a separate tokenizer.bin)")
 
+// ErrWrongVocabulary says a tokenizer has another number of tokens than
+// the model it was given for has embedding rows.
+var ErrWrongVocabulary = errors.New("the tokenizer and the model do not belong together")
+
 // ForModel is the tokenizer for model file f: the tokenizer file at path
 // when given, else f's own vocabulary (ErrNoVocabulary when it has none).
+// A tokenizer whose size is not f's vocabulary (its token_embd.weight
+// rows) is ErrWrongVocabulary: every request would fail on an id past
+// the model's table, or the model's ids past the tokenizer's would
+// decode to nothing.
 func ForModel(f *weights.File, path string) (*Tokenizer, error) {
-	if path != "" {
-		return Load(path)
-	}
-	if _, ok := f.Metadata.Get("tokenizer.ggml.tokens"); !ok {
+	var t *Tokenizer
+	var err error
+	switch _, own := f.Metadata.Get("tokenizer.ggml.tokens"); {
+	case path != "":
+		t, err = Load(path)
+	case !own:
 		return nil, fmt.Errorf("%s: %w", f.Path, ErrNoVocabulary)
+	default:
+		t, err = FromMetadata(&f.Metadata)
 	}
-	return FromMetadata(&f.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	if emb, ok := f.Tensor("token_embd.weight"); ok && len(emb.Shape) == 2 && emb.Shape[1] != uint64(t.VocabSize()) {
+		return nil, fmt.Errorf("%w: it has %d tokens but %s's vocabulary is %d", ErrWrongVocabulary, t.VocabSize(), f.Path, emb.Shape[1])
+	}
+	return t, nil
 }
 
 // FromMetadata builds a tokenizer from GGUF tokenizer.ggml.* keys.

@@ -722,7 +722,8 @@ func TestFingerprint(t *testing.T) {
 }
 
 // TestForModel: a tokenizer file wins, a GGUF's own vocabulary is used
-// without one, and a llama2.c file without one is ErrNoVocabulary naming it.
+// without one, a llama2.c file without one is ErrNoVocabulary naming it,
+// and a tokenizer of another size than the model's is refused.
 func TestForModel(t *testing.T) {
 	open := func(name string) *weights.File {
 		f, err := weights.Open(testutil.Model(t, name))
@@ -741,5 +742,15 @@ func TestForModel(t *testing.T) {
 	}
 	if _, err := ForModel(bin, ""); !errors.Is(err, ErrNoVocabulary) || !strings.Contains(err.Error(), bin.Path) {
 		t.Errorf("llama2.c alone: %v, want ErrNoVocabulary naming the file", err)
+	}
+	// A tokenizer of another size, either way round, does not belong.
+	tiny := open("llama-2-tiny-random.gguf")
+	for _, c := range []struct {
+		f   *weights.File
+		tok string
+	}{{gguf, "tokenizer.bin"}, {bin, "tokenizer.bin"}, {tiny, "tok512.bin"}} {
+		if _, err := ForModel(c.f, testutil.Model(t, c.tok)); !errors.Is(err, ErrWrongVocabulary) || !strings.Contains(err.Error(), c.f.Path) {
+			t.Errorf("%s with %s: %v, want ErrWrongVocabulary naming the model", c.f.Path, c.tok, err)
+		}
 	}
 }

@@ -309,14 +309,13 @@ func openModel(path string) (*weights.File, error) {
 // stderr: its text would otherwise turn to gibberish unexplained.
 func loadTokenizer(f *weights.File, path string, stderr io.Writer) (*tokenizer.Tokenizer, error) {
 	tok, err := tokenizer.ForModel(f, path)
-	if errors.Is(err, tokenizer.ErrNoVocabulary) {
+	switch {
+	case errors.Is(err, tokenizer.ErrNoVocabulary):
 		return nil, fmt.Errorf("%w: %v: pass that tokenizer.bin with --tokenizer", errUsage, err)
-	}
-	if err != nil {
+	case errors.Is(err, tokenizer.ErrWrongVocabulary):
+		return nil, fmt.Errorf("%w: %v; pass the model's own with --tokenizer", errUsage, err)
+	case err != nil:
 		return nil, err
-	}
-	if cfg, err := model.ConfigFrom(f); err == nil && tok.VocabSize() != cfg.Vocab {
-		return nil, fmt.Errorf("the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong together; pass the model's own with --tokenizer", tok.VocabSize(), cfg.Vocab)
 	}
 	if path != "" {
 		if own, err := tokenizer.ForModel(f, ""); err == nil && own.Fingerprint() != tok.Fingerprint() {

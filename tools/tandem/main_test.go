@@ -425,11 +425,12 @@ func TestGenerateStreamsAndStops(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil || prompt+res.Text+"\n" != streamed || !strings.HasPrefix(res.Text, " ") {
 		t.Errorf("--json text %q (%v), streamed %q", res.Text, err, streamed)
 	}
-	// A tokenizer of another model is refused before any work, by every
-	// verb that runs the model (serve: TestServeRefusesAWrongTokenizer).
+	// A tokenizer of another model is refused before any work, as bad
+	// usage, by every verb that runs the model (serve:
+	// TestServeRefusesAWrongTokenizer).
 	for _, verb := range [][]string{{"generate"}, {"calibrate", "--out", filepath.Join(t.TempDir(), "c.json")}} {
 		code, _, errOut = tandem(t, append(verb, "--model", bin, "--tokenizer", testutil.Model(t, "tokenizer.bin"))...)
-		if code != 1 || !strings.Contains(errOut, "32000") || !strings.Contains(errOut, "--tokenizer") {
+		if code != 2 || !strings.Contains(errOut, "32000") || !strings.Contains(errOut, "--tokenizer") {
 			t.Errorf("%s with a mismatched tokenizer: exit %d, %q", verb[0], code, errOut)
 		}
 	}

@@ -166,8 +166,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
 
-	// The file's header first (a wrong path or a context the model lacks
-	// is bad usage, said before listening), then listen: a busy port
+	// The file's header and the tokenizer first (a wrong path, a context
+	// the model lacks or another model's tokenizer is bad usage, said
+	// before listening), then listen: a busy port
 	// fails at once, and /healthz answers (503, loading) while the lanes
 	// load the weights.
 	f, err := openModel(*modelPath)
@@ -177,6 +178,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	defer f.Close()
 	if mc, err := model.ConfigFrom(f); err == nil && *ctxLen > mc.Context {
 		return fmt.Errorf("%w: --ctx %d: the model takes at most %d", errUsage, *ctxLen, mc.Context)
+	}
+	tok, err := loadTokenizer(f, *tokPath, stderr)
+	if err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -191,11 +196,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	go func() { serveErr <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "tandem serve: listening on http://%s, loading %s\n", ln.Addr(), *name)
 
-	tok, err := loadTokenizer(f, *tokPath, stderr)
-	if err != nil {
-		hs.Close()
-		return err
-	}
 	est, calPath, err := loadEstimator(*calib, *modelPath)
 	if err != nil {
 		hs.Close()

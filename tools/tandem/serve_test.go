@@ -301,7 +301,8 @@ func waitExit(t *testing.T, done chan int) {
 }
 
 // TestServeRefusesAWrongTokenizer: serve checks the tokenizer against the
-// model before it says ready (it used to serve, failing every request).
+// model before it listens (it used to serve, failing every request), as
+// bad usage.
 func TestServeRefusesAWrongTokenizer(t *testing.T) {
 	var errOut strings.Builder
 	done := make(chan int, 1)
@@ -311,7 +312,7 @@ func TestServeRefusesAWrongTokenizer(t *testing.T) {
 	}()
 	select {
 	case code := <-done:
-		if code != 1 || !strings.Contains(errOut.String(), "32000") || !strings.Contains(errOut.String(), "--tokenizer") {
+		if code != 2 || !strings.Contains(errOut.String(), "32000") || !strings.Contains(errOut.String(), "--tokenizer") || strings.Contains(errOut.String(), "listening") {
 			t.Errorf("exit %d, %q", code, errOut.String())
 		}
 	case <-time.After(30 * time.Second):

@@ -229,10 +229,12 @@ func (sf *specFlags) openDraftFile(targetTok *tokenizer.Tokenizer, targetName, t
 	}
 	if err := spec.CheckDraftFile(f, *sf.draftTok, tokPath, targetTok, targetName); err != nil {
 		f.Close()
-		if errors.Is(err, tokenizer.ErrNoVocabulary) {
+		switch {
+		case errors.Is(err, tokenizer.ErrNoVocabulary):
 			return nil, fmt.Errorf("%w: --draft: %v: pass --draft-tokenizer", errUsage, err)
-		}
-		if errors.Is(err, spec.ErrVocab) {
+		case errors.Is(err, tokenizer.ErrWrongVocabulary):
+			return nil, fmt.Errorf("%w: --draft: %v; pass the draft's own with --draft-tokenizer", errUsage, err)
+		case errors.Is(err, spec.ErrVocab):
 			return nil, err
 		}
 		return nil, fmt.Errorf("--draft: %w", err)

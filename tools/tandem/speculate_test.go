@@ -123,6 +123,12 @@ func TestGenerateSpeculative(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "pass --draft-tokenizer") {
 		t.Errorf("llama2.c draft for a GGUF target: exit %d, %q; want a usage error asking for --draft-tokenizer", code, errOut)
 	}
+	// A draft tokenizer of another size than the draft's vocabulary.
+	code, _, errOut = tandem(t, "generate", "--model", testutil.Model(t, "stories260K.gguf"), "--ctx", "256", "--max-tokens", "4", "--draft", draft,
+		"--draft-tokenizer", testutil.Model(t, "tokenizer.bin"))
+	if code != 2 || !strings.Contains(errOut, "do not belong together") || !strings.Contains(errOut, "--draft-tokenizer") {
+		t.Errorf("llama2.c draft with another model's tokenizer: exit %d, %q; want a usage error naming --draft-tokenizer", code, errOut)
+	}
 }
 
 // TestSpecFlagMethodsCoverTheFlags: every flag addSpecFlags makes but
