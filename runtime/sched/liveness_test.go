@@ -319,3 +319,45 @@ func waitUnstalled(t *testing.T, s *Scheduler, st *Stream, n int) {
 		t.Errorf("it generated %d tokens, want %d", r.TotalGenerated, n)
 	}
 }
+
+// TestShutdownReleasesTheScheduler: once Shutdown returns, nothing keeps
+// the scheduler (its lanes, their engines and KV caches) reachable. The
+// stall watchdog's timer, armed when a request arrives at idle lanes,
+// held it for its second: a phone app closing an engine kept its memory
+// that long. The scheduler must be collected well before that second
+// ends; an attempt that reached Shutdown too late to tell is retried.
+func TestShutdownReleasesTheScheduler(t *testing.T) {
+	for range 5 {
+		armed := time.Now()
+		collected := make(chan struct{})
+		func() {
+			e := newFakeEngine(nil)
+			e.lengths["a"] = 3
+			s, err := New(Config{}, nil, Lane{Engine: e})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runtime.AddCleanup(s, func(c chan struct{}) { close(c) }, collected)
+			if _, _, r := collect(t, submit(t, s, Request{ID: "a", Prompt: prompt(4), MaxTokens: 3})); r.TotalGenerated != 3 {
+				t.Fatalf("a generated %d, want 3", r.TotalGenerated)
+			}
+			if err := s.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		stopped := time.Since(armed)
+		if stopped > stallCheck/2 {
+			continue // too slow a run to tell before the timer fires
+		}
+		for time.Since(armed) < stallCheck*8/10 {
+			runtime.GC()
+			select {
+			case <-collected:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		t.Fatalf("the scheduler was still reachable %v after Shutdown", time.Since(armed)-stopped)
+	}
+	t.Fatal("five runs took too long to tell whether Shutdown releases the scheduler")
+}

@@ -63,8 +63,10 @@ type Scheduler struct {
 	// idle (zero: not now). Planning never leaves them so; if it does, a
 	// request waits for good, and Stats.Stalled says how long.
 	stallSince time.Time
-	// stallArmed: a watchStall check is pending.
-	stallArmed bool
+	// stallTimer is the pending watchStall check (nil: none). Shutdown
+	// stops it: it held the scheduler, its lanes and their KV caches for
+	// up to a second after a mobile app closed the engine.
+	stallTimer *time.Timer
 	// wallClock: cfg.Now is time.Now, so one reading serves as both the
 	// scheduler's clock and the start of its overhead accounting.
 	wallClock bool
@@ -554,14 +556,13 @@ const stallCheck = time.Second
 // instead of for good. Armed when a request arrives at idle lanes and
 // when the lanes find nothing they can take; s.mu is held.
 func (s *Scheduler) watchStall(d time.Duration) {
-	if s.cfg.Manual || s.stallArmed {
+	if s.cfg.Manual || s.stallTimer != nil || s.stopped {
 		return
 	}
-	s.stallArmed = true
-	time.AfterFunc(d, func() {
+	s.stallTimer = time.AfterFunc(d, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.stallArmed = false
+		s.stallTimer = nil
 		if s.stopped || s.waitingCount() == 0 || !s.allIdle() {
 			return
 		}
@@ -761,6 +762,10 @@ wait:
 		s.cancelTask(t, ErrClosed)
 	}
 	s.stopped = true
+	if s.stallTimer != nil {
+		s.stallTimer.Stop()
+		s.stallTimer = nil
+	}
 	for _, l := range s.lanes {
 		l.cond.Broadcast()
 	}
