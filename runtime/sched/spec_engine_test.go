@@ -152,6 +152,9 @@ func TestSpecEngineLimitOne(t *testing.T) {
 			}
 			st := e.Stats()
 			t.Logf("%d tokens in %d target passes (%.2f per pass), acceptance %.2f", st.Emitted, st.TargetPasses, st.TokensPerPass(), st.AcceptanceRate())
+			if delivered := tokensIn(got); st.Emitted != delivered {
+				t.Errorf("stats count %d tokens, the steps handed out %d", st.Emitted, delivered)
+			}
 			if st.TargetPasses >= st.Emitted {
 				t.Errorf("%d target passes for %d tokens: the draft never helped", st.TargetPasses, st.Emitted)
 			}
@@ -221,9 +224,22 @@ func TestSpecEngineScheduler(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return e.Live() == 0 })
-	if st := e.Stats(); st.TargetPasses >= st.Emitted {
+	st := e.Stats()
+	if st.TargetPasses >= st.Emitted {
 		t.Errorf("%d target passes for %d tokens: the draft never helped", st.TargetPasses, st.Emitted)
 	}
+	if delivered := tokensIn(got); st.Emitted != delivered {
+		t.Errorf("stats count %d tokens, the requests got %d", st.Emitted, delivered)
+	}
+}
+
+// tokensIn counts the tokens of every sequence.
+func tokensIn(seqs [][]int32) int {
+	n := 0
+	for _, s := range seqs {
+		n += len(s)
+	}
+	return n
 }
 
 // TestSpecEngineSampledIsTheTargetsText: sampled requests with seeds get
