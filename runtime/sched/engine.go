@@ -67,6 +67,7 @@ type EngineInfo struct {
 	Name     string
 	MaxSeqs  int   // sequence slots (running and parked together)
 	Context  int   // tokens per sequence, prompt and output together
+	Vocab    int   // token ids run from 0 to Vocab-1 (0: not known; Start checks them)
 	SeqBytes int64 // KV memory one sequence holds
 	Threads  int
 	// CPUs are the CPUs the engine's kernel threads are pinned to (a

@@ -180,7 +180,7 @@ func NewModelEngine(m *model.Model, opt ModelEngineOptions) (*ModelEngine, error
 // Info implements Engine.
 func (e *ModelEngine) Info() EngineInfo {
 	cfg := e.cache.Config()
-	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: cfg.Context,
+	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: cfg.Context, Vocab: e.m.Config().Vocab,
 		SeqBytes: cfg.SeqBytes(), Threads: e.m.Pool().Threads(), CPUs: e.m.Pool().CPUs()}
 }
 

@@ -1294,3 +1294,23 @@ func TestCatchUpCopyFailure(t *testing.T) {
 		l.free()
 	}
 }
+
+// TestSubmitRefusesIdsOutsideTheVocabulary: Submit says a prompt id the
+// model has no row for is invalid, as its doc says, and queues nothing;
+// the request used to queue and end in an error from the engine's Start.
+func TestSubmitRefusesIdsOutsideTheVocabulary(t *testing.T) {
+	f, _ := realModel(t)
+	s, _ := newRealScheduler(t, f, Config{}, 2, 1)
+	for _, p := range [][]int32{{1, 512}, {1, -3}, {99999}} {
+		st, err := s.Submit(context.Background(), Request{Prompt: p, MaxTokens: 2})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "outside the vocabulary of 512") {
+			t.Errorf("prompt %v: %v, %v; want ErrInvalid naming the vocabulary", p, st, err)
+		}
+	}
+	if st := s.Stats(); st.Admitted != 0 {
+		t.Errorf("%d requests admitted", st.Admitted)
+	}
+	if _, _, r := collect(t, submit(t, s, Request{Prompt: []int32{1, 511}, MaxTokens: 2})); r.TotalGenerated != 2 {
+		t.Errorf("the vocabulary's last id: %d tokens, want 2", r.TotalGenerated)
+	}
+}

@@ -255,6 +255,24 @@ func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
 // Estimator is the uncertainty estimator in use.
 func (s *Scheduler) Estimator() *Estimator { return s.est }
 
+// checkVocab refuses prompt ids outside a lane's vocabulary at Submit:
+// the engine's Start refused them too, but only once the request had
+// queued, and its stream then ended in an error.
+func (s *Scheduler) checkVocab(prompt []int32) error {
+	v := 0 // the smallest a lane knows
+	for _, l := range s.lanes {
+		if lv := l.info.Vocab; lv > 0 && (v == 0 || lv < v) {
+			v = lv
+		}
+	}
+	for i, t := range prompt {
+		if v > 0 && (t < 0 || int(t) >= v) {
+			return fmt.Errorf("%w: token %d at %d is outside the vocabulary of %d", ErrInvalid, t, i, v)
+		}
+	}
+	return nil
+}
+
 // Context is the smallest context among the lanes: the longest prompt
 // plus output any request can have.
 func (s *Scheduler) Context() int {
@@ -267,10 +285,13 @@ func (s *Scheduler) Context() int {
 
 // Submit queues a request and returns its stream. Cancelling ctx ends the
 // request and frees its sequence at the next step boundary. Errors:
-// ErrInvalid (bad fields), ErrContextFull (the prompt leaves no room),
+// ErrInvalid (bad fields, prompt ids outside the vocabulary), ErrContextFull (the prompt leaves no room),
 // ErrQueueFull (retry after RetryAfter), ErrClosed.
 func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	if err := s.checkVocab(r.Prompt); err != nil {
 		return nil, err
 	}
 	if ctxLen := s.Context(); len(r.Prompt) >= ctxLen {

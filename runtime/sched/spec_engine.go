@@ -225,7 +225,7 @@ func (e *SpecEngine) seqConfig() spec.Config {
 
 // Info implements Engine.
 func (e *SpecEngine) Info() EngineInfo {
-	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: e.limit,
+	return EngineInfo{Name: e.opt.Name, MaxSeqs: e.opt.MaxSeqs, Context: e.limit, Vocab: e.target.Config().Vocab,
 		SeqBytes: e.dcache.Config().SeqBytes() + e.tcache.Config().SeqBytes(), Threads: e.target.Pool().Threads(), CPUs: e.target.Pool().CPUs()}
 }
 
