@@ -61,15 +61,21 @@ type Form struct {
 // Parse reads a budget as written, without a model: what it refuses, no
 // model takes (tandem generate resolves its one lane's budget from it).
 // The embedded model has no file to stream from, so it takes only "" and
-// "auto".
+// "auto"; a budget that would not parse for any model says what is wrong
+// with it first.
 func Parse(budget string, embedded bool) (Form, error) {
-	b := strings.ToLower(strings.TrimSpace(budget))
-	switch {
-	case b == "" || b == "auto":
-		return Form{Kind: b}, nil
-	case embedded:
+	f, err := parse(budget)
+	if err == nil && embedded && f.Kind != "" && f.Kind != "auto" {
 		return Form{}, fmt.Errorf("budget %q: the embedded default model has no file to stream from; give a model file, or no budget, or auto", budget)
-	case b == "min":
+	}
+	return f, err
+}
+
+func parse(budget string) (Form, error) {
+	t := strings.TrimSpace(budget)
+	b := strings.ToLower(t)
+	switch {
+	case b == "" || b == "auto" || b == "min":
 		return Form{Kind: b}, nil
 	case strings.HasSuffix(b, "%"):
 		v, err := units.ParsePercent(b)
@@ -78,7 +84,7 @@ func Parse(budget string, embedded bool) (Form, error) {
 		}
 		return Form{Kind: "%", Share: v}, nil
 	}
-	n, err := units.ParseSize(b)
+	n, err := units.ParseSize(t)
 	if err != nil {
 		return Form{}, fmt.Errorf("budget: %w (or N%% of the weights, auto, or min)", err)
 	}

@@ -94,7 +94,9 @@ func TestCheck(t *testing.T) {
 		{"1KiB", false, ""}, // too small for this model: ForLanes says so
 		{"min", true, "embedded default model"},
 		{"5%", true, "embedded default model"},
-		{"bogus", true, "embedded default model"},
+		{"bogus", true, "or N% of the weights"}, // what is wrong with it first
+		{"0%", true, "above 0%"},
+		{"-5MiB", false, `"-5MiB"`}, // as written
 		{"0%", false, "above 0%"},
 		{"0", false, "holds no weights"},
 		{"0MiB", false, "holds no weights"},
