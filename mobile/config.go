@@ -65,6 +65,9 @@ type config struct {
 	MaxBatch int `json:"max_batch"`
 	// MaxTokens bounds requests that do not set max_tokens.
 	MaxTokens int `json:"max_tokens"`
+	// MaxQueue is how many requests may wait for a lane; Generate fails
+	// with "queue full" beyond it (retry after a moment).
+	MaxQueue int `json:"max_queue"`
 	// KVType is "f32" (default) or "f16" (half the KV memory).
 	KVType string `json:"kv_type"`
 	// Policy is the scheduling policy (tandem, fifo, luf, edf, rtlm).
@@ -85,6 +88,7 @@ const (
 	defaultMaxSeqs   = 8
 	defaultMaxBatch  = 4
 	defaultMaxTokens = 256
+	defaultMaxQueue  = 256
 	// defaultPrefixCache keeps a few conversations of a small model, and
 	// none beyond the live sequences of a large one.
 	defaultPrefixCache = "256MiB"
@@ -186,6 +190,8 @@ func (c *config) check() error {
 		return fmt.Errorf("max_batch %d: want 1..256 (0: %d)", c.MaxBatch, defaultMaxBatch)
 	case c.MaxTokens < 0:
 		return fmt.Errorf("max_tokens %d is negative (0: %d)", c.MaxTokens, defaultMaxTokens)
+	case c.MaxQueue < 0 || c.MaxQueue > 100000:
+		return fmt.Errorf("max_queue %d: want 1..100000 (0: %d)", c.MaxQueue, defaultMaxQueue)
 	}
 	if err := spec.CheckDraftContext(c.DraftContext); err != nil {
 		return fmt.Errorf("draft_context %w", err)
@@ -195,6 +201,9 @@ func (c *config) check() error {
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = defaultMaxBatch
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = defaultMaxQueue
 	}
 	if c.MaxTokens == 0 {
 		c.MaxTokens = defaultMaxTokens

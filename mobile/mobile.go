@@ -72,6 +72,8 @@ type Engine struct {
 //	max_seqs     sequence slots per lane (default 8)
 //	max_batch    sequences a lane decodes together (default 4)
 //	max_tokens   for requests without max_tokens (default 256)
+//	max_queue    requests that may wait for a lane (default 256); more
+//	             fail with "queue full": retry after a moment
 //	kv_type      "f32" (default) or "f16"
 //	prefix_cache KV memory a lane keeps finished requests' rows in ("256MiB"; "0": none beyond live)
 //	policy       tandem (default), fifo, luf, edf or rtlm
@@ -157,7 +159,7 @@ func start(f *weights.File, c *config, lopt sched.LaneOptions, policy sched.Poli
 		closeModels := closeLanes
 		closeLanes = func() error { return errors.Join(closeModels(), draft.Close()) }
 	}
-	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: c.MaxBatch, DefaultMaxTokens: c.MaxTokens}, est, lanes...)
+	sc, err := sched.New(sched.Config{Policy: policy, MaxBatch: c.MaxBatch, MaxQueue: c.MaxQueue, DefaultMaxTokens: c.MaxTokens}, est, lanes...)
 	if err != nil {
 		closeLanes()
 		return nil, err

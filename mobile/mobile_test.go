@@ -230,6 +230,36 @@ func TestEmbeddedDefault(t *testing.T) {
 	}
 }
 
+// TestMaxQueue: max_queue reaches the scheduler. With one sequence slot
+// and room for one waiting request, eight requests arriving together
+// cannot all be taken: the rest fail at once with "queue full", and the
+// taken ones complete.
+func TestMaxQueue(t *testing.T) {
+	e := newEngine(t, `{"max_seqs": 1, "max_batch": 1, "max_queue": 1}`)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	full, done := 0, 0
+	for range 8 {
+		wg.Go(func() {
+			_, err := e.Generate(`{"prompt": "Once upon a time", "max_tokens": 256}`, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				done++
+			case strings.Contains(err.Error(), "queue full"):
+				full++
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if full == 0 || done == 0 || full+done != 8 {
+		t.Errorf("%d completed, %d refused for a full queue; want some of each", done, full)
+	}
+}
+
 // TestEmbeddedCalibration: the embedded model schedules with the
 // calibration it ships with, from the first request. Uncalibrated, the
 // predicted length is the prompt's length in tokens, under 40 for both
@@ -356,6 +386,7 @@ func TestBadConfig(t *testing.T) {
 		{"budget unit", fmt.Sprintf(`{"model": %q, "budget": "12 parsecs"}`, stories), "unknown unit"},
 		{"budget too small", fmt.Sprintf(`{"model": %q, "budget": "1KiB"}`, stories), "needs at least"},
 		{"context too long", `{"context": 100000000}`, "context"},
+		{"negative queue", `{"max_queue": -1}`, "max_queue -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := NewEngine(tc.cfg)
