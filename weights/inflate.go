@@ -119,6 +119,21 @@ type inflateMaps struct {
 	normScale     float32 // sqrt(d/D)
 }
 
+// namedShapesFor says which of Shapes src inflates into: the shape
+// lists name them all, and a source fits only some.
+func namedShapesFor(src Shape) string {
+	var fit []string
+	for _, n := range ShapeNames() {
+		if _, err := planInflate(src, Shapes[n]); err == nil {
+			fit = append(fit, n)
+		}
+	}
+	if len(fit) == 0 {
+		return "it fits none of the named shapes; give dims"
+	}
+	return "the named shapes it fits: " + strings.Join(fit, ", ")
+}
+
 // planInflate places the source's heads in the large shape.
 //
 // RoPE rotates pair p of a head (elements 2p, 2p+1) by pos·θ^(-2p/hd), so
@@ -203,7 +218,7 @@ func inflatePlan(src *File, s srcModel, opt InflateOptions) (Shape, inflateMaps,
 	}
 	mp, err := planInflate(s.Shape, big)
 	if err != nil {
-		return big, mp, nil, nil, fmt.Errorf("inflate: %s: %w", src.Path, err)
+		return big, mp, nil, nil, fmt.Errorf("inflate: %s: %w (%s)", src.Path, err, namedShapesFor(s.Shape))
 	}
 	md := big.Metadata(s.Name+" inflated to "+big.Name, opt.Type)
 	// RMSNorm over D' dims of which D are the source's: mean square and

@@ -79,6 +79,20 @@ func TestPlanInflateErrors(t *testing.T) {
 	}
 }
 
+// TestNamedShapesFor: an inflate that does not fit names the shapes
+// that do; stories260K's 4 KV heads of 2 query heads each need 8 KV
+// heads of stories15m's 6-head shape.
+func TestNamedShapesFor(t *testing.T) {
+	stories := Shape{Name: "stories260K", Dim: 64, Hidden: 172, Layers: 5, Heads: 8, KVHeads: 4}
+	if got, want := namedShapesFor(stories), "the named shapes it fits: llama2-7b, stories110m, tinyllama-1.1b"; got != want {
+		t.Errorf("stories260K: %q, want %q", got, want)
+	}
+	huge := Shape{Name: "huge", Dim: 8192, Hidden: 28672, Layers: 80, Heads: 64, KVHeads: 8}
+	if got := namedShapesFor(huge); !strings.Contains(got, "none") {
+		t.Errorf("a source larger than every named shape: %q", got)
+	}
+}
+
 // tinyLlama2C builds a small random llama2.c model in memory.
 func tinyLlama2C(t *testing.T) *File {
 	t.Helper()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -186,6 +187,9 @@ func benchTargets(modelPath, from, shapeFlag, shape, types, dir string, stdout, 
 			bar.Done()
 			if err != nil {
 				cleanup()
+				if errors.Is(err, weights.ErrInflateShape) {
+					err = fmt.Errorf("%w: %v; choose another --shape", errUsage, err)
+				}
 				return nil, none, err
 			}
 		}

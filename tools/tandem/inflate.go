@@ -73,7 +73,7 @@ func runInflate(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	if err := weights.Inflate(src, pos[0], opt); err != nil {
 		if errors.Is(err, weights.ErrInflateShape) {
-			return fmt.Errorf("%w; choose a shape at least as wide, deep and with as many heads as the source", err)
+			return fmt.Errorf("%w: %v; choose a --shape at least as wide, deep and with as many heads as the source", errUsage, err)
 		}
 		return err
 	}

@@ -108,6 +108,9 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"inflate", "--from", gguf, "--shape", "stories15m", "--ctx", "-5", filepath.Join(t.TempDir(), "i.gguf")},
 		{"synth", "--shape", "stories15m", "--ctx", "2000000000", filepath.Join(t.TempDir(), "s.gguf")},
 		{"inflate", "--from", gguf, "--shape", "stories110m", "--ctx", "2000000000", filepath.Join(t.TempDir(), "i.gguf")},
+		// A shape the source does not fit, found at planning (exit 1).
+		{"inflate", "--from", gguf, "--shape", "stories15m", filepath.Join(t.TempDir(), "i.gguf")},
+		{"bench", "stream", "--from", gguf, "--shape", "stories15m", "--modes", "resident", "--plots", ""},
 		{"serve", "--ctx", "-5"},
 		{"serve", "--ctx", "2"},
 		{"serve", "--model", gguf, "--ctx", "100000"}, // said after listening, with exit 1
