@@ -27,6 +27,9 @@ type decoder struct {
 	b    []byte
 	off  int
 	path string
+	// values counts the metadata array elements decoded so far, against
+	// maxMetadataValues.
+	values uint64
 }
 
 func (d *decoder) fail(field, format string, args ...any) error {

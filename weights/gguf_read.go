@@ -262,6 +262,12 @@ func (d *decoder) array(field string, depth int) (Value, error) {
 		d.off -= 8
 		return Value{}, d.fail(field+" array length", "%d %s elements cannot fit in the %d bytes left", n, elem, d.remaining())
 	}
+	// A decoded element takes 24 bytes or more, its encoding as little as
+	// one: a 180 MB array of bytes needed 4 GB.
+	if d.values += n; d.values > maxMetadataValues {
+		d.off -= 8
+		return Value{}, d.fail(field+" array length", "the metadata's arrays hold more than %d values (a model's vocabulary needs a few hundred thousand): the file is damaged or not a model", maxMetadataValues)
+	}
 	vs := make([]Value, n)
 	for i := range vs {
 		var err error
@@ -276,6 +282,12 @@ func (d *decoder) array(field string, depth int) (Value, error) {
 	}
 	return ArrayValue(elem, vs), nil
 }
+
+// maxMetadataValues bounds the array elements a file's metadata may hold
+// in all, so that a small file cannot claim gigabytes once decoded (about
+// 270 MB at most here). The largest vocabularies in use, 256k tokens with
+// scores, types and merges, hold about a million.
+const maxMetadataValues = 1 << 23
 
 func alignUp(n, a uint64) uint64 {
 	if r := n % a; r != 0 {

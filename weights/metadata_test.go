@@ -1,6 +1,9 @@
 package weights
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -133,5 +136,37 @@ func TestFileTensorLookup(t *testing.T) {
 	f.Tensors = append(f.Tensors, Tensor{Name: "output_norm.weight"})
 	if err := f.index(); err == nil || !strings.Contains(err.Error(), "duplicate") {
 		t.Errorf("duplicate error = %v", err)
+	}
+}
+
+// TestMetadataValuesAreBounded: byte arrays whose decoded values would
+// take gigabytes are refused before they are allocated, alone or once
+// the file's arrays together pass the bound.
+func TestMetadataValuesAreBounded(t *testing.T) {
+	gguf := func(lengths ...uint64) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, GGUFMagic)
+		b = binary.LittleEndian.AppendUint32(b, 3)
+		b = binary.LittleEndian.AppendUint64(b, 0) // tensors
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(lengths)))
+		for i, n := range lengths {
+			key := fmt.Sprintf("x.bytes%d", i)
+			b = binary.LittleEndian.AppendUint64(b, uint64(len(key)))
+			b = append(b, key...)
+			b = binary.LittleEndian.AppendUint32(b, uint32(TypeArray))
+			b = binary.LittleEndian.AppendUint32(b, uint32(TypeUint8))
+			b = binary.LittleEndian.AppendUint64(b, n)
+			b = append(b, make([]byte, n)...)
+		}
+		return b
+	}
+	for _, lengths := range [][]uint64{{maxMetadataValues + 1}, {1000, maxMetadataValues - 999}} {
+		_, err := Parse(gguf(lengths...), "big.gguf")
+		var fe *FormatError
+		if !errors.As(err, &fe) || !strings.Contains(err.Error(), "more than") {
+			t.Errorf("arrays of %v bytes: %v, want a format error saying the arrays hold too many values", lengths, err)
+		}
+	}
+	if f, err := Parse(gguf(1000, 1000), "small.gguf"); err != nil || len(f.Metadata.All()) != 2 {
+		t.Errorf("two small arrays: %v", err)
 	}
 }
