@@ -38,6 +38,9 @@ const (
 // OpenLlama2CTokenizer reads a tokenizer.bin file, taking every entry up
 // to the end of the file.
 func OpenLlama2CTokenizer(path string) (*Llama2CVocab, error) {
+	if err := RegularFile(path, "a llama2.c tokenizer.bin"); err != nil {
+		return nil, fmt.Errorf("open llama2.c tokenizer: %w", err)
+	}
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open llama2.c tokenizer: %w", err)

@@ -14,17 +14,8 @@ import (
 // magic, otherwise a llama2.c .bin checked against its header. Tensor data
 // are zero-copy views of the mapping until Close.
 func Open(path string) (*File, error) {
-	// Stat before opening: opening a named pipe blocks until a writer
-	// comes, and a pipe or a device cannot be mapped.
-	st, err := os.Stat(path)
-	if err != nil {
+	if err := RegularFile(path, "a .gguf or llama2.c .bin file"); err != nil {
 		return nil, fmt.Errorf("open model: %w", err)
-	}
-	if st.IsDir() {
-		return nil, fmt.Errorf("open model: %s is a directory, want a .gguf or llama2.c .bin file", path)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("open model: %s is not a regular file (%v), want a .gguf or llama2.c .bin file", path, st.Mode().Type())
 	}
 	fh, err := os.Open(path)
 	if err != nil {
@@ -32,7 +23,8 @@ func Open(path string) (*File, error) {
 	}
 	defer fh.Close() // the mapping stays valid after the descriptor closes
 	// The size of the file opened, should the path have changed since.
-	if st, err = fh.Stat(); err != nil {
+	st, err := fh.Stat()
+	if err != nil {
 		return nil, fmt.Errorf("open model: %w", err)
 	}
 	if st.Size() == 0 {
@@ -76,3 +68,20 @@ func Parse(data []byte, path string) (*File, error) {
 type unmapper struct{ m mmap.MMap }
 
 func (u unmapper) Close() error { return u.m.Unmap() }
+
+// RegularFile checks that path names a regular file before it is opened,
+// saying it wants want otherwise. Opening a named pipe blocks until a
+// writer comes, and a pipe or a device can be neither mapped nor read
+// twice (a tokenizer's format is told from its first bytes).
+func RegularFile(path, want string) error {
+	st, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return err
+	case st.IsDir():
+		return fmt.Errorf("%s is a directory, want %s", path, want)
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file (%v), want %s", path, st.Mode().Type(), want)
+	}
+	return nil
+}

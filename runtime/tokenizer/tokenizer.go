@@ -225,6 +225,9 @@ func FromLlama2C(v *weights.Llama2CVocab) (*Tokenizer, error) {
 // Load reads a tokenizer from a GGUF file (a model or a vocabulary-only
 // file) or a llama2.c tokenizer.bin.
 func Load(path string) (*Tokenizer, error) {
+	if err := weights.RegularFile(path, "a GGUF or a llama2.c tokenizer.bin"); err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
+	}
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
