@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/internal/progress"
 	"github.com/tandem-llm/tandem/weights"
@@ -98,25 +102,35 @@ func jsonValue(v weights.Value, full bool) any {
 	return v.V
 }
 
+// shown is s as inspect prints it: quoted with escapes when it holds
+// control characters or is not UTF-8, so that a file's strings cannot
+// move the cursor, clear the screen or forge lines of the report.
+func shown(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
 func inspectText(f *weights.File, w io.Writer) error {
 	fmt.Fprintf(w, "file:          %s (%s", f.Path, f.Format)
 	if f.Format == weights.FormatGGUF {
 		fmt.Fprintf(w, " v%d, alignment %d", f.Version, f.Alignment)
 	}
 	fmt.Fprintf(w, ", %s)\n", progress.Bytes(uint64(f.Size)))
-	fmt.Fprintf(w, "architecture:  %s\n", f.Architecture())
+	fmt.Fprintf(w, "architecture:  %s\n", shown(f.Architecture()))
 	arch := f.Architecture()
 	for _, k := range []string{"context_length", "embedding_length", "block_count", "feed_forward_length",
 		"attention.head_count", "attention.head_count_kv", "rope.dimension_count", "rope.freq_base", "attention.layer_norm_rms_epsilon"} {
 		if v, ok := f.Metadata.Get(arch + "." + k); ok {
-			fmt.Fprintf(w, "  %-34s %v\n", k, v.V)
+			fmt.Fprintf(w, "  %-34s %s\n", k, shown(fmt.Sprint(v.V)))
 		}
 	}
 	if model, ok := f.Metadata.String("tokenizer.ggml.model"); ok {
 		toks, _ := f.Metadata.Get("tokenizer.ggml.tokens")
 		bos, _ := f.Metadata.Uint("tokenizer.ggml.bos_token_id")
 		eos, _ := f.Metadata.Uint("tokenizer.ggml.eos_token_id")
-		fmt.Fprintf(w, "tokenizer:     %s, %d tokens, bos %d, eos %d\n", model, toks.Len(), bos, eos)
+		fmt.Fprintf(w, "tokenizer:     %s, %d tokens, bos %d, eos %d\n", shown(model), toks.Len(), bos, eos)
 	} else {
 		fmt.Fprintln(w, "tokenizer:     none in the file (pass --tokenizer to generate)")
 	}
@@ -126,16 +140,16 @@ func inspectText(f *weights.File, w io.Writer) error {
 		if x, ok := kv.Value.V.([]weights.Value); ok && len(x) > 64 {
 			s = fmt.Sprintf("[%d × %s]", len(x), kv.Value.Elem) // the summary, not a Go map
 		}
-		if len(s) > 80 {
-			s = s[:77] + "..."
+		if s = shown(s); len(s) > 80 {
+			s = strings.ToValidUTF8(s[:77], "") + "..."
 		}
-		fmt.Fprintf(w, "  %-40s %-8s %s\n", kv.Key, kv.Value.Type, s)
+		fmt.Fprintf(w, "  %-40s %-8s %s\n", shown(kv.Key), kv.Value.Type, s)
 	}
 	var total uint64
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "tensors:\t%d\n  name\ttype\tshape\tbytes\n", len(f.Tensors))
 	for _, t := range f.Tensors {
-		fmt.Fprintf(tw, "  %s\t%s\t%v\t%d\n", t.Name, t.Type, t.Shape, t.Size)
+		fmt.Fprintf(tw, "  %s\t%s\t%v\t%d\n", shown(t.Name), t.Type, t.Shape, t.Size)
 		total += t.Size
 	}
 	tw.Flush()

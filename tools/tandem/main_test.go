@@ -620,3 +620,31 @@ func TestInfo(t *testing.T) {
 		t.Errorf("missing root: exit %d, %q", code, errOut)
 	}
 }
+
+// TestInspectEscapesTheFilesStrings: a file's keys, strings and tensor
+// names reach the terminal quoted when they hold control characters; a
+// name that cleared the screen and forged a "tensors: 0" line was
+// printed raw.
+func TestInspectEscapesTheFilesStrings(t *testing.T) {
+	var md weights.Metadata
+	md.Set("general.architecture", weights.StringValue("llama"))
+	md.Set("general.name", weights.StringValue("\x1b[2J\x1b[Htensors: 0\r"))
+	md.Set("x.\x07bell", weights.Uint32Value(1))
+	path := filepath.Join(t.TempDir(), "esc.gguf")
+	tensors := []weights.TensorInfo{{Name: "w\x1b[2K\rforged", Type: weights.F32, Shape: []uint64{2}}}
+	if err := weights.WriteGGUF(path, &md, tensors, func(_ int, w io.Writer) error { _, err := w.Write(make([]byte, 8)); return err }); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := tandem(t, "inspect", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if strings.ContainsAny(out, "\x1b\x07\r") {
+		t.Errorf("control characters printed raw:\n%q", out)
+	}
+	for _, want := range []string{`"\x1b[2J\x1b[Htensors: 0\r"`, `"x.\abell"`, `"w\x1b[2K\rforged"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %s:\n%s", want, out)
+		}
+	}
+}
