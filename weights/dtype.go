@@ -3,6 +3,7 @@ package weights
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"strings"
 )
 
@@ -71,6 +72,19 @@ var dtypes = map[DType]dtypeInfo{
 	I32:  {"I32", 1, 4, false},
 	I64:  {"I64", 1, 8, false},
 	F64:  {"F64", 1, 8, false},
+}
+
+// ComputableTypes names the types Computable accepts, in a fixed order,
+// for messages about those it does not.
+func ComputableTypes() []string {
+	var names []string
+	for t, info := range dtypes {
+		if t.Computable() {
+			names = append(names, info.name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Known reports whether t is a type tandem can size (and so read from a file).

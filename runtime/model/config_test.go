@@ -80,6 +80,8 @@ func TestLoadBadFile(t *testing.T) {
 		{"vocab size disagrees", setU("llama.vocab_size", 600), "vocab_size"},
 		{"wrong tensor shape", tensor("blk.2.attn_q.weight", func(tt *weights.Tensor) { tt.Shape = []uint64{64, 32} }), "blk.2.attn_q.weight"},
 		{"uncomputable type", tensor("blk.0.ffn_up.weight", func(tt *weights.Tensor) { tt.Type = weights.Q4_1 }), "Q4_1"},
+		// The advice names the types it computes, not a command it lacks.
+		{"uncomputable type's advice", tensor("token_embd.weight", func(tt *weights.Tensor) { tt.Type = weights.I8 }), "computes (BF16, F16, F32, Q4_0, Q4_K, Q6_K, Q8_0)"},
 		{"short data", tensor("output.weight", func(tt *weights.Tensor) { tt.Data = tt.Data[:100] }), "output.weight"},
 		{"unmapped data", tensor("blk.1.attn_norm.weight", func(tt *weights.Tensor) { tt.Data = nil }), "blk.1.attn_norm.weight"},
 	} {

@@ -6,6 +6,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/tandem-llm/tandem/kernels"
@@ -268,7 +269,8 @@ func loadMatrix(f *weights.File, name string, cols, rows int) (matrix, error) {
 		return matrix{}, fmt.Errorf("model: %w", err)
 	}
 	if !t.Type.Computable() {
-		return matrix{}, fmt.Errorf("%s: tensor %s has type %v, which tandem has no kernel for; requantize it (tandem quantize)", f.Path, name, t.Type)
+		return matrix{}, fmt.Errorf("%s: tensor %s has type %v, which tandem has no kernel for; use a file quantized to one it computes (%s), as llama.cpp's llama-quantize makes from the original weights",
+			f.Path, name, t.Type, strings.Join(weights.ComputableTypes(), ", "))
 	}
 	rowBytes, err := t.Type.RowBytes(uint64(cols))
 	if err != nil {
