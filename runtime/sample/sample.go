@@ -79,13 +79,7 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 		return argmax(s.buf)
 	}
 	if s.racesLogits(len(logits)) {
-		z := logits
-		if s.penalizes(history) {
-			s.buf = append(s.buf[:0], logits...)
-			s.penalize(s.buf, history)
-			z = s.buf
-		}
-		return s.raceLogits(z)
+		return s.raceLogits(logits, history)
 	}
 	var cut []int32
 	s.buf, cut = s.shape(s.buf[:0], logits, history, false)
@@ -125,60 +119,32 @@ func (s *Sampler) racesLogits(n int) bool {
 	return !topK && !topP
 }
 
-// raceLogits is Draw(Probs(z)) for a sampler without top-k or top-p (z
-// penalised already), run on the logits: token i's weight is
-// w_i = e^(x_i − m), x_i its scaled logit and m the largest, which is
-// p_i up to the sum the race does not need. Building p took 31 ns of
-// the 40 each token cost for a 32000-token vocabulary, half of it in an
-// exponential a token. Here a token pays for one only when an upper
-// bound of its weight (the chord of 2^f, from the exponent's bits) does
-// not already rule it out of the race, which for all but a few tokens it
-// does. It
-// takes one word of the stream, as Draw does, and draws the same token
-// but where two finishers' times agree to float32 rounding (w_i is
-// exact here, p_i was rounded).
-func (s *Sampler) raceLogits(z []float32) int32 {
-	inv := 1 / s.opt.Temperature
-	best, m := -1, float32(math.Inf(-1))
-	for i, v := range z {
-		if v > m { // a NaN never is
-			best, m = i, v
-		}
-	}
+// raceLogits is Draw(Probs(…)) for a sampler without top-k or top-p:
+// token i's weight is w_i = e^(x_i − m), x_i its scaled logit and m the
+// largest, which is p_i up to the sum the race does not need, so neither
+// the sum nor the normalising pass is made. The weights are the kernels'
+// exponentials, eight at a time: bounding each token's weight from its
+// exponent's bits and taking math.Exp for the few the bound let through
+// cost twice as much, the bound's arithmetic a token outweighing the
+// exponentials. It takes one word of the stream, as Draw does, and draws
+// the same token but where two finishers' times agree to float32
+// rounding (Probs rounds each weight once more).
+func (s *Sampler) raceLogits(logits []float32, history []int32) int32 {
+	var best int
+	var m float32
+	s.buf, best, m = s.penalized(s.buf[:0], logits, history)
+	w := s.buf
 	word := s.rng.Uint64()
-	if best < 0 || math.IsInf(float64(m), 1) {
-		return raceFlat(z, m, word)
+	if best < 0 || math.IsInf(float64(m), 0) {
+		// No finite largest: the +Inf tokens share the mass, or every
+		// token does when all are −Inf (the penalty can take the last
+		// finite ones there).
+		return raceFlat(w, m, word)
 	}
-	floor := float64(min(s.opt.MinP, 1)) // min-p, against the heaviest's weight 1
-	win, b := int32(best), -math.Log(unit(word, int32(best)))
-	for i, v := range z {
-		if !(v > float32(math.Inf(-1))) || i == best {
-			continue
-		}
-		d := float64(fromTop(v, m, inv)) // ≤ 0, rounded as probs rounds it
-		y := d * math.Log2E
-		if y < -1022 {
-			// A weight below 2^-1022 times a time under 37 (−ln 2^-53)
-			// rounds 1 − b·w to 1: no uniform finishes ahead.
-			continue
-		}
-		// 2^y ≤ 2^k·(1 + f/2) with k = ⌈y⌉, f = y − k in (−1, 0]: the
-		// chord lies above the convex 2^f. The margin covers y's rounding.
-		k := int64(y)
-		hat := math.Float64frombits(uint64(k+1023)<<52) * (1 + 0.5*(y-float64(k))) * (1 + 1e-9)
-		u := unit(word, int32(i))
-		if u <= 1-b*hat {
-			continue // as in race: E_i/w_i ≥ (1−u)/w_i ≥ b
-		}
-		w := math.Exp(d)
-		if w < floor {
-			continue
-		}
-		if e := -math.Log(u) / w; e < b {
-			win, b = int32(i), e
-		}
-	}
-	return win
+	scaleFromTop(w, m, 1/s.opt.Temperature)
+	kernels.ExpSum(w, 0) // the largest reads 0
+	var one [1]int32
+	return race(one[:0], w, nil, min(s.opt.MinP, 1)*w[best], int32(best), word, 1)[0]
 }
 
 // raceFlat is raceLogits when the logits have no finite maximum m: the

@@ -397,11 +397,11 @@ func TestRaceAhead(t *testing.T) {
 }
 
 // TestRaceOnLogitsIsTheDraw: without top-k and top-p, Sample races the
-// logits in place (raceLogits). It must pick the token Draw picks from
-// Probs with the same word, and take one word as Draw does. The two may
-// differ only where the winners' times agree to float32 rounding (Probs
-// rounds each probability; the race's weights are exact): such a pair is
-// a tie, and the test checks that each difference is one.
+// logits' unnormalised weights (raceLogits). It must pick the token Draw
+// picks from Probs with the same word, and take one word as Draw does.
+// The two may differ only where the winners' times agree to float32
+// rounding (Probs rounds each weight once more): such a pair is a tie,
+// and the test checks that each difference is one.
 func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 	inf := float32(math.Inf(1))
 	nan := float32(math.NaN())
@@ -422,6 +422,7 @@ func TestRaceOnLogitsIsTheDraw(t *testing.T) {
 		{"-Inf and NaN", []float32{-inf, 0.5, nan, 2, -inf, 1.5, nan}, Options{Temperature: 1}, nil},
 		{"+Inf share the mass", []float32{1, inf, nan, inf, 3, -inf}, Options{Temperature: 1}, nil},
 		{"nothing finite", []float32{-inf, nan, -inf, -inf}, Options{Temperature: 1}, nil},
+		{"the penalty takes the last finite to -Inf", []float32{nan, -2.8736345e38, -inf}, Options{Temperature: 1, MinP: 0.1, RepeatPenalty: 1.2}, []int32{0, 1}},
 		{"1/T overflows", []float32{-1, 0.5, 0, 2, -3}, Options{Temperature: 1e-39}, nil},
 		{"far tail", []float32{0, -800, -60, -30, -745, -20}, Options{Temperature: 1}, nil},
 	}
