@@ -135,10 +135,9 @@ func (s *Sampler) raceLogits(logits []float32, history []int32) int32 {
 	s.buf, best, m = s.penalized(s.buf[:0], logits, history)
 	w := s.buf
 	word := s.rng.Uint64()
-	if best < 0 || math.IsInf(float64(m), 0) {
+	if best < 0 || math.IsInf(float64(m), 1) {
 		// No finite largest: the +Inf tokens share the mass, or every
-		// token does when all are −Inf (the penalty can take the last
-		// finite ones there).
+		// token does when all are −Inf.
 		return raceFlat(w, m, word)
 	}
 	scaleFromTop(w, m, 1/s.opt.Temperature)
@@ -416,7 +415,9 @@ func (s *Sampler) penalized(dst, logits []float32, history []int32) (_ []float32
 	}
 	if len(dst) > 0 && s.penalizes(history) {
 		s.penalize(dst, history)
-		best, m = topAfterPenalty(dst, history, best, m)
+		if best, m = topAfterPenalty(dst, history, best, m); math.IsInf(float64(m), -1) {
+			best = -1 // the penalty took the last finite ones to −Inf
+		}
 	}
 	return dst, best, m
 }
