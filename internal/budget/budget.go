@@ -71,6 +71,8 @@ func Parse(budget string, embedded bool) (Form, error) {
 	return f, err
 }
 
+// parse is Parse for a model file. Sizes are read as written: an error
+// quotes "-5MiB", not its lowercase.
 func parse(budget string) (Form, error) {
 	t := strings.TrimSpace(budget)
 	b := strings.ToLower(t)

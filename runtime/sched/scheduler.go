@@ -285,8 +285,9 @@ func (s *Scheduler) Context() int {
 
 // Submit queues a request and returns its stream. Cancelling ctx ends the
 // request and frees its sequence at the next step boundary. Errors:
-// ErrInvalid (bad fields, prompt ids outside the vocabulary), ErrContextFull (the prompt leaves no room),
-// ErrQueueFull (retry after RetryAfter), ErrClosed.
+// ErrInvalid (bad fields, prompt ids outside the vocabulary),
+// ErrContextFull (the prompt leaves no room), ErrQueueFull (retry after
+// RetryAfter), ErrClosed.
 func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
