@@ -168,9 +168,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 
 	// The file's header and the tokenizer first (a wrong path, a context
 	// the model lacks or another model's tokenizer is bad usage, said
-	// before listening), then listen: a busy port
-	// fails at once, and /healthz answers (503, loading) while the lanes
-	// load the weights.
+	// before listening), then listen: a busy port fails at once, and
+	// /healthz answers (503, loading) while the lanes load the weights.
 	f, err := openModel(*modelPath)
 	if err != nil {
 		return err
