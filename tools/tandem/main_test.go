@@ -160,6 +160,10 @@ func TestFlagsAreCheckedBeforeAnyWork(t *testing.T) {
 		{"generate", "--ctx", "100000"},
 		{"generate", "--device", "tpu"},
 		{"serve", "--max-tree", "4"}, // no draft
+		// A draft without its vocabulary, or with another model's, was
+		// said after listening.
+		{"serve", "--model", gguf, "--draft", testutil.Model(t, "llama2xs_model.bin")},
+		{"serve", "--model", gguf, "--draft", testutil.Model(t, "llama2xs_model.bin"), "--draft-tokenizer", testutil.Model(t, "tokenizer.bin")},
 		{"serve", "--draft", gguf, "--mode", "sd", "--max-tree", "4"},
 		{"bench", "stream", "--model", gguf, "--types", "f16"},
 		{"bench", "stream", "--model", gguf, "--modes", "resident", "--budgets", "50"}, // nothing streams

@@ -166,10 +166,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
 
-	// The file's header and the tokenizer first (a wrong path, a context
-	// the model lacks or another model's tokenizer is bad usage, said
-	// before listening), then listen: a busy port fails at once, and
-	// /healthz answers (503, loading) while the lanes load the weights.
+	// The file's header, the tokenizer and the draft's first (a wrong
+	// path, a context the model lacks or another model's tokenizer is bad
+	// usage, said before listening), then listen: a busy port fails at
+	// once, and /healthz answers (503, loading) while the lanes load the
+	// weights.
 	f, err := openModel(*modelPath)
 	if err != nil {
 		return err
@@ -181,6 +182,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	tok, err := loadTokenizer(f, *tokPath, stderr)
 	if err != nil {
 		return err
+	}
+	var draft *weights.File
+	if *sf.draft != "" {
+		if draft, err = sf.openDraftFile(tok, f.Path, *tokPath); err != nil {
+			return err
+		}
+		defer draft.Close()
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -211,14 +219,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	lopt := sched.LaneOptions{Lanes: laneSpecs, MaxSeqs: *maxSeqs, Context: *ctxLen, KVType: kvt, Stream: mem.Stream,
 		NoPrefixReuse: !*prefixReuse, PrefixCache: keep}
-	if *sf.draft != "" {
-		df, err := sf.openDraftFile(tok, f.Path, *tokPath)
-		if err != nil {
-			hs.Close()
-			return err
-		}
-		defer df.Close()
-		lopt.Draft, lopt.Spec, lopt.DraftContext = df, specCfg, *sf.draftCtx
+	if draft != nil {
+		lopt.Draft, lopt.Spec, lopt.DraftContext = draft, specCfg, *sf.draftCtx
 	}
 	lanes, closeLanes, err := sched.LoadLanes(f, lopt)
 	if err != nil {
