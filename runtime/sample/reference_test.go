@@ -282,3 +282,13 @@ func FuzzSampleIsTheDraw(f *testing.F) {
 		}
 	})
 }
+
+// softmax turns logits into probabilities in place for the reference:
+// the kernels' exponentials and a float64 sum, as the sampler's weights
+// and its normalising multiply make them.
+func softmax(x []float32) {
+	inv := weights(x, x[argmax(x)])
+	for i := range x {
+		x[i] = float32(float64(x[i]) * inv)
+	}
+}

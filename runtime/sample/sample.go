@@ -675,15 +675,6 @@ func argmax(x []float32) int32 {
 	return int32(best)
 }
 
-// softmax turns logits into probabilities in place, in float64 for the
-// sum so that a 32k vocabulary does not lose the tail.
-func softmax(x []float32) {
-	inv := weights(x, x[argmax(x)])
-	for i := range x {
-		x[i] = float32(float64(x[i]) * inv)
-	}
-}
-
 // weights sets x, whose largest value is m, to softmax's unnormalised
 // weights and returns the factor that normalises them: p_i is
 // float32(float64(x_i) · inv). The exponentials are the kernels' (eight
