@@ -1298,7 +1298,11 @@ func TestCatchUpCopyFailure(t *testing.T) {
 // TestSubmitRefusesIdsOutsideTheVocabulary: Submit says a prompt id the
 // model has no row for is invalid, as its doc says, and queues nothing;
 // the request used to queue and end in an error from the engine's Start.
+// A speculative lane reports its target's vocabulary too.
 func TestSubmitRefusesIdsOutsideTheVocabulary(t *testing.T) {
+	if v := newSpecEngine(t, spec.Config{}, 1).Info().Vocab; v != 512 {
+		t.Errorf("a speculative lane reports a vocabulary of %d, want its target's 512", v)
+	}
 	f, _ := realModel(t)
 	s, _ := newRealScheduler(t, f, Config{}, 2, 1)
 	for _, p := range [][]int32{{1, 512}, {1, -3}, {99999}} {
