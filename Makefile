@@ -5,13 +5,17 @@ FUZZTIME ?= 20s
 # Android build uses the pure-Go kernels).
 PURE_GO_PKGS = ./kernels/... ./runtime/... ./tools/...
 
-.PHONY: build test bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-check cuda-build cuda-deps cuda-dev-deps debian-nonfree cuda-ptx
+.PHONY: build test openai-node bench bench-stream bench-spec bench-sched fuzz cross test-arm64 models cuda cuda-check cuda-build cuda-deps cuda-dev-deps debian-nonfree cuda-ptx
 
 build:
 	$(GO) build -o bin/tandem ./tools/tandem
 
-# test is exactly what CI runs.
+# test is exactly what CI runs. Where npm is found it first installs the
+# official OpenAI Node library for runtime/server's client test (which
+# skips without it, or fails under TANDEM_REQUIRE_NODE=1 as in CI).
 test:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory openai-node || \
+		echo "could not install the OpenAI Node library: TestOfficialOpenAINodeClient will skip"; fi
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
@@ -23,6 +27,15 @@ test:
 	GOOS=android GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
 	@# A developer's Mac builds it too (the pure-Go kernels, no madvise).
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
+
+# openai-node installs the official OpenAI Node library, pinned by its
+# package-lock.json, where TestOfficialOpenAINodeClient runs it (npm ci
+# keeps the files' old dates: the touch marks the install done).
+NODE_CLIENT = runtime/server/testdata/openai-node
+openai-node: $(NODE_CLIENT)/node_modules/openai/package.json
+$(NODE_CLIENT)/node_modules/openai/package.json: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./kernels/... ./weights/... ./runtime/... ./bench/...
