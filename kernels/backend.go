@@ -11,8 +11,8 @@ import (
 // time goes, and the exponentials of a sampler's softmax. The other
 // vector ops are Go in both (a cgo call costs more than they do).
 type impl struct {
-	attention    func(out, q, k, v []float32, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32)
-	attentionF16 func(out, q []float32, k, v []uint16, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32)
+	attention    func(out, q, k, v []float32, heads, groups, qs, stride, off, prefix int, anc []int32, lo, hi []int, ld int, scale float32, scores []float32)
+	attentionF16 func(out, q []float32, k, v []uint16, heads, groups, qs, stride, off, prefix int, anc []int32, lo, hi []int, ld int, scale float32, scores []float32)
 	name         string
 	matmul       func(out []float32, w []byte, wt weights.DType, rowBytes, lo, hi, rows, cols int, x []float32, xq *quantized, n int)
 	quantize     func(x []float32, q []int8, d []float32, s []int32, block int)

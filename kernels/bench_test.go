@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tandem-llm/tandem/weights"
@@ -164,6 +165,71 @@ func BenchmarkAttention(b *testing.B) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkAttentionTree times one layer's attention for a 16-slot token
+// tree of one sequence (TinyLlama's heads, F16 cache) over a cached
+// context: each slot attended alone, reading the context once per slot
+// as before AttentionTree, and the tree's slots together, reading it
+// once. The bytes are the layer's K and V rows of the context, the least
+// a verification pass reads.
+func BenchmarkAttentionTree(b *testing.B) {
+	const heads, kvHeads, hd, slots = 32, 4, 64, 16
+	const group = heads / kvHeads
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, ctx := range []int{512, 2048, 8192} {
+		stride := kvHeads * hd
+		rows := ctx + slots
+		k16, v16 := make([]uint16, rows*stride), make([]uint16, rows*stride)
+		for i := range k16 {
+			k16[i], v16[i] = weights.F32ToF16(float32(rng.NormFloat64())), weights.F32ToF16(float32(rng.NormFloat64()))
+		}
+		// A tree of depth 4 to 5: slot j hangs under slot (j-1)/2.
+		var anc []int32
+		lo, hi := make([]int, slots), make([]int, slots)
+		for j := range slots {
+			lo[j] = len(anc)
+			var path []int32
+			for r := j; ; r = (r - 1) / 2 {
+				path = append(path, int32(ctx+r))
+				if r == 0 {
+					break
+				}
+			}
+			slices.Reverse(path)
+			anc = append(anc, path...)
+			hi[j] = len(anc)
+		}
+		dim := heads * hd
+		q := randVec(rng, slots*dim, 1)
+		out := make([]float32, slots*dim)
+		ld := treeWidth(ctx, lo, hi)
+		scores := make([]float32, slots*group*ld)
+		scale := float32(0.125)
+		for _, tree := range []bool{false, true} {
+			mode := "alone"
+			if tree {
+				mode = "tree"
+			}
+			b.Run(fmt.Sprintf("f16/ctx=%d/%s/%s", ctx, mode, Backend()), func(b *testing.B) {
+				b.SetBytes(int64(2 * ctx * stride * 2))
+				for b.Loop() {
+					for h := 0; h < heads; h += group {
+						off := h / group * hd
+						if tree {
+							AttentionTreeF16(out[h*hd:(slots-1)*dim+(h+group)*hd], q[h*hd:(slots-1)*dim+(h+group)*hd], k16, v16,
+								group, slots, dim, stride, off, ctx, anc, lo, hi, scale, scores)
+							continue
+						}
+						for s := range slots {
+							AttentionF16(out[s*dim+h*hd:s*dim+(h+group)*hd], q[s*dim+h*hd:s*dim+(h+group)*hd], k16, v16,
+								group, stride, off, ctx, anc[lo[s]:hi[s]], scale, scores)
+						}
+					}
+				}
+			})
 		}
 	}
 }

@@ -111,20 +111,29 @@ func cSiLUMul(gate, up []float32) {
 // cgo then knows they hold no Go pointers and skips its run-time check of
 // each argument, which looked the KV buffers up in the heap on every call
 // (1.2% of all samples in a profile of serving stories260K).
-func cAttention(out, q, k, v []float32, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
-	cAttend(0, out, q, (*C.uint8_t)(unsafe.Pointer(&k[0])), (*C.uint8_t)(unsafe.Pointer(&v[0])), heads, stride, off, prefix, extra, scale, scores)
+func cAttention(out, q, k, v []float32, heads, groups, qs, stride, off, prefix int, anc []int32, lo, hi []int, ld int, scale float32, scores []float32) {
+	cAttend(0, out, q, (*C.uint8_t)(unsafe.Pointer(&k[0])), (*C.uint8_t)(unsafe.Pointer(&v[0])), heads, groups, qs, stride, off, prefix, anc, lo, hi, ld, scale, scores)
 }
 
-func cAttentionF16(out, q []float32, k, v []uint16, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
-	cAttend(1, out, q, (*C.uint8_t)(unsafe.Pointer(&k[0])), (*C.uint8_t)(unsafe.Pointer(&v[0])), heads, stride, off, prefix, extra, scale, scores)
+func cAttentionF16(out, q []float32, k, v []uint16, heads, groups, qs, stride, off, prefix int, anc []int32, lo, hi []int, ld int, scale float32, scores []float32) {
+	cAttend(1, out, q, (*C.uint8_t)(unsafe.Pointer(&k[0])), (*C.uint8_t)(unsafe.Pointer(&v[0])), heads, groups, qs, stride, off, prefix, anc, lo, hi, ld, scale, scores)
 }
 
-func cAttend(f16 C.int, out, q []float32, k, v *C.uint8_t, heads, stride, off, prefix int, extra []int32, scale float32, scores []float32) {
-	var ex *C.int32_t
-	if len(extra) > 0 {
-		ex = (*C.int32_t)(unsafe.Pointer(&extra[0]))
+// The C kernel takes lo and hi as int64_t arrays: Go's int must be 64
+// bits where cgo builds (amd64, arm64).
+var _ [unsafe.Sizeof(int(0)) - 8]struct{}
+
+func cAttend(f16 C.int, out, q []float32, k, v *C.uint8_t, heads, groups, qs, stride, off, prefix int, anc []int32, lo, hi []int, ld int, scale float32, scores []float32) {
+	var a *C.int32_t
+	if len(anc) > 0 {
+		a = (*C.int32_t)(unsafe.Pointer(&anc[0]))
 	}
-	C.tk_attention(cLevel, f16, (*C.float)(unsafe.Pointer(&out[0])), (*C.float)(unsafe.Pointer(&q[0])), k, v,
-		C.int64_t(len(q)/heads), C.int64_t(heads), C.int64_t(stride), C.int64_t(off), C.int64_t(prefix), ex, C.int64_t(len(extra)),
-		C.float(scale), (*C.float)(unsafe.Pointer(&scores[0])))
+	var l, h *C.int64_t
+	if lo != nil {
+		l, h = (*C.int64_t)(unsafe.Pointer(&lo[0])), (*C.int64_t)(unsafe.Pointer(&hi[0]))
+	}
+	hd := (len(q) - (groups-1)*qs) / heads
+	C.tk_attention(cLevel, f16, (*C.float)(unsafe.Pointer(&out[0])), (*C.float)(unsafe.Pointer(&q[0])), C.int64_t(qs), k, v,
+		C.int64_t(hd), C.int64_t(heads), C.int64_t(groups), C.int64_t(stride), C.int64_t(off), C.int64_t(prefix),
+		a, l, h, C.int64_t(len(anc)), C.float(scale), (*C.float)(unsafe.Pointer(&scores[0])), C.int64_t(ld))
 }

@@ -256,47 +256,81 @@ static void softmax_row(int level, float *sc, int64_t n) {
 	}
 }
 
-void tk_attention(int level, int f16, float *out, const float *q, const uint8_t *k, const uint8_t *v,
-	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
-	float scale, float *scores) {
+void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, const uint8_t *k, const uint8_t *v,
+	int64_t hd, int64_t heads, int64_t slots, int64_t stride, int64_t off, int64_t prefix, const int32_t *anc,
+	const int64_t *lo, const int64_t *hi, int64_t nanc, float scale, float *scores, int64_t ld) {
 	const int64_t es = f16 ? 2 : 4;
-	const int64_t n = prefix + nextra;
 #if defined(__x86_64__)
 	const int avx2 = level == TK_AVX2 || level == TK_AVX512;
 #else
 	const int avx2 = 0;
 #endif
-	// Rows outer, heads inner: a K or V row is loaded once and stays in
-	// L1 for every head that shares it. Each head's sums run in the
-	// order of a lone head's, so grouping changes no bit.
+	// The prefix's rows are read once for every group, rows outer, and
+	// then each group's own rows: each head's sums still run in the order
+	// of a lone head's over its rows, so grouping changes no bit.
 	if (avx2) {
 #if defined(__x86_64__)
-		tk_scores_avx2(f16, q, heads, hd, k, stride, off, prefix, extra, n, scale, scores);
+		tk_scores_avx2(f16, q, qs, slots, heads, hd, k, stride, off, 0, prefix, NULL, prefix, scale, scores, ld);
+		for (int64_t s = 0; s < slots; s++) {
+			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			tk_scores_avx2(f16, q + s * qs, 0, 1, heads, hd, k, stride, off, 0, 0, b > a ? anc + a : NULL, b - a, scale,
+				scores + s * heads * ld + prefix, ld);
+		}
 #endif
 	} else {
-		for (int64_t i = 0; i < n; i++) {
-			int64_t row = i < prefix ? i : extra[i - prefix];
-			const char *kr = (const char *)k + (row * stride + off) * es;
-			for (int64_t h = 0; h < heads; h++) {
-				scores[h * n + i] = dot_row(level, f16, q + h * hd, kr, hd) * scale;
+		for (int64_t i = 0; i < prefix; i++) {
+			const char *kr = (const char *)k + (i * stride + off) * es;
+			for (int64_t s = 0; s < slots; s++) {
+				for (int64_t h = 0; h < heads; h++) {
+					scores[(s * heads + h) * ld + i] = dot_row(level, f16, q + s * qs + h * hd, kr, hd) * scale;
+				}
+			}
+		}
+		for (int64_t s = 0; s < slots; s++) {
+			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			for (int64_t i = a; i < b; i++) {
+				const char *kr = (const char *)k + ((int64_t)anc[i] * stride + off) * es;
+				for (int64_t h = 0; h < heads; h++) {
+					scores[(s * heads + h) * ld + prefix + i - a] = dot_row(level, f16, q + s * qs + h * hd, kr, hd) * scale;
+				}
 			}
 		}
 	}
-	for (int64_t h = 0; h < heads; h++) {
-		softmax_row(level, scores + h * n, n);
+	for (int64_t s = 0; s < slots; s++) {
+		const int64_t n = prefix + (hi ? hi[s] : nanc) - (lo ? lo[s] : 0);
+		for (int64_t h = 0; h < heads; h++) {
+			softmax_row(level, scores + (s * heads + h) * ld, n);
+		}
 	}
 	if (avx2) {
 #if defined(__x86_64__)
-		tk_values_avx2(f16, out, heads, hd, scores, n, v, stride, off, prefix, extra);
+		tk_values_avx2(f16, out, qs, slots, heads, hd, scores, ld, prefix, v, stride, off, 0, prefix, NULL, 0);
+		for (int64_t s = 0; s < slots; s++) {
+			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			tk_values_avx2(f16, out + s * qs, 0, 1, heads, hd, scores + s * heads * ld + prefix, ld, b - a, v, stride,
+				off, 0, 0, b > a ? anc + a : NULL, 1);
+		}
 #endif
 		return;
 	}
-	memset(out, 0, (size_t)(heads * hd) * sizeof(float));
-	for (int64_t i = 0; i < n; i++) {
-		int64_t row = i < prefix ? i : extra[i - prefix];
-		const char *vr = (const char *)v + (row * stride + off) * es;
-		for (int64_t h = 0; h < heads; h++) {
-			axpy_row(level, f16, out + h * hd, scores[h * n + i], vr, hd);
+	for (int64_t s = 0; s < slots; s++) {
+		memset(out + s * qs, 0, (size_t)(heads * hd) * sizeof(float));
+	}
+	for (int64_t i = 0; i < prefix; i++) {
+		const char *vr = (const char *)v + (i * stride + off) * es;
+		for (int64_t s = 0; s < slots; s++) {
+			for (int64_t h = 0; h < heads; h++) {
+				axpy_row(level, f16, out + s * qs + h * hd, scores[(s * heads + h) * ld + i], vr, hd);
+			}
+		}
+	}
+	for (int64_t s = 0; s < slots; s++) {
+		const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+		for (int64_t i = a; i < b; i++) {
+			const char *vr = (const char *)v + ((int64_t)anc[i] * stride + off) * es;
+			for (int64_t h = 0; h < heads; h++) {
+				axpy_row(level, f16, out + s * qs + h * hd, scores[(s * heads + h) * ld + prefix + i - a], vr, hd);
+			}
 		}
 	}
 }

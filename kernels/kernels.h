@@ -48,14 +48,18 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 	int64_t lo, int64_t hi, int64_t rows, int64_t cols, const float *x,
 	const int8_t *xq, const float *xd, const int32_t *xs, int64_t n);
 
-// tk_attention is the attention of heads query heads (q and out hold
-// them one after another, hd values each) that share one KV head, over
-// KV rows 0..prefix-1 and extra[0..nextra-1]; k and v point at the bytes
-// of float (f16 == 0) or IEEE half (f16 == 1) elements, row i at element
-// i*stride + off. scores holds heads*(prefix+nextra).
-void tk_attention(int level, int f16, float *out, const float *q, const uint8_t *k, const uint8_t *v,
-	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
-	float scale, float *scores);
+// tk_attention is the attention of slots groups of heads query heads
+// that share one KV head: group s's queries are at q + s*qs (heads of hd
+// values one after another) and its output at out + s*qs. Every group
+// attends to KV rows 0..prefix-1, then to rows anc[lo[s]..hi[s]-1] (all
+// of anc[0..nanc-1] when lo and hi are NULL, for one group). k and v
+// point at the bytes of float (f16 == 0) or IEEE half (f16 == 1)
+// elements, row i at element i*stride + off. scores holds group s's head
+// h at (s*heads + h)*ld, ld at least prefix plus the most rows a group
+// adds. A group's bits are those it gets attending alone.
+void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, const uint8_t *k, const uint8_t *v,
+	int64_t hd, int64_t heads, int64_t slots, int64_t stride, int64_t off, int64_t prefix, const int32_t *anc,
+	const int64_t *lo, const int64_t *hi, int64_t nanc, float scale, float *scores, int64_t ld);
 
 // tk_silu_mul sets gate[i] = silu(gate[i]) · up[i] for i < n (SwiGLU).
 void tk_silu_mul(int level, float *gate, const float *up, int64_t n);
@@ -82,10 +86,12 @@ void tk_matmul_neon(int dot, int wt, float *out, const uint8_t *w, int64_t row_b
 // Per-level attention helpers, for float and half rows: AVX2 computes
 // the scores and the value sums of a group of heads in one call each;
 // NEON gives one head's dot product with a K row and out += p·(V row).
-void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const void *k, int64_t stride, int64_t off,
-	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores);
-void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
-	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra);
+void tk_scores_avx2(int f16, const float *q, int64_t qs, int64_t slots, int64_t heads, int64_t hd, const void *k,
+	int64_t stride, int64_t off, int64_t base, int64_t prefix, const int32_t *extra, int64_t n, float scale,
+	float *scores, int64_t ld);
+void tk_values_avx2(int f16, float *out, int64_t os, int64_t slots, int64_t heads, int64_t hd, const float *p,
+	int64_t ld, int64_t n, const void *v, int64_t stride, int64_t off, int64_t base, int64_t prefix,
+	const int32_t *extra, int acc);
 void tk_softmax_avx2(float *sc, int64_t n);
 void tk_softmax_neon(float *sc, int64_t n);
 void tk_silu_mul_avx2(float *gate, const float *up, int64_t n);

@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <string.h>
 #include <math.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -425,25 +426,68 @@ AVX2 INLINE float dot_avx2(int wt, int64_t es, const float *a, const uint8_t *p,
 }
 
 // scores8 sets the scores of eight rows (K rows at p[0..7], hd a
-// multiple of 8) for H heads from h0 (dots8).
+// multiple of 8) for H heads from h0 (dots8), head h's at scores + h·ld.
 AVX2 INLINE void scores8(const int H, int wt, int64_t es, const float *q, int64_t h0, int64_t hd,
-	const uint8_t *const p[8], int64_t n, int64_t r0, float scale, float *scores) {
+	const uint8_t *const p[8], int64_t ld, int64_t r0, float scale, float *scores) {
 	__m256 v[4][8];
 	dots8(wt, es, p, hd, q + h0 * hd, H, v);
 	for (int j = 0; j < H; j++) {
-		_mm256_storeu_ps(scores + (h0 + j) * n + r0, _mm256_mul_ps(hsum8_ps(v[j]), _mm256_set1_ps(scale)));
+		_mm256_storeu_ps(scores + (h0 + j) * ld + r0, _mm256_mul_ps(hsum8_ps(v[j]), _mm256_set1_ps(scale)));
 	}
 }
 
-// tk_scores_avx2 sets scores[h*n + i] = scale · (q_h · K_i) for the heads
-// and rows: each K row is loaded once for up to four heads, whose
-// accumulator chains overlap instead of one head's two waiting on each
-// other, and where hd is a multiple of 8 rows go eight at a time
-// (scores8), the rest one at a time. Each head's sum is dot_avx2's, in
-// its order: a score's bits depend neither on the heads beside it nor on
-// the rows.
-AVX2 void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, const void *k, int64_t stride, int64_t off,
-	int64_t prefix, const int32_t *extra, int64_t n, float scale, float *scores) {
+// score_row sets one row's scores (its K row at p) for the heads: four
+// heads' accumulator chains at a time, then one head at a time.
+AVX2 INLINE void score_row(int wt, int64_t es, const float *q, int64_t heads, int64_t hd, const uint8_t *p,
+	int64_t ld, int64_t r, float scale, float *scores) {
+	int64_t h = 0;
+	for (; h + 4 <= heads; h += 4) {
+		const float *qh[4] = {q + h * hd, q + (h + 1) * hd, q + (h + 2) * hd, q + (h + 3) * hd};
+		__m256 acc0[4], acc1[4];
+		for (int j = 0; j < 4; j++) {
+			acc0[j] = _mm256_setzero_ps();
+			acc1[j] = _mm256_setzero_ps();
+		}
+		int64_t i = 0;
+		for (; i + 16 <= hd; i += 16) {
+			__m256 k0 = load8(wt, p + i * es), k1 = load8(wt, p + (i + 8) * es);
+			for (int j = 0; j < 4; j++) {
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+				acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh[j] + i + 8), acc1[j]);
+			}
+		}
+		if (i + 8 <= hd) {
+			__m256 k0 = load8(wt, p + i * es);
+			for (int j = 0; j < 4; j++) {
+				acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
+			}
+			i += 8;
+		}
+		for (int j = 0; j < 4; j++) {
+			float s = hsum_ps(_mm256_add_ps(acc0[j], acc1[j]));
+			for (int64_t t = i; t < hd; t++) {
+				s += qh[j][t] * load1(wt, p + t * es);
+			}
+			scores[(h + j) * ld + r] = s * scale;
+		}
+	}
+	for (; h < heads; h++) {
+		scores[h * ld + r] = dot_avx2(wt, es, q + h * hd, p, hd) * scale;
+	}
+}
+
+// tk_scores_avx2 sets scores[(s·heads + h)·ld + i] = scale · (q_sh · K_i)
+// for slots groups of heads (group s's queries at q + s·qs) and rows i <
+// n, row i being base + i below prefix and extra[i − prefix] from there:
+// each K row is loaded once for every group and up to four heads at a
+// time, whose accumulator chains overlap instead of one head's two
+// waiting on each other, and where hd is a multiple of 8 rows go eight at
+// a time (scores8), the rest one at a time. Each head's sum is
+// dot_avx2's, in its order: a score's bits depend neither on the heads
+// and groups beside it nor on the rows.
+AVX2 void tk_scores_avx2(int f16, const float *q, int64_t qs, int64_t slots, int64_t heads, int64_t hd, const void *k,
+	int64_t stride, int64_t off, int64_t base, int64_t prefix, const int32_t *extra, int64_t n, float scale,
+	float *scores, int64_t ld) {
 	const int wt = f16 ? TK_F16 : TK_F32;
 	const int64_t es = f16 ? 2 : 4;
 	int64_t r = 0;
@@ -451,82 +495,60 @@ AVX2 void tk_scores_avx2(int f16, const float *q, int64_t heads, int64_t hd, con
 		for (; r + 8 <= n; r += 8) {
 			const uint8_t *p[8];
 			for (int j = 0; j < 8; j++) {
-				const int64_t row = r + j < prefix ? r + j : extra[r + j - prefix];
+				const int64_t row = r + j < prefix ? base + r + j : extra[r + j - prefix];
 				p[j] = (const uint8_t *)k + (row * stride + off) * es;
 			}
-			int64_t h = 0;
-			for (; h + 4 <= heads; h += 4) {
-				scores8(4, wt, es, q, h, hd, p, n, r, scale, scores);
-			}
-			if (h + 2 <= heads) { // grouped-query pairs: stories260K, the embedded target
-				scores8(2, wt, es, q, h, hd, p, n, r, scale, scores);
-				h += 2;
-			}
-			for (; h < heads; h++) {
-				scores8(1, wt, es, q, h, hd, p, n, r, scale, scores);
+			for (int64_t s = 0; s < slots; s++) {
+				const float *qg = q + s * qs;
+				float *sc = scores + s * heads * ld;
+				int64_t h = 0;
+				for (; h + 4 <= heads; h += 4) {
+					scores8(4, wt, es, qg, h, hd, p, ld, r, scale, sc);
+				}
+				if (h + 2 <= heads) { // grouped-query pairs: stories260K, the embedded target
+					scores8(2, wt, es, qg, h, hd, p, ld, r, scale, sc);
+					h += 2;
+				}
+				for (; h < heads; h++) {
+					scores8(1, wt, es, qg, h, hd, p, ld, r, scale, sc);
+				}
 			}
 		}
 	}
 	for (; r < n; r++) {
-		int64_t row = r < prefix ? r : extra[r - prefix];
+		const int64_t row = r < prefix ? base + r : extra[r - prefix];
 		const uint8_t *p = (const uint8_t *)k + (row * stride + off) * es;
-		int64_t h = 0;
-		for (; h + 4 <= heads; h += 4) {
-			const float *qh[4] = {q + h * hd, q + (h + 1) * hd, q + (h + 2) * hd, q + (h + 3) * hd};
-			__m256 acc0[4], acc1[4];
-			for (int j = 0; j < 4; j++) {
-				acc0[j] = _mm256_setzero_ps();
-				acc1[j] = _mm256_setzero_ps();
-			}
-			int64_t i = 0;
-			for (; i + 16 <= hd; i += 16) {
-				__m256 k0 = load8(wt, p + i * es), k1 = load8(wt, p + (i + 8) * es);
-				for (int j = 0; j < 4; j++) {
-					acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
-					acc1[j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qh[j] + i + 8), acc1[j]);
-				}
-			}
-			if (i + 8 <= hd) {
-				__m256 k0 = load8(wt, p + i * es);
-				for (int j = 0; j < 4; j++) {
-					acc0[j] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qh[j] + i), acc0[j]);
-				}
-				i += 8;
-			}
-			for (int j = 0; j < 4; j++) {
-				float s = hsum_ps(_mm256_add_ps(acc0[j], acc1[j]));
-				for (int64_t t = i; t < hd; t++) {
-					s += qh[j][t] * load1(wt, p + t * es);
-				}
-				scores[(h + j) * n + r] = s * scale;
-			}
-		}
-		for (; h < heads; h++) {
-			scores[h * n + r] = dot_avx2(wt, es, q + h * hd, p, hd) * scale;
+		for (int64_t s = 0; s < slots; s++) {
+			score_row(wt, es, q + s * qs, heads, hd, p, ld, r, scale, scores + s * heads * ld);
 		}
 	}
 }
 
-// values_block sets out_h = Σ_i p_h[i] · V_i for hn heads (p_h = p + h*n)
-// over output values d0..d0+8·dc-1: hn·dc accumulators of eight values
-// stay in registers over all the rows, which are added in order with one
-// FMA each from zero, whatever hn: a head's bits do not depend on the
-// heads beside it. hn and dc are constants at each call, so the
-// accumulators are registers and there are enough of them to keep the
-// FMAs independent.
+// values_block adds Σ_i p_h[i] · V_i to out_h for hn heads (p_h = p +
+// h·ld; row i is base + i below prefix, extra[i − prefix] from there)
+// over output values d0..d0+8·dc-1, starting from zero or, with acc, from
+// what out holds: hn·dc accumulators of eight values stay in registers
+// over the rows, which are added in order with one FMA each, whatever hn:
+// a head's bits do not depend on the heads beside it, nor on where its
+// rows were split (a stored accumulator reloads the same bits). hn and dc
+// are constants at each call, so the accumulators are registers and
+// there are enough of them to keep the FMAs independent.
 AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, float *out, int64_t hd, int64_t d0,
-	const float *p, int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
+	const float *p, int64_t ld, int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t base,
+	int64_t prefix, const int32_t *extra, int acc_in) {
 	__m256 acc[8];
-	for (int a = 0; a < hn * dc; a++) {
-		acc[a] = _mm256_setzero_ps();
+	for (int j = 0; j < hn; j++) {
+		for (int c = 0; c < dc; c++) {
+			acc[j * dc + c] = acc_in ? _mm256_loadu_ps(out + j * hd + d0 + 8 * c) : _mm256_setzero_ps();
+		}
 	}
 	for (int64_t i = 0; i < n; i++) {
-		int64_t row = i < prefix ? i : extra[i - prefix];
+		int64_t row = i < prefix ? base + i : extra[i - prefix];
 		const uint8_t *x = v + (row * stride + off + d0) * es;
 		for (int c = 0; c < dc; c++) {
 			__m256 xv = load8(wt, x + 8 * c * es);
 			for (int j = 0; j < hn; j++) {
-				acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * n + i]), xv, acc[j * dc + c]);
+				acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * ld + i]), xv, acc[j * dc + c]);
 			}
 		}
 	}
@@ -540,48 +562,84 @@ AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, fl
 // values_heads runs values_block over all of hd for hn heads: eight
 // accumulators wide where hd allows, then one at a time, then the values
 // past the last multiple of eight in scalar.
-AVX2 INLINE void values_heads(const int hn, int wt, int64_t es, float *out, int64_t hd, const float *p, int64_t n,
-	const uint8_t *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
+AVX2 INLINE void values_heads(const int hn, int wt, int64_t es, float *out, int64_t hd, const float *p, int64_t ld,
+	int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t base, int64_t prefix, const int32_t *extra,
+	int acc_in) {
 	const int dc = 8 / hn;
 	int64_t d = 0;
 	for (; d + 8 * dc <= hd; d += 8 * dc) {
-		values_block(hn, dc, wt, es, out, hd, d, p, n, v, stride, off, prefix, extra);
+		values_block(hn, dc, wt, es, out, hd, d, p, ld, n, v, stride, off, base, prefix, extra, acc_in);
 	}
 	for (; d + 8 <= hd; d += 8) {
-		values_block(hn, 1, wt, es, out, hd, d, p, n, v, stride, off, prefix, extra);
+		values_block(hn, 1, wt, es, out, hd, d, p, ld, n, v, stride, off, base, prefix, extra, acc_in);
 	}
 	for (; d < hd; d++) {
 		for (int j = 0; j < hn; j++) {
-			float y = 0;
+			float y = acc_in ? out[j * hd + d] : 0;
 			for (int64_t i = 0; i < n; i++) {
-				int64_t row = i < prefix ? i : extra[i - prefix];
-				y += p[j * n + i] * load1(wt, v + (row * stride + off + d) * es);
+				int64_t row = i < prefix ? base + i : extra[i - prefix];
+				y += p[j * ld + i] * load1(wt, v + (row * stride + off + d) * es);
 			}
 			out[j * hd + d] = y;
 		}
 	}
 }
 
-// tk_values_avx2 is the value half of tk_attention: out_h = Σ_i p_h[i] ·
-// V_i for the heads, in blocks of 8, 4, 2 and 1 heads.
-AVX2 void tk_values_avx2(int f16, float *out, int64_t heads, int64_t hd, const float *p, int64_t n,
-	const void *v, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra) {
-	const int wt = f16 ? TK_F16 : TK_F32;
-	const int64_t es = f16 ? 2 : 4;
+// values_tile is values_heads for one group's heads, in blocks of 8, 4, 2
+// and 1 heads.
+AVX2 INLINE void values_tile(int wt, int64_t es, float *out, int64_t heads, int64_t hd, const float *p, int64_t ld,
+	int64_t n, const uint8_t *v, int64_t stride, int64_t off, int64_t base, int64_t prefix, const int32_t *extra,
+	int acc_in) {
 	int64_t h = 0;
 	for (; h + 8 <= heads; h += 8) {
-		values_heads(8, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		values_heads(8, wt, es, out + h * hd, hd, p + h * ld, ld, n, v, stride, off, base, prefix, extra, acc_in);
 	}
 	if (h + 4 <= heads) {
-		values_heads(4, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		values_heads(4, wt, es, out + h * hd, hd, p + h * ld, ld, n, v, stride, off, base, prefix, extra, acc_in);
 		h += 4;
 	}
 	if (h + 2 <= heads) {
-		values_heads(2, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		values_heads(2, wt, es, out + h * hd, hd, p + h * ld, ld, n, v, stride, off, base, prefix, extra, acc_in);
 		h += 2;
 	}
 	if (h < heads) {
-		values_heads(1, wt, es, out + h * hd, hd, p + h * n, n, v, stride, off, prefix, extra);
+		values_heads(1, wt, es, out + h * hd, hd, p + h * ld, ld, n, v, stride, off, base, prefix, extra, acc_in);
+	}
+}
+
+// values_tile_rows is how many rows several groups take in turn: their V rows
+// (at most 64 × 64 floats for a KV head of TinyLlama's) stay in L1 for
+// every group, where a whole context's would be read again for each.
+enum { values_tile_rows = 64 };
+
+// tk_values_avx2 adds Σ_i p_sh[i] · V_i to out_sh (group s's heads at
+// out + s·os, p_sh = p + (s·heads + h)·ld) over rows i < n, row i being
+// base + i below prefix and extra[i − prefix] from there, starting from
+// zero or, with acc, from what out holds. One group takes the rows in
+// one pass; several take them a tile at a time.
+AVX2 void tk_values_avx2(int f16, float *out, int64_t os, int64_t slots, int64_t heads, int64_t hd, const float *p,
+	int64_t ld, int64_t n, const void *v, int64_t stride, int64_t off, int64_t base, int64_t prefix,
+	const int32_t *extra, int acc) {
+	const int wt = f16 ? TK_F16 : TK_F32;
+	const int64_t es = f16 ? 2 : 4;
+	if (n == 0) {
+		if (!acc) {
+			for (int64_t s = 0; s < slots; s++) {
+				memset(out + s * os, 0, (size_t)(heads * hd) * sizeof(float));
+			}
+		}
+		return;
+	}
+	const int64_t tile = slots > 1 ? values_tile_rows : n;
+	for (int64_t i0 = 0; i0 < n; i0 += tile) {
+		const int64_t m = n - i0 < tile ? n - i0 : tile;
+		// The tile's rows, renumbered from 0.
+		const int64_t tp = prefix > i0 ? prefix - i0 : 0;
+		const int32_t *te = prefix > i0 ? extra : extra + (i0 - prefix);
+		for (int64_t s = 0; s < slots; s++) {
+			values_tile(wt, es, out + s * os, heads, hd, p + s * heads * ld + i0, ld, m, v, stride, off,
+				base + i0, tp, te, acc || i0 > 0);
+		}
 	}
 }
 

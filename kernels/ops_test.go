@@ -451,6 +451,155 @@ func b2f(b bool) float64 {
 	return 0
 }
 
+// treeRows lists each of n slots' rows after a prefix as the model does:
+// a slot's ancestors root first, then its own row (prefix + its index).
+// A slot whose parent's list ends anc extends it in place (a chain shares
+// one run), else it copies it, so ranges overlap as in a prefill.
+func treeRows(rng *rand.Rand, prefix, n int, chain bool) (anc []int32, lo, hi []int) {
+	for j := range n {
+		p := j - 1
+		if !chain {
+			p = rng.IntN(j+1) - 1 // -1: a root
+		}
+		var l int
+		switch {
+		case p < 0:
+			l = len(anc)
+		case hi[p] == len(anc):
+			l = lo[p]
+		default:
+			l = len(anc)
+			anc = append(anc, anc[lo[p]:hi[p]]...)
+		}
+		anc = append(anc, int32(prefix+j))
+		lo, hi = append(lo, l), append(hi, len(anc))
+	}
+	return anc, lo, hi
+}
+
+// A tree's slots attended together (the prefix's rows read once for all)
+// give each slot the bits it gets attended alone, as tree verification
+// promises decode's tokens: chains and branching trees, prefixes shorter
+// and longer than the kernel's 64-row tile, head dimensions with and
+// without a scalar tail, F32 and F16, on every backend; and the backends
+// agree with each other.
+func TestAttentionTreeMatchesLoneSlots(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	for _, hd := range []int{8, 12, 64} {
+		for _, heads := range []int{1, 2, 3, 8} {
+			for _, prefix := range []int{0, 1, 9, 64, 130} {
+				for _, slots := range []int{1, 2, 5, 9} {
+					chain := rng.IntN(2) == 0
+					anc, lo, hi := treeRows(rng, prefix, slots, chain)
+					const kvHeads = 2
+					stride, off := kvHeads*hd, hd // the second KV head
+					rows := prefix + slots
+					k, v := randVec(rng, rows*stride, 1), randVec(rng, rows*stride, 1)
+					k16, v16 := make([]uint16, len(k)), make([]uint16, len(v))
+					for i := range k {
+						k16[i], v16[i] = weights.F32ToF16(k[i]), weights.F32ToF16(v[i])
+					}
+					// Groups sit qs apart with a gap, as a head group's
+					// queries do in the model's rows of all heads.
+					qs := heads*hd + 5
+					q := randVec(rng, (slots-1)*qs+heads*hd, 2)
+					scale := float32(1 / math.Sqrt(float64(hd)))
+					ld := treeWidth(prefix, lo, hi)
+					name := fmt.Sprintf("hd %d heads %d prefix %d slots %d chain %v", hd, heads, prefix, slots, chain)
+					byBackend := map[string][2][]float32{}
+					for _, be := range testBackends() {
+						restore := useBackend(t, be)
+						var got [2][]float32
+						for fi, f16 := range []bool{false, true} {
+							out := randVec(rng, len(q), 1) // dirty: the gaps must stay as they were
+							gaps := slices.Clone(out)
+							scores := randVec(rng, slots*heads*ld, 1)
+							if f16 {
+								AttentionTreeF16(out, q, k16, v16, heads, slots, qs, stride, off, prefix, anc, lo, hi, scale, scores)
+							} else {
+								AttentionTree(out, q, k, v, heads, slots, qs, stride, off, prefix, anc, lo, hi, scale, scores)
+							}
+							for g := range slots {
+								alone := make([]float32, heads*hd)
+								qg := q[g*qs : g*qs+heads*hd]
+								extra := anc[lo[g]:hi[g]]
+								n := prefix + len(extra)
+								if f16 {
+									AttentionF16(alone, qg, k16, v16, heads, stride, off, prefix, extra, scale, make([]float32, heads*n))
+								} else {
+									Attention(alone, qg, k, v, heads, stride, off, prefix, extra, scale, make([]float32, heads*n))
+								}
+								for d, want := range alone {
+									if got := out[g*qs+d]; math.Float32bits(got) != math.Float32bits(want) {
+										t.Fatalf("%s: %s f16 %v slot %d [%d]: %v in the tree, %v alone", be, name, f16, g, d, got, want)
+									}
+								}
+								if g < slots-1 {
+									for d := g*qs + heads*hd; d < (g+1)*qs; d++ {
+										if out[d] != gaps[d] {
+											t.Fatalf("%s: %s f16 %v: wrote between groups at %d", be, name, f16, d)
+										}
+									}
+								}
+							}
+							got[fi] = out
+						}
+						byBackend[be] = got
+						restore()
+					}
+					g := byBackend["go"]
+					for be, c := range byBackend {
+						for fi := range c {
+							for g0 := range slots {
+								for d := g0 * qs; d < g0*qs+heads*hd; d++ {
+									if diff := math.Abs(float64(c[fi][d] - g[fi][d])); diff > 1e-5 {
+										t.Fatalf("%s f16 %v [%d]: %s %v, go %v", name, fi == 1, d, be, c[fi][d], g[fi][d])
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestAttentionTreePanicsOnBadGroups(t *testing.T) {
+	k, v := make([]float32, 80), make([]float32, 80)
+	q := make([]float32, 2*8)
+	cases := []struct {
+		name        string
+		groups, qs  int
+		anc         []int32
+		lo, hi      []int
+		scores, out int
+	}{
+		{"ranges for fewer groups", 2, 8, []int32{2, 3}, []int{0}, []int{1}, 16, 16},
+		{"range past anc", 2, 8, []int32{2, 3}, []int{0, 1}, []int{1, 3}, 16, 16},
+		{"backwards range", 2, 8, []int32{2, 3}, []int{1, 1}, []int{1, 0}, 16, 16},
+		{"groups overlap", 2, 4, []int32{2, 3}, []int{0, 1}, []int{1, 2}, 16, 16},
+		{"short scores", 2, 8, []int32{2, 3}, []int{0, 1}, []int{1, 2}, 5, 16},
+		{"short output", 2, 8, []int32{2, 3}, []int{0, 1}, []int{1, 2}, 16, 15},
+		{"no groups", 0, 8, []int32{2, 3}, nil, nil, 16, 16},
+		{"row past K", 2, 8, []int32{2, 10}, []int{0, 1}, []int{1, 2}, 16, 16},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			qq := q
+			if c.qs != 8 && c.groups == 2 {
+				qq = q[:c.qs+8]
+			}
+			AttentionTree(make([]float32, c.out), qq, k, v, 1, c.groups, c.qs, 8, 0, 2, c.anc, c.lo, c.hi, 1, make([]float32, c.scores))
+		})
+	}
+}
+
 func TestAttentionPanicsOnBadRows(t *testing.T) {
 	k, v := make([]float32, 40), make([]float32, 40)
 	cases := []struct {

@@ -114,9 +114,10 @@ func newOps(m *Model, device string) (ops, error) {
 // hostOps computes on the CPU with package kernels (C or pure Go) and the
 // Model's pool, on the activations in m.buf.
 type hostOps struct {
-	m   *Model
-	n   int
-	att attendJob // the layer's attention while the pool runs it
+	m        *Model
+	n        int
+	att      attendJob    // the layer's attention while the pool runs it
+	attTasks []attendTask // its tasks' buffer, kept between layers
 }
 
 func (h *hostOps) buf(a act) []float32 {
@@ -221,11 +222,13 @@ func (h *hostOps) storeKV(b *Batch, cache *kv.Cache, layer int) {
 	}
 }
 
-// attention runs one layer's attention on the pool, a task per slot and
-// group of query heads that share a KV head (grouped-query attention:
-// head h reads KV head h/(Heads/KVHeads)), so a group reads its K and V
-// rows once. Groups are split while there are fewer tasks than the
-// workers the pool gives the job (attendJob.Units).
+// attention runs one layer's attention on the pool, a task per group of
+// query heads that share a KV head (grouped-query attention: head h
+// reads KV head h/(Heads/KVHeads)) and run of slots of one sequence that
+// share its cached prefix (a token tree's, or a prefill's), so a task
+// reads its prefix's K and V rows once for all its heads and slots. Runs
+// and then groups are split while there are fewer tasks than the workers
+// the pool gives the job (attendJob.Units).
 func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	m := h.m
 	cfg := m.cfg
@@ -236,42 +239,92 @@ func (h *hostOps) attention(b *Batch, cache *kv.Cache, layer int) {
 	for i := 0; i < n; i++ {
 		maxLen = max(maxLen, bf.prefix[i]+bf.ancHi[i]-bf.ancLo[i])
 	}
-	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, n: n, maxLen: maxLen,
+	h.att = attendJob{m: m, b: b, cache: cache, layer: layer, n: n, maxLen: maxLen, tasks: h.attTasks[:0],
 		scale: float32(1 / math.Sqrt(float64(hd))), f16: cache.Config().Type == weights.F16}
 	// Scores and values: two multiply-adds per head, row and element.
 	m.pool.RunSizedWork(1, 2*float64(n*cfg.Heads*maxLen*hd), &h.att)
+	h.attTasks = h.att.tasks[:0]
 	h.att = attendJob{}
 }
 
-// attendJob is one layer's attention split over chunks of tasks (a slot
-// and a group of heads each), kept in hostOps so a layer allocates
-// nothing.
+// attendJob is one layer's attention split over chunks of tasks, kept in
+// hostOps so a layer allocates nothing.
 type attendJob struct {
-	m                                   *Model
-	b                                   *Batch
-	cache                               *kv.Cache
-	layer, n, maxLen                    int
-	heads, perSlot, tasks, chunks, span int // set by Units
-	scale                               float32
-	f16                                 bool
+	m                   *Model
+	b                   *Batch
+	cache               *kv.Cache
+	layer, n, maxLen    int
+	heads, chunks, span int // set by Units
+	tasks               []attendTask
+	scale               float32
+	f16                 bool
 }
 
-// Units cuts the layer into chunks for workers: head groups are halved
-// while there are fewer tasks than twice the workers, and each chunk
-// (a few per worker balance slots whose attention spans differ) owns a
-// scores buffer.
+// attendTask is slots i0..i1-1, which share a sequence and its prefix,
+// and the heads h0..h0+heads-1 of one KV head.
+type attendTask struct{ i0, i1, h0 int }
+
+// maxTreeScores bounds a task's scores (slots × heads × rows): a long
+// prefill's chain is cut into runs of slots that keep it, so the scratch
+// stays a few MiB whatever the prompt.
+const maxTreeScores = 1 << 20
+
+// Units cuts the layer into tasks and the tasks into chunks for workers:
+// runs of slots are halved, then head groups, while there are fewer
+// tasks than twice the workers, and each chunk (a few per worker balance
+// tasks whose attention spans differ) owns a scores buffer.
 func (j *attendJob) Units(workers int) int {
-	cfg := j.m.cfg
+	cfg, bf := j.m.cfg, &j.m.buf
 	j.heads = cfg.Heads / cfg.KVHeads
-	for j.heads%2 == 0 && j.n*cfg.Heads/j.heads < 2*workers {
+	longest := 1
+	for i0 := 0; i0 < j.n; {
+		i1 := j.runEnd(i0)
+		longest = max(longest, i1-i0)
+		i0 = i1
+	}
+	run := min(longest, max(1, maxTreeScores/(j.heads*j.maxLen)))
+	for run > 1 && j.count(run, j.heads) < 2*workers {
+		run = (run + 1) / 2
+	}
+	for j.heads%2 == 0 && j.count(run, j.heads) < 2*workers {
 		j.heads /= 2
 	}
-	j.perSlot = cfg.Heads / j.heads
-	j.tasks = j.n * j.perSlot
-	j.chunks = min(j.tasks, 4*workers)
-	j.span = j.heads * j.maxLen
-	j.m.buf.scores = grow(j.m.buf.scores, j.chunks*j.span)
+	j.tasks = j.tasks[:0]
+	for i0 := 0; i0 < j.n; {
+		end := j.runEnd(i0)
+		for s := i0; s < end; s += run {
+			for h0 := 0; h0 < cfg.Heads; h0 += j.heads {
+				j.tasks = append(j.tasks, attendTask{s, min(s+run, end), h0})
+			}
+		}
+		i0 = end
+	}
+	j.chunks = min(len(j.tasks), 4*workers)
+	j.span = run * j.heads * j.maxLen
+	bf.scores = grow(bf.scores, j.chunks*j.span)
 	return j.chunks
+}
+
+// runEnd is where the run of slots from i0 ends: the slots after it of
+// the same sequence, which share its cached prefix.
+func (j *attendJob) runEnd(i0 int) int {
+	i1 := i0 + 1
+	for i1 < j.n && j.b.Seq[i1] == j.b.Seq[i0] {
+		i1++
+	}
+	return i1
+}
+
+// count is how many tasks runs of at most run slots and groups of heads
+// heads make.
+func (j *attendJob) count(run, heads int) int {
+	tasks := 0
+	for i0 := 0; i0 < j.n; {
+		i1 := j.runEnd(i0)
+		tasks += (i1 - i0 + run - 1) / run
+		i0 = i1
+	}
+	return tasks * (j.m.cfg.Heads / heads)
 }
 
 func (j *attendJob) Run(lo, hi int) {
@@ -280,17 +333,19 @@ func (j *attendJob) Run(lo, hi int) {
 	group, heads := cfg.Heads/cfg.KVHeads, j.heads
 	for c := lo; c < hi; c++ {
 		sc := bf.scores[c*j.span : (c+1)*j.span]
-		for t := c * j.tasks / j.chunks; t < (c+1)*j.tasks/j.chunks; t++ {
-			i, h0 := t/j.perSlot, t%j.perSlot*heads
-			seq := j.b.Seq[i]
+		for t := c * len(j.tasks) / j.chunks; t < (c+1)*len(j.tasks)/j.chunks; t++ {
+			task := j.tasks[t]
+			i0, i1, h0 := task.i0, task.i1, task.h0
+			seq := j.b.Seq[i0]
 			off := (h0 / group) * hd
-			q := bf.q[i*dim+h0*hd : i*dim+(h0+heads)*hd]
-			o := bf.att[i*dim+h0*hd : i*dim+(h0+heads)*hd]
-			extra := bf.anc[bf.ancLo[i]:bf.ancHi[i]]
+			// Slot i's heads sit dim apart from slot i-1's.
+			q := bf.q[i0*dim+h0*hd : (i1-1)*dim+(h0+heads)*hd]
+			o := bf.att[i0*dim+h0*hd : (i1-1)*dim+(h0+heads)*hd]
+			anc, alo, ahi := bf.anc[:bf.ancHi[i1-1]], bf.ancLo[i0:i1], bf.ancHi[i0:i1]
 			if j.f16 {
-				kernels.AttentionF16(o, q, j.cache.K16(seq, j.layer), j.cache.V16(seq, j.layer), heads, kvd, off, bf.prefix[i], extra, j.scale, sc)
+				kernels.AttentionTreeF16(o, q, j.cache.K16(seq, j.layer), j.cache.V16(seq, j.layer), heads, i1-i0, dim, kvd, off, bf.prefix[i0], anc, alo, ahi, j.scale, sc)
 			} else {
-				kernels.Attention(o, q, j.cache.K(seq, j.layer), j.cache.V(seq, j.layer), heads, kvd, off, bf.prefix[i], extra, j.scale, sc)
+				kernels.AttentionTree(o, q, j.cache.K(seq, j.layer), j.cache.V(seq, j.layer), heads, i1-i0, dim, kvd, off, bf.prefix[i0], anc, alo, ahi, j.scale, sc)
 			}
 		}
 	}
