@@ -238,14 +238,54 @@ func specRun(target *model.Model, tcache *kv.Cache, dec *spec.Decoder, prompt []
 	return res.Ids, res.PromptEval + res.Decode, 0, nil
 }
 
+// SpecReference is the target alone's greedy tokens for each run of cfg
+// (cfg.Tokens each), its weights read in place: what every lossless
+// mode must emit, over all the tokens it emits. The timed target-alone
+// modes generate fewer tokens (each costs a streamed pass), so they
+// cannot be that reference.
+func SpecReference(cfg SpecConfig) ([][]int32, error) {
+	if len(cfg.Prompts) == 0 {
+		return nil, fmt.Errorf("bench: spec: no prompts")
+	}
+	tf, err := weights.Open(cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	defer tf.Close()
+	pool := kernels.NewPool(cfg.Threads)
+	defer pool.Close()
+	target, err := model.Load(tf, model.Options{Pool: pool})
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	tcache, err := target.NewTreeCache(min(target.Config().Context, 256), 0, weights.F32)
+	if err != nil {
+		return nil, err
+	}
+	runs := cmp(cfg.Runs, 5)
+	outs := make([][]int32, runs)
+	for r := range runs {
+		if r >= len(cfg.Prompts) { // the prompts in turn: a run repeats an earlier one
+			outs[r] = outs[r%len(cfg.Prompts)]
+			continue
+		}
+		if outs[r], _, _, err = specRun(target, tcache, nil, cfg.Prompt(r), cmp(cfg.Tokens, 32)); err != nil {
+			return nil, fmt.Errorf("bench: spec reference run %d: %w", r, err)
+		}
+	}
+	return outs, nil
+}
+
 // SpecTable formats results with their speedups over std and over the
-// best SD measured in the same storage and budget.
-func SpecTable(rs []SpecResult) string {
+// best SD measured in the same storage and budget, and each mode's
+// agreement with ref (SpecReference).
+func SpecTable(rs []SpecResult, ref [][]int32) string {
 	var sb strings.Builder
 	sb.WriteString("| type | storage | budget | mode | ms/token | tokens/pass | acceptance | mean tree | pass IO bound ms | vs std | vs sd | agreement |\n")
 	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		std, sd, ref := peers(rs, r)
+		std, sd := peers(rs, r)
 		speed := func(p *SpecResult) string {
 			if p == nil || r.Token <= 0 {
 				return "-"
@@ -257,10 +297,7 @@ func SpecTable(rs []SpecResult) string {
 			acc = fmt.Sprintf("%.2f", r.Stats.AcceptanceRate())
 			tree = fmt.Sprintf("%.1f", float64(r.Stats.Verified)/float64(max(1, r.Stats.TargetPasses)))
 		}
-		agree := "-"
-		if ref != nil {
-			agree = fmt.Sprintf("%.3f", Agreement(r.Outputs, ref.Outputs))
-		}
+		agree := fmt.Sprintf("%.3f", Agreement(r.Outputs, ref))
 		fmt.Fprintf(&sb, "| %s | %s | %.0f%% | %s | %.0f | %.2f | %s | %s | %.0f | %s | %s | %s |\n",
 			r.Type, r.Storage(), 100*float64(r.Config.Budget)/float64(r.TotalBytes), r.Config.Mode.Name, ms(r.Token),
 			r.TokensPerPass(), acc, tree, ms(r.PassBound), speed(std), speed(sd), agree)
@@ -268,9 +305,9 @@ func SpecTable(rs []SpecResult) string {
 	return sb.String()
 }
 
-// peers finds, for r's storage and budget, the std result, the fastest SD
-// result and the stdpl result (the target's own tokens).
-func peers(rs []SpecResult, r SpecResult) (std, sd, ref *SpecResult) {
+// peers finds, for r's storage and budget, the std result and the fastest
+// SD result.
+func peers(rs []SpecResult, r SpecResult) (std, sd *SpecResult) {
 	for i := range rs {
 		p := &rs[i]
 		if p.Type != r.Type || p.Config.Bandwidth != r.Config.Bandwidth || p.Config.Budget != r.Config.Budget {
@@ -279,25 +316,27 @@ func peers(rs []SpecResult, r SpecResult) (std, sd, ref *SpecResult) {
 		switch {
 		case p.Config.Mode.Name == "std":
 			std = p
-		case p.Config.Mode.Name == "stdpl":
-			ref = p
 		case strings.HasPrefix(p.Config.Mode.Name, "sd("):
 			if sd == nil || p.Token < sd.Token {
 				sd = p
 			}
 		}
 	}
-	return std, sd, ref
+	return std, sd
 }
 
 // Agreement is the share of tokens equal to the reference's, position by
-// position (1 for a lossless mode; BiLD's is measured).
+// position over every token got holds (1 for a lossless mode; BiLD's is
+// measured). A token past the reference's end counts as a difference.
 func Agreement(got, want [][]int32) float64 {
 	var same, all int
-	for i := range min(len(got), len(want)) {
-		for j := range min(len(got[i]), len(want[i])) {
-			all++
-			if got[i][j] == want[i][j] {
+	for i, g := range got {
+		all += len(g)
+		if i >= len(want) {
+			continue
+		}
+		for j := range min(len(g), len(want[i])) {
+			if g[j] == want[i][j] {
 				same++
 			}
 		}
@@ -308,18 +347,21 @@ func Agreement(got, want [][]int32) float64 {
 	return float64(same) / float64(all)
 }
 
-// Lossless reports the first lossless mode whose tokens differ from the
-// target's own (stdpl) in the same storage and budget.
-func Lossless(rs []SpecResult) error {
+// Lossless reports the first lossless mode (all but bild) that emitted a
+// token other than the target alone's (ref, from SpecReference), in any
+// run at any position.
+func Lossless(rs []SpecResult, ref [][]int32) error {
 	for _, r := range rs {
-		_, _, ref := peers(rs, r)
-		if ref == nil || r.Config.Mode.Name == "bild" {
+		if r.Config.Mode.Name == "bild" {
 			continue
 		}
-		for i := range min(len(r.Outputs), len(ref.Outputs)) {
-			n := min(len(r.Outputs[i]), len(ref.Outputs[i]))
-			if !slices.Equal(r.Outputs[i][:n], ref.Outputs[i][:n]) {
-				return fmt.Errorf("bench: %s (%s, %s) run %d emitted %v, the target alone %v", r.Config.Mode.Name, r.Type, r.Storage(), i, r.Outputs[i], ref.Outputs[i])
+		for i, out := range r.Outputs {
+			if i >= len(ref) || len(out) > len(ref[i]) || !slices.Equal(out, ref[i][:len(out)]) {
+				var want []int32
+				if i < len(ref) {
+					want = ref[i]
+				}
+				return fmt.Errorf("bench: %s (%s, %s) run %d emitted %v, the target alone %v", r.Config.Mode.Name, r.Type, r.Storage(), i, out, want)
 			}
 		}
 	}

@@ -58,3 +58,37 @@ func TestSpecCountsTheTokensItKeeps(t *testing.T) {
 		}
 	}
 }
+
+// Lossless holds every lossless mode's every token to the target alone's,
+// in every run, and Agreement counts over all of a mode's tokens: a
+// difference after the first few tokens, or past the reference's end,
+// is found.
+func TestLosslessChecksEveryToken(t *testing.T) {
+	ref := [][]int32{{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 11, 12}}
+	result := func(mode string, outs ...[]int32) SpecResult {
+		return SpecResult{Config: SpecConfig{Mode: SpecMode{Name: mode}}, Type: "q4_0", Outputs: outs}
+	}
+	ok := []SpecResult{
+		result("std", []int32{1, 2}, []int32{7, 8}),
+		result("tree", []int32{1, 2, 3, 4, 5, 6}, []int32{7, 8, 9, 10, 11, 12}),
+		result("bild", []int32{1, 2, 3, 4, 5, 0}, []int32{7, 8, 9, 10, 11, 12}), // lossy by design
+	}
+	if err := Lossless(ok, ref); err != nil {
+		t.Fatal(err)
+	}
+	if a := Agreement(ok[2].Outputs, ref); a != 11.0/12 {
+		t.Errorf("bild's agreement %v, want 11/12", a)
+	}
+	for _, bad := range []SpecResult{
+		result("tree", []int32{1, 2, 3, 4, 5, 6}, []int32{7, 8, 9, 10, 11, 0}), // the last token of run 1
+		result("sd(k=4)", []int32{1, 2, 3, 4, 5, 6, 7}),                        // past the reference
+		result("tree", []int32{1}, []int32{7}, []int32{1}),                     // a run the reference lacks
+	} {
+		if err := Lossless([]SpecResult{bad}, ref); err == nil {
+			t.Errorf("%s %v passed", bad.Config.Mode.Name, bad.Outputs)
+		}
+		if a := Agreement(bad.Outputs, ref); a == 1 {
+			t.Errorf("%s %v agrees fully", bad.Config.Mode.Name, bad.Outputs)
+		}
+	}
+}

@@ -32,6 +32,20 @@ func TestBenchSpecSmall(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(plots, "spec-q4_0-50.svg")); err != nil {
 		t.Errorf("plot: %v", err)
 	}
+	// Every row's tokens were checked against the target alone's, all 6
+	// of the speculative ones (not the 2 std ran), without stdpl.
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "| Q4_0 |") {
+			rows++
+			if !strings.HasSuffix(line, "| 1.000 |") {
+				t.Errorf("a row without full agreement: %s", line)
+			}
+		}
+	}
+	if rows != 3 {
+		t.Errorf("%d rows for std, sd and tree:\n%s", rows, out)
+	}
 }
 
 // TestBenchStreamSmall does the same for the streaming benchmark.

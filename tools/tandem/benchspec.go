@@ -34,7 +34,10 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 			"with real cost). Modes: std and stdpl (the target alone), sd (its draft\n"+
 			"length tuned first), bild, tree and the tree's ablations. Each row gives the\n"+
 			"median of --runs runs of --tokens tokens (timed from the prompt), tokens per\n"+
-			"target pass, and speedups over std and over the best sd measured alongside;\n"+
+			"target pass, speedups over std and over the best sd measured alongside, and\n"+
+			"agreement: the share of its tokens equal to the target alone's (resident, run\n"+
+			"for --tokens tokens after the timed modes; any other than bild below 1 stops\n"+
+			"the benchmark with an error);\n"+
 			"then the goals, the verification cost curve, acceptance by depth, the rank of\n"+
 			"the target's tokens among the draft's choices with the best tree of each size\n"+
 			"those ranks allow, and an SVG plot per type.", stdout, stderr,
@@ -199,12 +202,19 @@ func runBenchSpec(args []string, stdout, stderr io.Writer) error {
 				}
 			}
 		}
-		if err := bench.Lossless(rs); err != nil {
+		// Every lossless mode's every token is checked against the
+		// target alone, its weights read in place.
+		ref, err := bench.SpecReference(bench.SpecConfig{Target: target, Threads: *threads, Prompts: prompts, Runs: *runs,
+			Tokens: max(*tokens, *stdTokens)})
+		if err != nil {
+			return err
+		}
+		if err := bench.Lossless(rs, ref); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "\n### target %s (%s of weights), draft %s, %s kernels, median of %d runs (%d tokens speculative, %d alone)\n\n",
 			filepath.Base(target), progress.Bytes(total), filepath.Base(draft), kernels.Backend(), *runs, *tokens, *stdTokens)
-		fmt.Fprint(stdout, bench.SpecTable(rs))
+		fmt.Fprint(stdout, bench.SpecTable(rs, ref))
 		fmt.Fprint(stdout, "\n"+specGoals(rs))
 		if err := specCurves(rs, target, draft, prompts, *threads, diskBW, stdout); err != nil {
 			return err
