@@ -36,7 +36,7 @@ func init() {
 		"tokenize": {"encode text to token ids", runTokenize},
 		"synth":    {"write a random-weight model of a real shape (for benchmarks)", runSynth},
 		"inflate":  {"embed a real small model in a large shape, output unchanged (for benchmarks)", runInflate},
-		"bench":    {"measure decode and prefill speed against the memory bound", runBench},
+		"bench":    {"benchmarks: decode, streaming, speculative decoding, the scheduler", runBench},
 		"corpus":   {"write a synthetic story corpus and learn a BPE vocabulary", runCorpus},
 		"train":    {"train a llama model on a text corpus", runTrain},
 		"distill":  {"train a draft model for a target on the target's own outputs", runDistill},
