@@ -256,6 +256,47 @@ static void softmax_row(int level, float *sc, int64_t n) {
 	}
 }
 
+// attend_one is tk_attention for one group over rows 0..prefix-1 and
+// extra[0..nextra-1], scores holding heads*(prefix+nextra).
+static void attend_one(int level, int f16, int avx2, float *out, const float *q, const uint8_t *k, const uint8_t *v,
+	int64_t hd, int64_t heads, int64_t stride, int64_t off, int64_t prefix, const int32_t *extra, int64_t nextra,
+	float scale, float *scores) {
+	const int64_t es = f16 ? 2 : 4;
+	const int64_t n = prefix + nextra;
+	// Rows outer, heads inner: a K or V row is loaded once and stays in
+	// L1 for every head that shares it.
+	if (avx2) {
+#if defined(__x86_64__)
+		tk_scores_avx2(f16, q, 0, 1, heads, hd, k, stride, off, 0, prefix, extra, n, scale, scores, n);
+#endif
+	} else {
+		for (int64_t i = 0; i < n; i++) {
+			int64_t row = i < prefix ? i : extra[i - prefix];
+			const char *kr = (const char *)k + (row * stride + off) * es;
+			for (int64_t h = 0; h < heads; h++) {
+				scores[h * n + i] = dot_row(level, f16, q + h * hd, kr, hd) * scale;
+			}
+		}
+	}
+	for (int64_t h = 0; h < heads; h++) {
+		softmax_row(level, scores + h * n, n);
+	}
+	if (avx2) {
+#if defined(__x86_64__)
+		tk_values_avx2(f16, out, 0, 1, heads, hd, scores, n, n, v, stride, off, 0, prefix, extra, 0);
+#endif
+		return;
+	}
+	memset(out, 0, (size_t)(heads * hd) * sizeof(float));
+	for (int64_t i = 0; i < n; i++) {
+		int64_t row = i < prefix ? i : extra[i - prefix];
+		const char *vr = (const char *)v + (row * stride + off) * es;
+		for (int64_t h = 0; h < heads; h++) {
+			axpy_row(level, f16, out + h * hd, scores[h * n + i], vr, hd);
+		}
+	}
+}
+
 void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, const uint8_t *k, const uint8_t *v,
 	int64_t hd, int64_t heads, int64_t slots, int64_t stride, int64_t off, int64_t prefix, const int32_t *anc,
 	const int64_t *lo, const int64_t *hi, int64_t nanc, float scale, float *scores, int64_t ld) {
@@ -265,6 +306,13 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 #else
 	const int avx2 = 0;
 #endif
+	if (slots == 1) {
+		// One group reads its prefix and its own rows in one pass.
+		const int64_t a = lo ? lo[0] : 0, b = hi ? hi[0] : nanc;
+		attend_one(level, f16, avx2, out, q, k, v, hd, heads, stride, off, prefix, b > a ? anc + a : NULL, b - a,
+			scale, scores);
+		return;
+	}
 	// The prefix's rows are read once for every group, rows outer, and
 	// then each group's own rows: each head's sums still run in the order
 	// of a lone head's over its rows, so grouping changes no bit.
