@@ -65,7 +65,10 @@ func mustAttention(nOut, nq, heads, groups, qs, nk, nv, stride, off, prefix int,
 	fail := func(format string, a ...any) {
 		panic(fmt.Sprintf("kernels: attention: "+format, a...))
 	}
-	if groups <= 0 || (lo != nil || hi != nil) && (len(lo) != groups || len(hi) != groups) {
+	// Without ranges one group reads all of anc; several groups each
+	// need theirs (the scores' rows are as long as the longest range).
+	ranges := lo != nil || hi != nil
+	if groups <= 0 || !ranges && groups != 1 || ranges && (len(lo) != groups || len(hi) != groups) {
 		fail("%d groups with %d and %d row ranges", groups, len(lo), len(hi))
 	}
 	last := (groups - 1) * qs

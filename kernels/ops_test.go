@@ -582,6 +582,7 @@ func TestAttentionTreePanicsOnBadGroups(t *testing.T) {
 		{"short scores", 2, 8, []int32{2, 3}, []int{0, 1}, []int{1, 2}, 5, 16},
 		{"short output", 2, 8, []int32{2, 3}, []int{0, 1}, []int{1, 2}, 16, 15},
 		{"no groups", 0, 8, []int32{2, 3}, nil, nil, 16, 16},
+		{"two groups without ranges", 2, 8, []int32{2, 3}, nil, nil, 16, 16},
 		{"row past K", 2, 8, []int32{2, 10}, []int{0, 1}, []int{1, 2}, 16, 16},
 	}
 	for _, c := range cases {
