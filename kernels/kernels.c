@@ -313,6 +313,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 			scale, scores);
 		return;
 	}
+	// Several groups come with their ranges (kernels.mustAttention).
 	// The prefix's rows are read once for every group, rows outer, and
 	// then each group's own rows: each head's sums still run in the order
 	// of a lone head's over its rows, so grouping changes no bit.
@@ -320,7 +321,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 #if defined(__x86_64__)
 		tk_scores_avx2(f16, q, qs, slots, heads, hd, k, stride, off, 0, prefix, NULL, prefix, scale, scores, ld);
 		for (int64_t s = 0; s < slots; s++) {
-			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			const int64_t a = lo[s], b = hi[s];
 			tk_scores_avx2(f16, q + s * qs, 0, 1, heads, hd, k, stride, off, 0, 0, b > a ? anc + a : NULL, b - a, scale,
 				scores + s * heads * ld + prefix, ld);
 		}
@@ -335,7 +336,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 			}
 		}
 		for (int64_t s = 0; s < slots; s++) {
-			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			const int64_t a = lo[s], b = hi[s];
 			for (int64_t i = a; i < b; i++) {
 				const char *kr = (const char *)k + ((int64_t)anc[i] * stride + off) * es;
 				for (int64_t h = 0; h < heads; h++) {
@@ -345,7 +346,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 		}
 	}
 	for (int64_t s = 0; s < slots; s++) {
-		const int64_t n = prefix + (hi ? hi[s] : nanc) - (lo ? lo[s] : 0);
+		const int64_t n = prefix + hi[s] - lo[s];
 		for (int64_t h = 0; h < heads; h++) {
 			softmax_row(level, scores + (s * heads + h) * ld, n);
 		}
@@ -354,7 +355,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 #if defined(__x86_64__)
 		tk_values_avx2(f16, out, qs, slots, heads, hd, scores, ld, prefix, v, stride, off, 0, prefix, NULL, 0);
 		for (int64_t s = 0; s < slots; s++) {
-			const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+			const int64_t a = lo[s], b = hi[s];
 			tk_values_avx2(f16, out + s * qs, 0, 1, heads, hd, scores + s * heads * ld + prefix, ld, b - a, v, stride,
 				off, 0, 0, b > a ? anc + a : NULL, 1);
 		}
@@ -373,7 +374,7 @@ void tk_attention(int level, int f16, float *out, const float *q, int64_t qs, co
 		}
 	}
 	for (int64_t s = 0; s < slots; s++) {
-		const int64_t a = lo ? lo[s] : 0, b = hi ? hi[s] : nanc;
+		const int64_t a = lo[s], b = hi[s];
 		for (int64_t i = a; i < b; i++) {
 			const char *vr = (const char *)v + ((int64_t)anc[i] * stride + off) * es;
 			for (int64_t h = 0; h < heads; h++) {

@@ -52,7 +52,7 @@ void tk_matmul(int level, int wt, float *out, const uint8_t *w, int64_t row_byte
 // that share one KV head: group s's queries are at q + s*qs (heads of hd
 // values one after another) and its output at out + s*qs. Every group
 // attends to KV rows 0..prefix-1, then to rows anc[lo[s]..hi[s]-1] (all
-// of anc[0..nanc-1] when lo and hi are NULL, for one group). k and v
+// of anc[0..nanc-1] when lo and hi are NULL, which only one group may be). k and v
 // point at the bytes of float (f16 == 0) or IEEE half (f16 == 1)
 // elements, row i at element i*stride + off. scores holds group s's head
 // h at (s*heads + h)*ld, ld at least prefix plus the most rows a group

@@ -540,6 +540,18 @@ AVX2 void tk_scores_avx2(int f16, const float *q, int64_t qs, int64_t slots, int
 	}
 }
 
+// values_row adds one V row (its values d0.. at x) times each head's
+// probability (p[j·ld]) to the accumulators.
+AVX2 INLINE void values_row(const int hn, const int dc, int wt, int64_t es, const uint8_t *x, const float *p,
+	int64_t ld, __m256 acc[8]) {
+	for (int c = 0; c < dc; c++) {
+		__m256 xv = load8(wt, x + 8 * c * es);
+		for (int j = 0; j < hn; j++) {
+			acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * ld]), xv, acc[j * dc + c]);
+		}
+	}
+}
+
 // values_block adds Σ_i p_h[i] · V_i to out_h for hn heads (p_h = p +
 // h·ld; row i is base + i below prefix, extra[i − prefix] from there)
 // over output values d0..d0+8·dc-1, starting from zero or, with acc, from
@@ -564,21 +576,10 @@ AVX2 INLINE void values_block(const int hn, const int dc, int wt, int64_t es, fl
 	const int64_t np = n < prefix ? n : prefix;
 	const uint8_t *x = v + (base * stride + off + d0) * es;
 	for (int64_t i = 0; i < np; i++, x += stride * es) {
-		for (int c = 0; c < dc; c++) {
-			__m256 xv = load8(wt, x + 8 * c * es);
-			for (int j = 0; j < hn; j++) {
-				acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * ld + i]), xv, acc[j * dc + c]);
-			}
-		}
+		values_row(hn, dc, wt, es, x, p + i, ld, acc);
 	}
 	for (int64_t i = np; i < n; i++) {
-		x = v + ((int64_t)extra[i - prefix] * stride + off + d0) * es;
-		for (int c = 0; c < dc; c++) {
-			__m256 xv = load8(wt, x + 8 * c * es);
-			for (int j = 0; j < hn; j++) {
-				acc[j * dc + c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * ld + i]), xv, acc[j * dc + c]);
-			}
-		}
+		values_row(hn, dc, wt, es, v + ((int64_t)extra[i - prefix] * stride + off + d0) * es, p + i, ld, acc);
 	}
 	for (int j = 0; j < hn; j++) {
 		for (int c = 0; c < dc; c++) {
